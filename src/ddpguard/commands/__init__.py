@@ -1,0 +1,1 @@
+"""Sub-commands of the `ddpguard` CLI, discovered by `ddpguard.cli`."""

@@ -1,0 +1,95 @@
+"""`ddpguard run [torchrun options] script.py [script args]`: launch through torch.distributed.run.
+
+We add only defaults (process count, --standalone on one node) and otherwise hand every word
+to TorchElastic unchanged, so multi-node options, restarts and log redirection behave exactly
+as torchrun documents them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+NAME = "run"
+HELP = "launch a script through torch.distributed.run (torchrun) with safe defaults"
+RAW = True
+
+USAGE = """usage: ddpguard run [torchrun options] script.py [script args]
+
+Launches through torch.distributed.run. Defaults added when absent:
+  --nproc-per-node  the number of visible GPUs, or 2 on a CPU-only machine
+  --standalone      when no --nnodes/--rdzv-endpoint/--master-addr/--master-port is given
+All other options go to torchrun unchanged (see `torchrun --help`)."""
+
+
+def _flag_options() -> set[str]:
+    """torchrun options that take no value, read from torchrun's own parser so a new torch
+    release with new flags cannot make us misplace the script."""
+    from torch.distributed.run import get_args_parser
+
+    flags = set()
+    for action in get_args_parser()._actions:
+        if action.nargs == 0:
+            flags.update(action.option_strings)
+    return flags
+
+
+def split_launcher_args(argv: list[str], flags: set[str]) -> tuple[list[str], list[str]]:
+    """Split into (torchrun options, [script, *script args]). Pure."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1 :]
+        if not word.startswith("-"):
+            return argv[:i], argv[i:]
+        if "=" in word or word in flags:
+            i += 1
+        else:
+            i += 2  # an option with its value in the next word
+    return argv, []
+
+
+def _given(opts: list[str], *names: str) -> bool:
+    return any(o == n or o.startswith(n + "=") for o in opts for n in names)
+
+
+def default_nproc(gpu_count: int) -> int:
+    return gpu_count if gpu_count > 0 else 2
+
+
+def build_torchrun_argv(argv: list[str], *, gpu_count: int, flags: set[str]) -> list[str]:
+    """The exact argv handed to torch.distributed.run. Pure, so every default is testable."""
+    opts, rest = split_launcher_args(argv, flags)
+    if not rest:
+        raise ValueError("no script given: usage is `ddpguard run [torchrun options] script.py`")
+    opts = list(opts)
+    if not _given(opts, "--nproc-per-node", "--nproc_per_node"):
+        opts.append(f"--nproc-per-node={default_nproc(gpu_count)}")
+    multi_node = _given(
+        opts, "--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr",
+        "--master_addr", "--master-port", "--master_port", "--standalone",
+    )
+    if not multi_node:
+        opts.append("--standalone")
+    return opts + rest
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        full = build_torchrun_argv(argv, gpu_count=torch.cuda.device_count(), flags=_flag_options())
+    except ValueError as exc:
+        print(f"ddpguard run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        torchrun_main(full)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
+        return next((c for c in codes if c > 0), 1)
+    return 0

@@ -1,0 +1,52 @@
+"""`ddpguard.init()` / `ddpguard.shutdown()`: the two calls a training script makes.
+
+This module sits above `world` (set-up) and `guard` (the run-time watchdog) and composes them,
+so `world` stays free of anything that watches training.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+
+from .world import World, destroy_process_group, detect, init_process_group, setup_logging
+
+__all__ = ["init", "shutdown"]
+
+
+def _as_timedelta(value: float | timedelta, name: str) -> timedelta:
+    td = value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+    if td.total_seconds() <= 0:
+        raise ValueError(f"{name} must be a positive duration, got {value!r}")
+    return td
+
+
+def init(
+    world: World | None = None,
+    *,
+    backend: str | None = None,
+    init_timeout: float | timedelta = 600.0,
+    timeout: float | timedelta = 300.0,
+    log_level: int = logging.INFO,
+    env: Mapping[str, str] | None = None,
+) -> World:
+    """Detect the launcher, form the process group, bind the device; return the `World`.
+
+    Works under torchrun / `ddpguard run`, SLURM (srun), and as a single plain process.
+    `backend` defaults to nccl with CUDA and gloo otherwise. `init_timeout` (seconds) bounds
+    the rendezvous; the shorter `timeout` then applies to every collective.
+    """
+    world = detect(env) if world is None else world
+    init_td = _as_timedelta(init_timeout, "init_timeout")
+    coll_td = _as_timedelta(timeout, "timeout")
+    setup_logging(world, log_level)
+    return init_process_group(
+        world, backend=backend, init_timeout=init_td, timeout=coll_td, env=env
+    )
+
+
+def shutdown(world: World | None = None, *, limit: float = 30.0) -> None:
+    """Leave the job. Safe to call twice, without a group, and after another rank failed:
+    teardown runs with a bound of `limit` seconds and never blocks forever."""
+    destroy_process_group(timedelta(seconds=limit))

@@ -1,0 +1,63 @@
+"""Suite-wide guards: every test must leave no process group, no changed environment variable
+and no new live thread behind (Lightning's fixtures do the same); a leak fails the test that
+caused it instead of a random later one."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Variables that libraries legitimately set once per process on first import.
+_ENV_ALLOWED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "COLUMNS",
+                "LINES", "MPLBACKEND"}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    env_before = dict(os.environ)
+    threads_before = set(threading.enumerate())
+    yield
+    problems = []
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        problems.append("a torch.distributed process group was left initialized")
+    changed = {
+        k for k in set(env_before) | set(os.environ)
+        if env_before.get(k) != os.environ.get(k) and k not in _ENV_ALLOWED
+    }
+    if changed:
+        os.environ.clear()
+        os.environ.update(env_before)
+        problems.append(f"environment variables changed: {sorted(changed)}")
+    deadline = time.monotonic() + 2.0
+    while True:
+        new = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        # multiprocessing's queue feeder threads end on their own once flushed.
+        new = [t for t in new if not t.name.startswith(("QueueFeederThread", "pydevd"))]
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if new:
+        problems.append(f"threads left running: {[t.name for t in new]}")
+    if problems:
+        pytest.fail("test leaked state: " + "; ".join(problems))
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """An environment with no launcher variables, as a plain `python script.py` would see."""
+    for name in list(os.environ):
+        if name in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                    "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"} \
+                or name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+

@@ -1,0 +1,32 @@
+"""Helpers shared by test modules (conftest holds fixtures only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process: no launcher variables, loopback, one thread."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") and k not in _LAUNCH_VARS}
+    env.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `ddpguard ARGS` in a subprocess with a hard timeout (killed by pid on expiry)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpguard", *args],
+        capture_output=True, text=True, timeout=timeout, env=env or child_env(),
+        cwd=cwd or ROOT,
+    )
