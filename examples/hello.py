@@ -12,7 +12,9 @@ import ddpguard as dg
 
 def main() -> None:
     world = dg.init()
-    world.print(f"hello from rank {world.rank} of {world.world_size} ({world.launcher})", force=True)
+    world.print(
+        f"hello from rank {world.rank} of {world.world_size} ({world.launcher})", force=True
+    )
     total = torch.tensor([world.rank + 1.0])
     if world.distributed:
         dist.all_reduce(total)

@@ -38,5 +38,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .session import init, shutdown
-    from .world import DistributedSetupError, World, detect, setup_logging
+    from .session import init as init
+    from .session import shutdown as shutdown
+    from .world import DistributedSetupError as DistributedSetupError
+    from .world import World as World
+    from .world import detect as detect
+    from .world import setup_logging as setup_logging

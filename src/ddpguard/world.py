@@ -54,7 +54,7 @@ class DistributedSetupError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class World:
-    """This process's place in the job. Immutable; `init()` returns a copy with backend and device."""
+    """This process's place in the job. Immutable: `init()` returns a copy with backend, device."""
 
     rank: int = 0
     world_size: int = 1
@@ -146,7 +146,9 @@ def _first_count(spec: str, name: str) -> int:
 
 
 def _split_top_level(spec: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in spec:
         if ch == "[":
             depth += 1
@@ -213,7 +215,8 @@ def _master_from(env: Mapping[str, str], *, world_size: int, where: str) -> tupl
 def _detect_torchrun(env: Mapping[str, str]) -> World:
     present = [n for n in ("RANK", "WORLD_SIZE") if n in env]
     if len(present) != 2:
-        have = ", ".join(f"{n}={env[n]!r}" for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if n in env)
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        have = ", ".join(f"{n}={env[n]!r}" for n in names if n in env)
         missing = [n for n in ("RANK", "WORLD_SIZE") if n not in env]
         raise ValueError(
             f"half-set distributed environment: {have} but {' and '.join(missing)} unset. "
