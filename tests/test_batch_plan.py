@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguard.plan import BatchPlan, find_micro_batch, scaled_lr
+from ddpguard.batch_plan import BatchPlan, find_micro_batch, scaled_lr
 
 
 @pytest.mark.parametrize("g", [1, 8, 12, 64, 96, 256, 1000])
