@@ -8,6 +8,7 @@ as torchrun documents them.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 NAME = "run"
 HELP = "launch a script through torch.distributed.run (torchrun) with safe defaults"
@@ -18,7 +19,14 @@ USAGE = """usage: ddpguard run [torchrun options] script.py [script args]
 Launches through torch.distributed.run. Defaults added when absent:
   --nproc-per-node  the number of visible GPUs, or 2 on a CPU-only machine
   --standalone      when no --nnodes/--rdzv-endpoint/--master-addr/--master-port is given
-All other options go to torchrun unchanged (see `torchrun --help`)."""
+  --no-guard        run the script as is, without ddpguard's hang guard
+All other options go to torchrun unchanged (see `torchrun --help`).
+
+Unless --no-guard is given, the script runs under `python -m ddpguard.guard.bootstrap`, which
+starts the hang guard when the script forms its process group: no change to the script."""
+
+BOOTSTRAP = "ddpguard.guard.bootstrap"
+OUR_FLAGS = {"--no-guard"}
 
 
 def _flag_options() -> set[str]:
@@ -26,7 +34,7 @@ def _flag_options() -> set[str]:
     release with new flags cannot make us misplace the script."""
     from torch.distributed.run import get_args_parser
 
-    flags = set()
+    flags: set[str] = set()
     for action in get_args_parser()._actions:
         if action.nargs == 0:
             flags.update(action.option_strings)
@@ -57,12 +65,24 @@ def default_nproc(gpu_count: int) -> int:
     return gpu_count if gpu_count > 0 else 2
 
 
-def build_torchrun_argv(argv: list[str], *, gpu_count: int, flags: set[str]) -> list[str]:
-    """The exact argv handed to torch.distributed.run. Pure, so every default is testable."""
-    opts, rest = split_launcher_args(argv, flags)
+def build_torchrun_argv(
+    argv: list[str], *, gpu_count: int, flags: set[str], guard: bool = True
+) -> list[str]:
+    """The exact argv handed to torch.distributed.run. Pure, so every default is testable.
+
+    With `guard` (and unless `--no-guard` is among the options) the script is wrapped:
+    `-m ddpguard.guard.bootstrap script.py args`; a user's own `-m module` becomes
+    `-m ddpguard.guard.bootstrap -m module args`. `--no-python` runs a non-Python program,
+    which cannot be guarded, so it is left alone."""
+    opts, rest = split_launcher_args(argv, flags | OUR_FLAGS)
     if not rest:
         raise ValueError("no script given: usage is `ddpguard run [torchrun options] script.py`")
-    opts = list(opts)
+    guard = guard and "--no-guard" not in opts
+    opts = [o for o in opts if o not in OUR_FLAGS]
+    if guard and not _given(opts, "--no-python", "--no_python"):
+        user_module = [o for o in opts if o in ("-m", "--module")]
+        opts = [o for o in opts if o not in ("-m", "--module")]
+        rest = ["-m", BOOTSTRAP, *(["-m"] if user_module else []), *rest]
     if not _given(opts, "--nproc-per-node", "--nproc_per_node"):
         opts.append(f"--nproc-per-node={default_nproc(gpu_count)}")
     multi_node = _given(
@@ -90,6 +110,27 @@ def main(argv: list[str]) -> int:
     try:
         torchrun_main(full)
     except ChildFailedError as exc:
+        _explain_failures(exc.failures)
         codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
         return next((c for c in codes if c > 0), 1)
     return 0
+
+
+def _explain_failures(failures: dict[int, Any]) -> None:
+    """One line per failed rank: torchrun's own summary buries a SIGKILL in a table."""
+    from ddpguard.guard.config import EXIT_CODE
+
+    for rank, f in sorted(failures.items()):
+        if f.exitcode is not None and f.exitcode < 0 and f.signal_name() == "SIGTERM":
+            print(f"ddpguard run: rank {rank} was stopped (SIGTERM) after another rank failed",
+                  file=sys.stderr, flush=True)
+        elif f.exitcode is not None and f.exitcode < 0:
+            print(f"ddpguard run: rank {rank} (pid {f.pid}) died from signal {f.signal_name()}: "
+                  "a crashed rank (killed by hand, the OOM killer or the scheduler?); the "
+                  "other ranks were stopped", file=sys.stderr, flush=True)
+        elif f.exitcode == EXIT_CODE:
+            print(f"ddpguard run: rank {rank} was stopped by the hang guard (report above)",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"ddpguard run: rank {rank} exited with code {f.exitcode}",
+                  file=sys.stderr, flush=True)

@@ -1,0 +1,119 @@
+"""`python -m ddpguard.guard.bootstrap script.py args...`: run an unmodified training script
+with the guard. `ddpguard run` hands this to torchrun in place of the script.
+
+We hook `torch.distributed.init_process_group` (the guard starts once the script's group
+exists) and `destroy_process_group` (the guard stops first, so a clean exit is not mistaken
+for a hang); DataLoader and optimizer hooks are installed by the guard itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _world_from_env() -> Any:
+    from ddpguard.world import detect
+
+    return detect()
+
+
+def _hook_process_group() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ddpguard import guard
+
+    orig_init = c10d.init_process_group
+    orig_destroy = c10d.destroy_process_group
+
+    @functools.wraps(orig_init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        out = orig_init(*args, **kwargs)
+        try:
+            world = _world_from_env()
+            if dist.get_world_size() > 1 and world.world_size == dist.get_world_size():
+                guard.start(world)
+        except Exception as exc:  # never break the user's set-up because of the guard
+            print(f"ddpguard: guard not started: {exc}", file=sys.stderr, flush=True)
+        return out
+
+    @functools.wraps(orig_destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs.get("group") is None:
+            guard.stop("exited")
+        return orig_destroy(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group
+    dist.destroy_process_group = destroy_process_group
+    c10d.destroy_process_group = destroy_process_group
+
+
+def _peer_error(exc: BaseException) -> bool:
+    """gloo/NCCL errors that mean 'the other side went away', not a bug on this rank."""
+    low = str(exc).lower()
+    return any(s in low for s in ("connection closed by peer", "connection reset by peer",
+                                  "remote worker", "broken pipe"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m ddpguard.guard.bootstrap script.py [args...]", file=sys.stderr)
+        return 2
+    from ddpguard import guard
+
+    _hook_process_group()
+    as_module = argv[0] in ("-m", "--module")
+    if as_module:
+        argv = argv[1:]
+    sys.argv = list(argv)
+    if not as_module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    code = 0
+    try:
+        if as_module:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code not in (None, 0) and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except guard.UnevenBatchesError as exc:
+        g = guard.active()
+        print(str(exc), file=sys.stderr, flush=True)
+        code = g.config.exit_code if g is not None else guard.EXIT_CODE
+        guard.stop("crashed", str(exc))
+        return code
+    except BaseException as exc:
+        tb = traceback.extract_tb(exc.__traceback__)
+        user = next((f for f in reversed(tb) if "site-packages" not in f.filename
+                     and "/ddpguard/" not in f.filename), tb[-1] if tb else None)
+        place = f" at {user.filename}:{user.lineno}" if user else ""
+        text = f"{type(exc).__name__}: {exc}{place}"
+        rank = os.environ.get("RANK", "?")
+        traceback.print_exc()
+        g = guard.active()
+        others = g.peer_failures() if g is not None and _peer_error(exc) else []
+        if others:
+            text = f"{type(exc).__name__} because {'; '.join(others)}"
+            print(f"ddpguard: rank {rank} stopped: a peer failed first: {'; '.join(others)}",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"ddpguard: rank {rank} crashed: {text}", file=sys.stderr, flush=True)
+        guard.stop("crashed", text)
+        return 1
+    guard.stop("exited")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""In-process progress counters and the hooks that feed them.
+
+The hot path costs one Python call per batch and per optimizer step: counters are plain
+attributes updated on the training thread; the guard's own thread reads and publishes them.
+Hooks are installed on classes (DataLoader, its iterator, torch.optim), so they also see
+unmodified scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Progress", "LoaderState", "install_hooks", "uninstall_hooks", "UnevenBatchesError"]
+
+log = logging.getLogger("ddpguard.guard")
+
+
+class UnevenBatchesError(RuntimeError):
+    """Ranks are about to iterate DataLoaders of different lengths: DDP would hang or, worse,
+    average gradients of different steps. Raised on every rank before the first batch."""
+
+
+class LoaderState:
+    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch")
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.length: int | None = None
+        self.epoch = -1  # iterations started at this site
+        self.batches = 0  # batches drawn in the current iteration
+        self.total = 0
+        self.sampler_epoch: int | None = None
+
+
+class Progress:
+    """What this rank has done so far; written by the training thread only."""
+
+    def __init__(self) -> None:
+        self.loaders: dict[str, LoaderState] = {}
+        self.steps = 0
+        self.batches = 0
+        self.last_progress = time.monotonic()
+        self.last_progress_wall = time.time()
+        self.started = False
+        self.max_step_s = 0.0
+        self.epoch = 0
+        self.steps_epoch = 0
+        self._epoch_site: str | None = None
+        self.steps_per_epoch: list[int] = []
+        # Called from __iter__ with (state, loader); returns nothing or raises.
+        self.on_epoch: Callable[[LoaderState, Any], None] | None = None
+        self.warned_set_epoch: set[str] = set()
+
+    def touch(self) -> None:
+        now = time.monotonic()
+        if self.started:
+            dt = now - self.last_progress
+            if dt > self.max_step_s:
+                self.max_step_s = dt
+        self.started = True
+        self.last_progress = now
+        self.last_progress_wall = time.time()
+
+    def loader_iter(self, site: str, loader: Any) -> LoaderState:
+        st = self.loaders.get(site)
+        if st is None:
+            st = self.loaders[site] = LoaderState(site)
+        st.epoch += 1
+        st.batches = 0
+        try:
+            st.length = len(loader)
+        except TypeError:  # an IterableDataset without __len__: nothing to compare
+            st.length = None
+        # The first loader ever iterated is taken as the training loader: its iterations are
+        # the epochs reported in heartbeats.
+        if self._epoch_site is None:
+            self._epoch_site = site
+        if site == self._epoch_site:
+            if st.epoch > 0:
+                self.steps_per_epoch.append(self.steps_epoch)
+            self.epoch = st.epoch
+            self.steps_epoch = 0
+        _check_set_epoch(self, st, loader, site)
+        if self.on_epoch is not None:
+            self.on_epoch(st, loader)
+        return st
+
+    def batch(self, st: LoaderState) -> None:
+        st.batches += 1
+        st.total += 1
+        self.batches += 1
+        self.touch()
+
+    def step(self) -> None:
+        self.steps += 1
+        self.steps_epoch += 1
+        self.touch()
+
+    def snapshot(self) -> dict[str, Any]:
+        ep = self.loaders.get(self._epoch_site) if self._epoch_site else None
+        return {
+            "epoch": self.epoch,
+            "steps": self.steps,
+            "steps_epoch": self.steps_epoch,
+            "batches": self.batches,
+            "max_step_s": round(self.max_step_s, 4),
+            "steps_per_epoch": list(self.steps_per_epoch[-50:]),
+            "epoch_offset": max(0, len(self.steps_per_epoch) - 50),
+            "epoch_batches": ep.batches if ep else 0,
+            "epoch_len": ep.length if ep else None,
+            "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length}
+                        for s, st in self.loaders.items()},
+        }
+
+
+def _check_set_epoch(progress: Progress, st: LoaderState, loader: Any, site: str) -> None:
+    """torch's DistributedSampler reshuffles only when set_epoch is called: iterating it again
+    with the same epoch repeats last epoch's order on every rank."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or not getattr(sampler, "shuffle", False):
+        return
+    seen = st.sampler_epoch
+    st.sampler_epoch = sampler.epoch
+    if st.epoch > 0 and seen == sampler.epoch and site not in progress.warned_set_epoch:
+        progress.warned_set_epoch.add(site)
+        warnings.warn(
+            f"ddpguard: the DistributedSampler of the DataLoader iterated at {site} is used for "
+            f"a new epoch (iteration {st.epoch + 1}) without set_epoch(): every epoch repeats "
+            f"the same order (epoch={sampler.epoch}). Call sampler.set_epoch(epoch) before "
+            "iterating, or use ddpguard's samplers, which do it for you.",
+            RuntimeWarning, stacklevel=4,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# hooks (class-level patches, installed once per process; they feed whichever Progress is set)
+
+_lock = threading.Lock()
+_current: Progress | None = None
+_saved: dict[str, Any] = {}
+
+
+def _caller_site(depth: int) -> str:
+    f = sys._getframe(depth)
+    # Skip our own wrappers and torch internals so nested helpers still name the user's loop.
+    while f is not None and ("torch/utils/data" in f.f_code.co_filename.replace("\\", "/")):
+        f = f.f_back  # type: ignore[assignment]
+    if f is None:
+        return "?"
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def install_hooks(progress: Progress) -> None:
+    """Point the process-wide hooks at `progress` (installing them on first use)."""
+    global _current
+    import torch.optim.optimizer as optim_mod
+    from torch.utils.data import dataloader as dl
+
+    with _lock:
+        _current = progress
+        if _saved:
+            return
+        orig_iter = dl.DataLoader.__iter__
+        orig_next = dl._BaseDataLoaderIter.__next__
+
+        def guarded_iter(self: Any) -> Any:
+            it = orig_iter(self)
+            prog = _current
+            if prog is not None:
+                st = prog.loader_iter(_caller_site(2), self)
+                with contextlib.suppress(AttributeError):  # an iterator with __slots__
+                    it._ddpguard_state = st  # type: ignore[attr-defined]
+            return it
+
+        def guarded_next(self: Any) -> Any:
+            item = orig_next(self)
+            prog = _current
+            st = getattr(self, "_ddpguard_state", None)
+            if prog is not None and st is not None:
+                prog.batch(st)
+            return item
+
+        def on_step(opt: Any, args: Any, kwargs: Any) -> None:
+            prog = _current
+            if prog is not None:
+                prog.step()
+
+        dl.DataLoader.__iter__ = guarded_iter  # type: ignore[method-assign]
+        dl._BaseDataLoaderIter.__next__ = guarded_next  # type: ignore[method-assign]
+        _saved["iter"] = orig_iter
+        _saved["next"] = orig_next
+        _saved["step"] = optim_mod.register_optimizer_step_post_hook(on_step)
+
+
+def uninstall_hooks(progress: Progress | None = None) -> None:
+    """Restore torch's classes; with `progress`, only if it is still the current one."""
+    global _current
+    from torch.utils.data import dataloader as dl
+
+    with _lock:
+        if progress is not None and _current is not progress:
+            return
+        _current = None
+        if not _saved:
+            return
+        dl.DataLoader.__iter__ = _saved.pop("iter")  # type: ignore[method-assign]
+        dl._BaseDataLoaderIter.__next__ = _saved.pop("next")  # type: ignore[method-assign]
+        _saved.pop("step").remove()

@@ -1,0 +1,142 @@
+"""Python stacks of every thread, as plain data, and what a stack says a rank is doing.
+
+Pure functions over frame lists (dicts with file, line, func, code) so the diagnosis can be
+tested on recorded stacks without processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import traceback
+from typing import Any
+
+__all__ = [
+    "Frame",
+    "capture_all",
+    "capture_thread",
+    "is_library_file",
+    "user_frame",
+    "innermost",
+    "activity",
+    "is_blocked",
+]
+
+Frame = dict[str, Any]
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/ddpguard
+_LIB_DIRS = tuple(
+    {p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"),
+                 sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"))
+     if p}
+)
+
+
+def is_library_file(path: str) -> bool:
+    """True for torch, the standard library, site-packages and ddpguard itself: frames that
+    are never 'the user's line'."""
+    if not path or path.startswith("<"):
+        return True
+    p = os.path.abspath(path)
+    if p.startswith(_PKG_DIR + os.sep):
+        return True
+    if "site-packages" in p or "dist-packages" in p:
+        return True
+    return any(p.startswith(d + os.sep) for d in _LIB_DIRS)
+
+
+def _frames_of(frame: Any) -> list[Frame]:
+    out: list[Frame] = []
+    for fs in traceback.extract_stack(frame):
+        out.append({"file": fs.filename, "line": fs.lineno or 0, "func": fs.name,
+                    "code": (fs.line or "").strip()})
+    return out
+
+
+def capture_thread(ident: int) -> list[Frame]:
+    frame = sys._current_frames().get(ident)
+    return _frames_of(frame) if frame is not None else []
+
+
+def capture_all(skip_ident: int | None = None) -> dict[str, list[Frame]]:
+    """Every live thread's stack, outermost first, keyed 'name (ident)'; main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    main = threading.main_thread().ident
+    order = sorted(frames, key=lambda i: (i != main, i))
+    out: dict[str, list[Frame]] = {}
+    for ident in order:
+        if ident == skip_ident:
+            continue
+        out[f"{names.get(ident, 'thread')} ({ident})"] = _frames_of(frames[ident])
+    return out
+
+
+def user_frame(frames: list[Frame]) -> Frame | None:
+    """The innermost frame in the user's own code (not torch, stdlib or ddpguard)."""
+    for fr in reversed(frames):
+        if not is_library_file(fr["file"]):
+            return fr
+    return None
+
+
+def innermost(frames: list[Frame]) -> Frame | None:
+    return frames[-1] if frames else None
+
+
+def _in(fr: Frame, *parts: str) -> bool:
+    f = fr["file"].replace("\\", "/")
+    return any(p in f for p in parts)
+
+
+_COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object", "broadcast",
+                "broadcast_object_list", "reduce", "gather", "scatter", "all_to_all",
+                "reduce_scatter", "all_gather_into_tensor", "reduce_scatter_tensor",
+                "monitored_barrier", "send", "recv", "wait", "destroy_process_group",
+                "gather_object", "scatter_object_list", "all_reduce_coalesced"}
+
+
+def activity(frames: list[Frame]) -> tuple[str, str]:
+    """(kind, text) for what this stack is doing. kind is one of: 'collective:<name>',
+    'ddp_forward', 'backward', 'dataloader', 'epoch_start', 'optimizer', 'sleep', 'running'."""
+    ddp_forward = any(_in(f, "torch/nn/parallel/distributed.py") and f["func"] in (
+        "forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers",
+        "_default_broadcast_coalesced", "_distributed_broadcast_coalesced") for f in frames)
+    if any(f["func"] == "_agree_lengths" for f in frames):
+        return "epoch_start", "at the start of an epoch, comparing loader lengths"
+    for fr in reversed(frames):
+        if _in(fr, "torch/distributed/") and fr["func"] in _COLLECTIVES:
+            name = fr["func"]
+            if ddp_forward:
+                return "ddp_forward", f"in the DDP model's forward ({name} of buffers)"
+            return f"collective:{name}", f"in torch.distributed.{name}"
+    if ddp_forward:
+        return "ddp_forward", "in the DDP model's forward (buffer broadcast)"
+    if any(f["func"] in ("_engine_run_backward", "run_backward") or
+           (_in(f, "torch/autograd/") and f["func"] == "backward") or
+           (_in(f, "torch/_tensor.py") and f["func"] == "backward") for f in frames):
+        return "backward", "in backward (DDP gradient all-reduce)"
+    if any(_in(f, "torch/utils/data/") and f["func"] in ("__next__", "_next_data", "_get_data",
+                                                           "_try_get_data") for f in frames):
+        return "dataloader", "waiting for the next batch from a DataLoader"
+    if any(_in(f, "torch/optim/") for f in frames):
+        return "optimizer", "in optimizer.step"
+    inner = innermost(frames)
+    if inner is not None and inner["func"] == "sleep":
+        return "sleep", "sleeping"
+    return "running", "running Python code"
+
+
+def is_blocked(frames: list[Frame]) -> bool:
+    """True when the stack waits on other ranks (a collective, DDP's backward or forward)."""
+    kind, _ = activity(frames)
+    return kind.startswith("collective:") or kind in ("backward", "ddp_forward")
+
+
+def fmt_frame(fr: Frame | None) -> str:
+    if fr is None:
+        return "?"
+    code = f"  `{fr['code']}`" if fr["code"] else ""
+    return f"{fr['file']}:{fr['line']} in {fr['func']}{code}"
