@@ -1,0 +1,58 @@
+"""`ddpguard lint`: the seeds' DDP pitfalls, found in a script before it runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "lint"
+HELP = "check training scripts for DDP pitfalls (static: never imports or runs them)"
+
+
+def _codes(text: str | None) -> tuple[str, ...]:
+    return tuple(c.strip().upper() for c in (text or "").split(",") if c.strip())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files and folders to check")
+    parser.add_argument("--format", choices=("text", "json", "sarif"), default="text")
+    parser.add_argument("--select", help="comma-separated codes or prefixes (DDP001,DDP01,ALL)")
+    parser.add_argument("--extend-select", help="codes to add to the default set (DDP018)")
+    parser.add_argument("--ignore", help="comma-separated codes or prefixes to skip")
+    parser.add_argument("--no-config", action="store_true",
+                        help="ignore [tool.ddpguard.lint] in pyproject.toml")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="processes to use")
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .. import __version__
+    from ..lint import Selection, discover, lint_paths
+    from ..lint.config import load_selection
+    from ..lint.output import render_json, render_sarif, render_text
+
+    select, ignore = _codes(args.select), _codes(args.ignore)
+    extend = _codes(args.extend_select)
+    try:
+        files = discover(args.paths)
+        if args.no_config:
+            selection = Selection(select=select, ignore=ignore, extend_select=extend)
+        else:
+            selection = load_selection(Path(args.paths[0]), select, ignore, extend)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"ddpguard lint: {exc}", file=sys.stderr)
+        return 2
+    findings = lint_paths(args.paths, selection, jobs=args.jobs)
+    if args.format == "json":
+        print(render_json(findings))
+    elif args.format == "sarif":
+        print(render_sarif(findings, __version__))
+    else:
+        print(render_text(findings, len(files)))
+    if args.exit_zero:
+        return 0
+    return 1 if any(f.severity in ("error", "warning") for f in findings) else 0

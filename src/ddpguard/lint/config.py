@@ -1,0 +1,65 @@
+"""`[tool.ddpguard.lint]` from the nearest pyproject.toml."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .engine import Selection
+
+
+def _toml_loads(text: str) -> dict[str, Any] | None:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib.loads(text)
+    try:  # pragma: no cover - Python 3.10 only
+        import tomli
+    except ImportError:  # pragma: no cover
+        warnings.warn("pyproject.toml settings ignored: install `tomli` on Python 3.10",
+                      stacklevel=2)
+        return None
+    return tomli.loads(text)  # pragma: no cover
+
+
+def find_pyproject(start: Path) -> Path | None:
+    start = start.resolve()
+    for d in [start, *start.parents] if start.is_dir() else list(start.parents):
+        candidate = d / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _codes(table: dict[str, Any], key: str, source: Path) -> tuple[str, ...]:
+    value = table.get(key, [])
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{source}: [tool.ddpguard.lint] {key} must be a list of codes, "
+                         f"got {value!r}")
+    return tuple(v.upper() for v in value)
+
+
+def load_selection(start: Path, select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                   extend_select: tuple[str, ...] = ()) -> Selection:
+    """Command-line codes override the file's select; ignores add up."""
+    table: dict[str, Any] = {}
+    path = find_pyproject(start)
+    if path is not None:
+        data = _toml_loads(path.read_text(encoding="utf-8")) or {}
+        table = data.get("tool", {}).get("ddpguard", {}).get("lint", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [tool.ddpguard.lint] must be a table")
+    src = path or start
+    severity = table.get("severity", {})
+    if not isinstance(severity, dict):
+        raise ValueError(f"{src}: [tool.ddpguard.lint] severity must be a table of CODE = level")
+    return Selection(
+        select=select or _codes(table, "select", src),
+        ignore=(*_codes(table, "ignore", src), *ignore),
+        extend_select=(*_codes(table, "extend-select", src), *extend_select),
+        severity={k.upper(): str(v) for k, v in severity.items()},
+    )

@@ -1,0 +1,129 @@
+"""Run the rules over sources, files and folders; select/ignore and `# noqa`."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import rules_data, rules_model, rules_rank
+from .context import build
+from .findings import RULES, SEVERITIES, Finding
+
+RuleFn = Callable[..., Iterator[tuple[ast.AST, str, str]]]
+RULE_FUNCS: dict[str, RuleFn] = {**rules_data.RULES, **rules_rank.RULES, **rules_model.RULES}
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
+_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which codes run and at what severity. Codes may be prefixes (`DDP01`) or `ALL`."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    extend_select: tuple[str, ...] = ()
+    severity: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for code in (*self.select, *self.ignore, *self.extend_select, *self.severity):
+            if code != "ALL" and not any(c.startswith(code) for c in RULES):
+                raise ValueError(f"unknown rule code {code!r}: known codes are "
+                                 f"DDP001..DDP018 (prefixes like DDP01 and ALL work too)")
+        for code, sev in self.severity.items():
+            if sev not in SEVERITIES:
+                raise ValueError(f"severity {sev!r} for {code} is not one of {SEVERITIES}")
+
+    def codes(self) -> list[str]:
+        def match(code: str, pats: Iterable[str]) -> bool:
+            return any(p == "ALL" or code.startswith(p) for p in pats)
+
+        out = []
+        for code, rule in RULES.items():
+            on = match(code, self.select) if self.select else rule.default
+            on = (on or match(code, self.extend_select)) and not match(code, self.ignore)
+            if on and code != "DDP000":
+                out.append(code)
+        return out
+
+    def severity_of(self, code: str) -> str:
+        return self.severity.get(code, RULES[code].severity)
+
+
+def lint_source(source: str, path: str = "<string>",
+                selection: Selection | None = None) -> list[Finding]:
+    """Findings for one module's source, sorted by position; never imports or runs it."""
+    selection = selection or Selection()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        return [Finding(path, exc.lineno or 1, exc.offset or 1, "DDP000", "error",
+                        f"syntax error: {exc.msg}", RULES["DDP000"].fix)]
+    except ValueError as exc:  # null bytes
+        return [Finding(path, 1, 1, "DDP000", "error", f"cannot parse: {exc}",
+                        RULES["DDP000"].fix)]
+    info = build(tree)
+    lines = source.splitlines()
+    found: dict[tuple[int, int, str], Finding] = {}
+    for code in selection.codes():
+        for node, hit_code, message in RULE_FUNCS[code](info):
+            line = getattr(node, "lineno", 1)
+            col = getattr(node, "col_offset", 0) + 1
+            if _suppressed(lines, line, hit_code):
+                continue
+            key = (line, col, hit_code)
+            found.setdefault(key, Finding(path, line, col, hit_code,
+                                          selection.severity_of(hit_code), message,
+                                          RULES[hit_code].fix))
+    return [found[k] for k in sorted(found)]
+
+
+def _suppressed(lines: list[str], line: int, code: str) -> bool:
+    if not 0 < line <= len(lines) or "noqa" not in lines[line - 1].lower():
+        return False
+    m = _NOQA.search(lines[line - 1])
+    if m is None:
+        return False
+    codes = m.group("codes")
+    return codes is None or code in re.split(r"[,\s]+", codes.upper())
+
+
+def lint_file(path: str | Path, selection: Selection | None = None) -> list[Finding]:
+    p = Path(path)
+    try:
+        source = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [Finding(str(p), 1, 1, "DDP000", "error", f"cannot read: {exc}",
+                        "check the file's path and encoding (UTF-8)")]
+    return lint_source(source, str(p), selection)
+
+
+def discover(paths: Iterable[str | Path]) -> list[Path]:
+    """Python files under `paths` (files as given, folders recursively, sorted)."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+                out.extend(Path(root) / f for f in sorted(files) if f.endswith(".py"))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {p}")
+    return out
+
+
+def lint_paths(paths: Iterable[str | Path], selection: Selection | None = None,
+               jobs: int = 1) -> list[Finding]:
+    files = discover(paths)
+    if jobs > 1 and len(files) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            chunks = pool.map(lint_file, files, [selection] * len(files), chunksize=16)
+            return [f for chunk in chunks for f in chunk]
+    return [f for p in files for f in lint_file(p, selection)]

@@ -1,0 +1,176 @@
+"""Data rules DDP001-DDP004: everything that makes ranks see different numbers of batches."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
+
+Hit = tuple[ast.AST, str, str]   # (node, code, message)
+_EVAL_HINTS = ("val", "test", "eval", "dev")
+
+
+def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
+    if not hasattr(info, "_set_epoch_index"):
+        index = []
+        for rec in info.calls:
+            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute):
+                index.append((rec, info.samplers_of(rec.node.func.value)))
+        info._set_epoch_index = index  # type: ignore[attr-defined]
+    # An unresolved receiver (a parameter, a helper's result) gets the benefit of the doubt.
+    return [rec for rec, found in info._set_epoch_index  # type: ignore[attr-defined]
+            if not found or sampler in found]
+
+
+def _reaches(info: ModuleInfo, loop: Loop, targets: list[CallRec], depth: int = 2) -> bool:
+    """True when one of `targets` runs inside `loop`, directly or through local calls."""
+    funcs = {t.func for t in targets}
+    if any(loop in t.loops for t in targets):
+        return True
+    if depth == 0:
+        return False
+    for rec in info.calls:
+        if loop in rec.loops:
+            for fn in info.local_callees(rec):
+                if fn in funcs or _func_reaches(info, fn, targets, depth - 1):
+                    return True
+    return False
+
+
+def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int) -> bool:
+    if any(t.func is fn for t in targets):
+        return True
+    if depth == 0:
+        return False
+    return any(rec.func is fn and any(_func_reaches(info, g, targets, depth - 1)
+                                      for g in info.local_callees(rec)) for rec in info.calls)
+
+
+def ddp001(info: ModuleInfo) -> Iterator[Hit]:
+    reported: set[int] = set()
+    # Style 1: `for epoch ...: for batch in loader:` in one function.
+    for lrec in info.loops:
+        node = lrec.node
+        if isinstance(node, ast.While) or not lrec.loops:
+            continue
+        epoch_loop = lrec.loops[-1]
+        for sampler in info.samplers_of(node.iter):
+            if id(epoch_loop) in reported:
+                continue
+            if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+    # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
+    for rec in info.calls:
+        if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
+            continue
+        epoch_loop = rec.loops[-1]
+        for arg in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
+            for sampler in info.samplers_of(arg):
+                if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+                    reported.add(id(epoch_loop))
+                    yield epoch_loop, "DDP001", _msg001(sampler)
+                    break
+
+
+def _msg001(sampler: ast.Call) -> str:
+    return (f"the DistributedSampler created on line {sampler.lineno} drives this epoch loop "
+            "but set_epoch is never called in it: every epoch repeats the same order")
+
+
+def ddp002(info: ModuleInfo) -> Iterator[Hit]:
+    for rec in info.calls:
+        if rec.last != "DataLoader":
+            continue
+        call = rec.node
+        which = [k.arg for k in call.keywords if k.arg in ("sampler", "batch_sampler")
+                 and not (isinstance(k.value, ast.Constant) and k.value.value is None)]
+        if which and is_true(kwarg(call, "shuffle")):
+            yield call, "DDP002", (f"DataLoader gets {which[0]}= and shuffle=True: "
+                                   "torch raises ValueError (they are mutually exclusive)")
+
+
+def ddp003(info: ModuleInfo) -> Iterator[Hit]:
+    for rec in info.calls:
+        call = rec.node
+        if rec.last != "DataLoader" or is_true(kwarg(call, "drop_last")):
+            continue
+        if kwarg(call, "batch_sampler") is not None:
+            continue  # a BatchSampler decides drop_last itself; checked below
+        sampler_expr = kwarg(call, "sampler")
+        if sampler_expr is None:
+            continue
+        name = (dotted(sampler_expr) or "") + " " + _target_name(info, call)
+        if any(h in name.lower() for h in _EVAL_HINTS):
+            continue
+        for sampler in info.samplers_of(sampler_expr):
+            if not is_true(kwarg(sampler, "drop_last")):
+                yield call, "DDP003", ("training DataLoader over a DistributedSampler with "
+                                       "drop_last unset: the last batch differs across ranks")
+                break
+
+
+def _target_name(info: ModuleInfo, value: ast.expr) -> str:
+    for name, entries in info.assigns.items():
+        if any(v is value for _, v in entries):
+            return name
+    return ""
+
+
+def _returns_none_or_filters(fn: Func) -> ast.AST | None:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and (
+                node.value is None or (isinstance(node.value, ast.Constant)
+                                       and node.value.value is None)):
+            return node
+        if isinstance(node, ast.ListComp) and any(g.ifs for g in node.generators):
+            return node
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "filter":
+            return node
+    return None
+
+
+def _empty_test(test: ast.expr, names: set[str]) -> bool:
+    for node in ast.walk(test):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) \
+                and node.left.id in names and any(
+                    isinstance(c, ast.Constant) and c.value in (None, 0)
+                    for c in node.comparators):
+            return True
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) \
+                and isinstance(node.operand, ast.Name) and node.operand.id in names:
+            return True
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) \
+                and isinstance(node.left.func, ast.Name) and node.left.func.id == "len" \
+                and node.left.args and isinstance(node.left.args[0], ast.Name) \
+                and node.left.args[0].id in names:
+            return True
+    return False
+
+
+def ddp004(info: ModuleInfo) -> Iterator[Hit]:
+    for rec in info.calls:
+        if rec.last != "DataLoader":
+            continue
+        collate = kwarg(rec.node, "collate_fn")
+        if isinstance(collate, ast.Name):
+            for fn in info.funcs.get(collate.id, []):
+                bad = _returns_none_or_filters(fn)
+                if bad is not None:
+                    yield bad, "DDP004", (f"collate_fn {fn.name}() can return None or drop "
+                                          "samples: ranks can end up with different step counts")
+    for lrec in info.loops:
+        node = lrec.node
+        if isinstance(node, ast.While):
+            continue
+        names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        for s in node.body:
+            if isinstance(s, ast.If) and any(isinstance(b, ast.Continue | ast.Break)
+                                             for b in s.body) and _empty_test(s.test, names):
+                yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
+                                    "do different numbers of steps and DDP's all-reduce hangs")
+
+
+RULES = {"DDP001": ddp001, "DDP002": ddp002, "DDP003": ddp003, "DDP004": ddp004}

@@ -1,0 +1,203 @@
+"""The single traversal that fills a ModuleInfo (see context.py)."""
+
+from __future__ import annotations
+
+import ast
+
+from .context import GLOBAL, NONE, CallRec, Func, Loop, LoopRec, ModuleInfo, dotted
+
+_AST = ast.AST
+_EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
+_MULTI_NODE_STRINGS = {"RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NODEID", "GROUP_RANK",
+                       "nnodes", "node_rank", "--nnodes", "MASTER_ADDR"}
+_DIST_NAMES = {"DistributedDataParallel", "DistributedSampler", "init_process_group"}
+# Fields that never hold child expressions (contexts, operators, identifiers): skipping them
+# halves the nodes the expression walk touches.
+_LEAF_FIELDS = {"ctx", "op", "ops", "id", "attr", "arg", "kind", "type_comment", "conversion",
+                "is_async", "level", "format_spec"}
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(t: type) -> tuple[str, ...]:
+    fields = _CHILD_FIELDS.get(t)
+    if fields is None:
+        fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields  # type: ignore[attr-defined]
+                                          if f not in _LEAF_FIELDS)
+    return fields
+
+
+def _combine(outer: int, inner: int) -> int:
+    if not inner:
+        return outer
+    if not outer:
+        return inner
+    return GLOBAL if GLOBAL in (outer, inner) else inner
+
+
+class Walker:
+    def __init__(self, info: ModuleInfo) -> None:
+        self.info = info
+        self.guard = NONE
+        self.loops: tuple[Loop, ...] = ()
+        self.func: Func | None = None
+        self.in_class = False
+
+    def block(self, stmts: list[ast.stmt]) -> None:
+        saved = self.guard
+        for s in stmts:
+            self.stmt(s)
+            # `if not is_main: return` guards everything after it in this block.
+            if isinstance(s, ast.If) and not s.orelse and s.body \
+                    and isinstance(s.body[-1], _EXITS):
+                self.guard = _combine(self.guard, self.info.rank_level(s.test))
+        self.guard = saved
+
+    def stmt(self, s: ast.stmt) -> None:
+        info = self.info
+        t = type(s)
+        if t is ast.If:
+            assert isinstance(s, ast.If)
+            self.expr(s.test)
+            saved = self.guard
+            self.guard = _combine(saved, info.rank_level(s.test))
+            self.block(s.body)
+            self.block(s.orelse)
+            self.guard = saved
+        elif t is ast.For or t is ast.AsyncFor or t is ast.While:
+            assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
+            if isinstance(s, ast.While):
+                self.expr(s.test)
+            else:
+                self.expr(s.iter)
+            info.loops.append(LoopRec(s, self.loops, self.func, self.guard))
+            saved_loops = self.loops
+            self.loops = saved_loops + (s,)
+            self.block(s.body)
+            self.loops = saved_loops
+            self.block(s.orelse)
+        elif t is ast.FunctionDef or t is ast.AsyncFunctionDef:
+            assert isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+            for d in s.decorator_list:
+                self.expr(d)
+            info.funcs.setdefault(s.name, []).append(s)
+            if len(s.body) >= 1:
+                last = s.body[-1]
+                if isinstance(last, ast.Return) and last.value is not None:
+                    level = info.rank_level(last.value)
+                    if level:
+                        info.rank_funcs[s.name] = level
+            outer = (self.guard, self.loops, self.func, self.in_class)
+            self.guard, self.loops, self.func, self.in_class = NONE, (), s, False
+            self.block(s.body)
+            self.guard, self.loops, self.func, self.in_class = outer
+        elif t is ast.ClassDef:
+            assert isinstance(s, ast.ClassDef)
+            info.classes[s.name] = s
+            for b in s.bases:
+                self.expr(b)
+            saved_cls = self.in_class
+            self.in_class = True
+            self.block(s.body)
+            self.in_class = saved_cls
+        elif t is ast.Assign or t is ast.AnnAssign:
+            assert isinstance(s, ast.Assign | ast.AnnAssign)
+            value = s.value
+            if value is None:
+                return
+            self.expr(value)
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+            level = info.rank_level(value) if not isinstance(value, ast.Constant) else NONE
+            for tgt in targets:
+                name = dotted(tgt)
+                if name is not None:
+                    info.assigns.setdefault(name, []).append((s.lineno, value))
+                    if level and not isinstance(value, ast.Call | ast.Subscript):
+                        info.rank_names[name] = level
+                else:
+                    self.expr(tgt)
+        elif t is ast.Import:
+            assert isinstance(s, ast.Import)
+            for a in s.names:
+                if a.asname:
+                    info.aliases[a.asname] = a.name
+                if a.name.startswith("torch.distributed"):
+                    info.distributed = True
+        elif t is ast.ImportFrom:
+            assert isinstance(s, ast.ImportFrom)
+            mod = s.module or ""
+            for a in s.names:
+                info.aliases[a.asname or a.name] = f"{mod}.{a.name}"
+                if a.name in _DIST_NAMES or mod.startswith("torch.distributed"):
+                    info.distributed = True
+        elif t is ast.With or t is ast.AsyncWith:
+            assert isinstance(s, ast.With | ast.AsyncWith)
+            for item in s.items:
+                self.expr(item.context_expr)
+            self.block(s.body)
+        elif t is ast.Try or t is getattr(ast, "TryStar", None):
+            assert isinstance(s, ast.Try)
+            self.block(s.body)
+            for h in s.handlers:
+                self.block(h.body)
+            self.block(s.orelse)
+            self.block(s.finalbody)
+        elif t is ast.Expr:
+            assert isinstance(s, ast.Expr)
+            if not isinstance(s.value, ast.Constant):  # docstrings mention variables freely
+                self.expr(s.value)
+        else:
+            for child in ast.iter_child_nodes(s):
+                if isinstance(child, ast.stmt):
+                    self.stmt(child)
+                elif isinstance(child, ast.expr):
+                    self.expr(child)
+
+    def expr(self, root: ast.AST) -> None:
+        info = self.info
+        stack = [root]
+        pop, push = stack.pop, stack.append
+        while stack:
+            node = pop()
+            t = type(node)
+            if t is ast.Call:
+                assert isinstance(node, ast.Call)
+                qual = info.qualify(node.func)
+                last = info.callee_last(node)
+                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func))
+                if last in _DIST_NAMES or (qual or "").startswith("torch.distributed"):
+                    info.distributed = True
+                if last == "no_sync":
+                    info.no_sync = True
+                elif last == "cuda":
+                    info.uses_cuda = True
+                elif last.startswith("BatchNorm"):
+                    info.batchnorm = True
+                elif last in ("get_rank", "get_node_local_rank"):
+                    info.multi_node = True
+            elif t is ast.Constant:
+                v = node.value  # type: ignore[attr-defined]
+                if type(v) is str and len(v) < 200:
+                    if "NCCL_" in v:
+                        info.nccl_strings.append(node)  # type: ignore[arg-type]
+                    elif v in _MULTI_NODE_STRINGS:
+                        info.multi_node = True
+                    elif v in ("cuda", "nccl"):
+                        info.uses_cuda = True
+                    elif v == "LOCAL_RANK":
+                        info.distributed = True
+                continue
+            elif t is ast.Attribute:
+                attr = node.attr  # type: ignore[attr-defined]
+                if attr.startswith("BatchNorm"):
+                    info.batchnorm = True
+                elif attr == "cuda":
+                    info.uses_cuda = True
+            fields = _CHILD_FIELDS.get(t) or _child_fields(t)
+            for f in fields:
+                v = getattr(node, f, None)
+                if type(v) is list:
+                    for x in v:
+                        if isinstance(x, _AST):
+                            push(x)
+                elif isinstance(v, _AST):
+                    push(v)
