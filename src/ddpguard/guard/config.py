@@ -21,6 +21,7 @@ _ENV_FIELDS: dict[str, str] = {
     "DDPGUARD_STALL_FACTOR": "stall_factor",
     "DDPGUARD_HEARTBEAT": "heartbeat_interval",
     "DDPGUARD_DEAD_AFTER": "dead_after",
+    "DDPGUARD_DEADLOCK_FLOOR": "deadlock_floor",
     "DDPGUARD_AGREE_TIMEOUT": "agree_timeout",
     "DDPGUARD_DUMP_WAIT": "dump_wait",
     "DDPGUARD_REPORT_DIR": "report_dir",
@@ -39,6 +40,11 @@ class GuardConfig:
     stall_floor: float = 20.0
     stall_ceiling: float = 600.0
     stall_factor: float = 20.0
+    # Every live rank inside a collective and none finishing: collectives are mismatched. That
+    # cannot resolve itself, so it is declared sooner than a general stall: after
+    # max(deadlock_floor, deadlock_factor x slowest step), capped by the stall timeout.
+    deadlock_floor: float = 8.0
+    deadlock_factor: float = 5.0
     heartbeat_interval: float = 0.5
     # A peer whose heartbeat has not changed for this long, and whose process is gone, is dead.
     dead_after: float = 5.0
@@ -54,6 +60,7 @@ class GuardConfig:
 
     def __post_init__(self) -> None:
         positive = ("stall_floor", "stall_ceiling", "stall_factor", "heartbeat_interval",
+                    "deadlock_floor", "deadlock_factor",
                     "dead_after", "agree_timeout", "dump_wait")
         for name in positive:
             value = getattr(self, name)
@@ -78,6 +85,11 @@ class GuardConfig:
         if self.stall_timeout is not None:
             return self.stall_timeout
         return min(self.stall_ceiling, max(self.stall_floor, self.stall_factor * max_step_s))
+
+    def deadlock_timeout_for(self, max_step_s: float) -> float:
+        """How long every rank may sit in collectives with no progress before it is a deadlock."""
+        return min(self.timeout_for(max_step_s),
+                   max(self.deadlock_floor, self.deadlock_factor * max_step_s))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> GuardConfig:

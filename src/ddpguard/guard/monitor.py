@@ -122,7 +122,9 @@ class Guard:
         snap = self.progress.snapshot()
         snap.update(rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq,
                     state=self.state, error=self.error, mismatch=self.mismatch,
-                    t=time.time(), last_progress=self.progress.last_progress_wall)
+                    t=time.time(), last_progress=self.progress.last_progress_wall,
+                    blocked_for=(time.monotonic() - self._blocked_since
+                                 if self._blocked_since is not None else 0.0))
         return snap
 
     def _publish(self) -> None:
@@ -279,6 +281,17 @@ class Guard:
             if r not in gone:
                 idle[r] = now - max(p.progress_at, self._armed_at)
         worst = max(idle, key=lambda r: idle[r])
+        live = [p for r, p in self._peers.items() if r not in gone and p.hb is not None]
+        if self._blocked_since is not None and len(live) == self.world_size - 1:
+            # Shortest time any rank has been blocked (ours included) and least idle rank.
+            all_blocked = min([now - self._blocked_since]
+                              + [float(p.hb.get("blocked_for", 0.0)) for p in live if p.hb])
+            deadlock = self.config.deadlock_timeout_for(max_step)
+            if all_blocked > 0 and min(idle.values()) > deadlock and all_blocked > deadlock / 2:
+                self._fail(f"every rank has waited inside a collective with no progress for "
+                           f"{min(idle.values()):.1f} s (deadlock timeout {deadlock:.1f} s): "
+                           "the ranks are in different collectives", peers)
+                return
         if idle[worst] > timeout:
             self._fail(f"no progress on rank {worst} for {idle[worst]:.1f} s "
                        f"(stall timeout {timeout:.1f} s)", peers)

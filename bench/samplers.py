@@ -1,0 +1,106 @@
+"""Sampler benchmark: EvenSampler vs torch DistributedSampler at n=200M, TokenBatchSampler plan.
+
+    python bench/samplers.py [--n 200000000] [--tokens-n 2000000]
+
+Each index sampler runs in its own subprocess so peak-memory growth is its own. Prints a table,
+writes bench/results/samplers.json, and compares with the anchor (ANCHORS.md: DistributedSampler
+31.8 s to first index, +6.3 GB held, 9.7 GB peak at n=200M, 8 replicas).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ANCHOR = {"torch_first_s": 31.8, "torch_peak_gb": 9.7}
+TAKE = 10_000_000
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def child(kind: str, n: int) -> None:
+    import torch  # noqa: F401  (imported before the baseline so it is not counted)
+
+    from ddpguard.sampling import EvenSampler
+
+    if kind == "even":
+        sampler = EvenSampler(n, 8, 0, seed=0)
+    else:
+        from torch.utils.data import DistributedSampler
+
+        sampler = DistributedSampler(range(n), num_replicas=8, rank=0, seed=0)  # type: ignore
+    base = _rss_mb()
+    t0 = time.perf_counter()
+    it = iter(sampler)
+    next(it)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for _ in itertools.islice(it, TAKE):
+        pass
+    rate = TAKE / (time.perf_counter() - t1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"first_s": first, "per_s": rate, "peak_growth_mb": peak - base}))
+
+
+def tokens(n: int) -> dict:
+    import numpy as np
+
+    from ddpguard.sampling import TokenBatchSampler
+
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(200), 0.8, n)), 1, 2048).astype(np.int64)
+    s = TokenBatchSampler(lengths, 16384, 8, 0, seed=0)
+    t0 = time.perf_counter()
+    plan = s.plan()
+    took = time.perf_counter() - t0
+    return {"plan_s": took, "padding_waste": plan.padding_waste, "batches_per_rank": len(s),
+            "skipped": s.skipped}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=200_000_000)
+    p.add_argument("--tokens-n", type=int, default=2_000_000)
+    p.add_argument("--child", choices=["even", "torch"])
+    a = p.parse_args()
+    if a.child:
+        child(a.child, a.n)
+        return
+    res: dict = {"n": a.n, "replicas": 8, "rank": 0}
+    for kind in ("even", "torch"):
+        out = subprocess.run([sys.executable, __file__, "--child", kind, "--n", str(a.n)],
+                             check=True, capture_output=True, text=True).stdout
+        res[kind] = json.loads(out.strip().splitlines()[-1])
+    res["tokens"] = tokens(a.tokens_n)
+    e, t = res["even"], res["torch"]
+    head = f"sampler (n={a.n}, 8 replicas, rank 0)"
+    print(f"{head:45} {'first idx':>10} {'idx/s':>12} "
+          f"{'mem growth':>12}")
+    for name, r in (("EvenSampler", e), ("torch DistributedSampler", t)):
+        print(f"{name:45} {r['first_s']:>9.3f}s {r['per_s']:>12,.0f} "
+              f"{r['peak_growth_mb']:>10.1f}MB")
+    print(f"ratios torch/even: first index {t['first_s'] / e['first_s']:,.0f}x, memory "
+          f"{t['peak_growth_mb'] / max(e['peak_growth_mb'], 1):,.0f}x; anchor torch first "
+          f"{ANCHOR['torch_first_s']} s (this run {t['first_s'] / ANCHOR['torch_first_s']:.2f}x)")
+    k = res["tokens"]
+    print(f"TokenBatchSampler {a.tokens_n:,} lognormal lengths: plan {k['plan_s']:.2f}s, padding "
+          f"waste {k['padding_waste']:.2%}, batches/rank {k['batches_per_rank']}")
+    out_path = Path(__file__).parent / "results" / "samplers.json"
+    out_path.parent.mkdir(exist_ok=True)
+    out_path.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""EvenSampler: the same number of indices on every rank, O(1) memory, resumable by position."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import Sampler
+
+from . import plan
+from ._common import STATE_VERSION, EpochClock, resolve_world
+from .plan import check_int
+
+__all__ = ["EvenSampler"]
+
+_CHUNK = 1 << 16
+_EMPTY: tuple[int, int, Iterator[int]] = (0, 0, iter(()))
+
+
+class EvenSampler(Sampler[int]):
+    """Indices of a dataset of `length` samples for one rank of `num_replicas`.
+
+    Every rank gets `len(sampler)` indices; rank r takes global positions r, r+W, r+2W, ... of
+    the epoch's order (a stateless Feistel permutation keyed by (seed, epoch)). tail="pad"
+    repeats the first indices so every sample is seen at least once (`num_real`, `is_padding`
+    tell evaluation which ones to drop: padding is always a suffix of a rank's pass);
+    tail="drop" leaves out fewer than `num_replicas` samples.
+
+    The epoch advances on each new iteration; `set_epoch` still works and wins. `len()` is the
+    full per-rank epoch length, except for the one pass resumed mid-epoch by
+    `load_state_dict`, where it is the remaining count of that pass (so DataLoader's len is
+    right for it).
+    """
+
+    def __init__(
+        self,
+        length: int,
+        num_replicas: Any = None,
+        rank: int | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        tail: str = "pad",
+        epoch: int = 0,
+    ) -> None:
+        self.length = check_int("length", length, 1)
+        self.num_replicas, self.rank = resolve_world(num_replicas, rank)
+        if tail not in plan.TAILS:
+            raise ValueError(f"tail must be one of {plan.TAILS}, got {tail!r}")
+        self.tail = tail
+        self.shuffle = bool(shuffle)
+        self.seed = check_int("seed", seed)
+        self._clock = EpochClock(epoch)
+        self._chunk: tuple[int, int, Iterator[int]] = _EMPTY
+
+    # ---- the current (or next) pass ------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass running now, or of the next pass if none is running."""
+        return self._clock.epoch
+
+    @property
+    def start_position(self) -> int:
+        """Global position where the current (or next) pass begins; > 0 only after a resume."""
+        return self._clock.start
+
+    def __len__(self) -> int:
+        return plan.per_rank_count(self.length, self.num_replicas, self.tail, self._clock.start)
+
+    @property
+    def num_real(self) -> int:
+        """Real (non-padding) indices this rank gets in the current pass; the rest are repeats."""
+        return plan.num_real_for_rank(
+            self.length, self.rank, self.num_replicas, self.tail, self._clock.start
+        )
+
+    def is_padding(self, position: int | npt.ArrayLike) -> bool | npt.NDArray[np.bool_]:
+        """Whether a global position (or array of them) is padding, i.e. a repeated index."""
+        mask = plan.is_padding_position(position, self.length)
+        return bool(mask) if mask.ndim == 0 else mask
+
+    def positions(self, k0: int = 0, k1: int | None = None) -> npt.NDArray[np.int64]:
+        """Global positions of this rank's k-th yielded indices of the current pass."""
+        stop = len(self) if k1 is None else k1
+        return plan.rank_positions(self.rank, self.num_replicas, self._clock.start, k0, stop)
+
+    @property
+    def yielded(self) -> int:
+        """Indices yielded so far in the current pass."""
+        base, size, rest = self._chunk
+        return base + size - operator.length_hint(rest)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._clock.set_epoch(epoch)
+        self._chunk = _EMPTY
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, start = self._clock.begin_pass()
+        self._chunk = _EMPTY
+        count = len(self)
+        return self._generate(epoch, start, count)
+
+    def _generate(self, epoch: int, start: int, count: int) -> Iterator[int]:
+        for k0 in range(0, count, _CHUNK):
+            k1 = min(count, k0 + _CHUNK)
+            pos = plan.rank_positions(self.rank, self.num_replicas, start, k0, k1)
+            chunk = plan.positions_to_indices(pos, self.length, self.seed, epoch, self.shuffle)
+            values = chunk.tolist()
+            self._chunk = (k0, len(values), iter(values))
+            # `yield from` a list iterator runs at C speed; how far it got is read back with
+            # length_hint when state_dict needs the yielded count.
+            yield from self._chunk[2]
+
+    # ---- resume --------------------------------------------------------------------------
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """JSON-able state; `consumed` = indices THIS rank used in the current pass (a
+        DataLoader prefetches, so the sampler has yielded more than training consumed; None
+        means what was yielded). After a resume, count from the resume point."""
+        clock = self._clock
+        epoch, position = clock.epoch, clock.start
+        if clock.running:
+            used = self.yielded if consumed is None else check_int("consumed", consumed, 0)
+            if used > len(self):
+                raise ValueError(
+                    f"consumed={used} on rank {self.rank} but this pass has only {len(self)} "
+                    "indices: pass the number of indices this rank consumed in the current pass"
+                )
+            position = clock.start + used * self.num_replicas
+            if used == len(self):
+                epoch, position = epoch + 1, 0
+        return {
+            "version": STATE_VERSION,
+            "kind": "EvenSampler",
+            "length": self.length,
+            "seed": self.seed,
+            "epoch": epoch,
+            "position": position,
+            "shuffle": self.shuffle,
+            "tail": self.tail,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved global position, on any number of replicas."""
+        if state.get("kind") != "EvenSampler" or state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"not an EvenSampler state (kind={state.get('kind')!r}, "
+                f"version={state.get('version')!r}); expected kind='EvenSampler', "
+                f"version={STATE_VERSION}"
+            )
+        for key in ("length", "seed", "shuffle"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(
+                    f"sampler state has {key}={state.get(key)!r} but this sampler has "
+                    f"{key}={getattr(self, key)!r} (rank {self.rank}): the checkpoint belongs "
+                    "to a different dataset or seed; build the sampler with the same values"
+                )
+        epoch = check_int("epoch", state.get("epoch"), 0)
+        position = check_int("position", state.get("position"), 0)
+        if plan.per_rank_count(self.length, self.num_replicas, self.tail, position) == 0:
+            # Nothing of that epoch is left for this world size: start the next one.
+            epoch, position = epoch + 1, 0
+        self._clock.resume(epoch, position)
+        self._chunk = _EMPTY
