@@ -19,6 +19,15 @@ _EXPORTS: dict[str, str] = {
     "setup_logging": "world",
     "init": "session",
     "shutdown": "session",
+    "EvenSampler": "sampling",
+    "TokenBatchSampler": "sampling",
+    "JsonlDataset": "data",
+    "make_loader": "data",
+    "GuardConfig": "guard",
+    "UnevenBatchesError": "guard",
+    "BatchPlan": "batch_plan",
+    "find_micro_batch": "batch_plan",
+    "scaled_lr": "batch_plan",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -38,6 +47,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .batch_plan import BatchPlan as BatchPlan
+    from .batch_plan import find_micro_batch as find_micro_batch
+    from .batch_plan import scaled_lr as scaled_lr
+    from .data import JsonlDataset as JsonlDataset
+    from .data import make_loader as make_loader
+    from .guard import GuardConfig as GuardConfig
+    from .guard import UnevenBatchesError as UnevenBatchesError
+    from .sampling import EvenSampler as EvenSampler
+    from .sampling import TokenBatchSampler as TokenBatchSampler
     from .session import init as init
     from .session import shutdown as shutdown
     from .world import DistributedSetupError as DistributedSetupError
