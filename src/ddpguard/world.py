@@ -65,6 +65,9 @@ class World:
     launcher: str = "single"
     # torchrun's agent already serves the store on MASTER_PORT; ranks must join it as clients.
     agent_store: bool = False
+    # Which torchrun attempt this is: the agent's store outlives a failed attempt, so each
+    # attempt's keys live under their own prefix or restarted ranks read dead ranks' addresses.
+    restart_count: int = 0
     backend: str | None = None
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
 
@@ -240,8 +243,12 @@ def _detect_torchrun(env: Mapping[str, str]) -> World:
         )
     addr, port = _master_from(env, world_size=world_size, where="torchrun")
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    restarts = (
+        _int_var(env, "TORCHELASTIC_RESTART_COUNT") if env.get("TORCHELASTIC_RESTART_COUNT") else 0
+    )
     return World(
-        rank, world_size, local_rank, local_world_size, addr, port, "torchrun", agent_store=agent
+        rank, world_size, local_rank, local_world_size, addr, port, "torchrun",
+        agent_store=agent, restart_count=restarts,
     )
 
 
@@ -411,7 +418,7 @@ def init_process_group(
         )
         dist.init_process_group(
             chosen,
-            store=store,
+            store=dist.PrefixStore(f"/ddpguard/attempt_{world.restart_count}", store),
             rank=world.rank,
             world_size=world.world_size,
             timeout=init_timeout,

@@ -1,0 +1,74 @@
+"""One rank of `ddpguard demo` (started by torch.distributed.run, never by hand):
+`python -m torch.distributed.run --nproc-per-node 2 -m ddpguard.demo.worker --out DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ddpguard.demo.worker")
+    p.add_argument("--out", required=True)
+    p.add_argument("--train", required=True)
+    p.add_argument("--val", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    from ..data import JsonlDataset
+    from ..session import init, shutdown
+    from ..train import FitConfig, fit
+    from .net import ByteLM, collate, lm_loss
+
+    world = init()
+    try:
+        torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP checks)
+        train = JsonlDataset(args.train, length_key="len")
+        val = JsonlDataset(args.val, length_key="len")
+        model = ByteLM()
+        out = Path(args.out)
+        cfg = FitConfig(
+            epochs=args.epochs, batch_size=None, max_tokens=args.max_tokens,
+            max_steps=args.max_steps, checkpoint_dir=str(out / "checkpoints"),
+            checkpoint_every=args.checkpoint_every, keep_last=2, resume=args.resume,
+            log_csv=str(out / "log.csv"), seed=args.seed, progress=True,
+            grad_clip=1.0, eval_at_start=True,
+        )
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        started = time.perf_counter()
+        res = fit(model, train, lm_loss, opt, config=cfg, eval_data=val, collate_fn=collate,
+                  world=world)
+        tokens = torch.tensor([float(res.tokens)])
+        if world.distributed:
+            torch.distributed.all_reduce(tokens)
+        if world.is_main:
+            summary = {
+                "world_size": world.world_size, "backend": world.backend,
+                "steps": res.steps, "epochs": res.epochs_done, "tokens": int(tokens.item()),
+                "seconds": res.seconds, "wall_seconds": time.perf_counter() - started,
+                "train_loss": res.train_loss, "eval_loss": res.eval_loss,
+                "resumed_from": res.resumed_from,
+            }
+            (out / "summary.json").write_text(json.dumps(summary))
+    finally:
+        shutdown(world)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

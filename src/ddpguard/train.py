@@ -1,0 +1,308 @@
+"""`fit()`: one plain training loop composing the parts. Users who prefer their own loop use the
+parts directly (prepare_model, accumulate, evaluate, save/load_checkpoint); this file is the
+worked example of doing so correctly."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .metrics import LossWatch, evaluate, split_loss
+from .model import accumulate, prepare_model, unwrap
+from .precision import Precision
+from .world import World
+
+__all__ = ["FitConfig", "FitResult", "fit"]
+
+LossFn = Callable[[nn.Module, Any], Any]
+
+
+@dataclasses.dataclass
+class FitConfig:
+    """Everything fit() decides. Batches are per rank: `batch_size` samples (EvenSampler) or a
+    `max_tokens` budget (TokenBatchSampler over the dataset's `lengths`)."""
+
+    epochs: int = 1
+    batch_size: int | None = 32
+    max_tokens: int | None = None
+    accumulate: int = 1
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    max_steps: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    keep_last: int = 2
+    resume: bool = False
+    log_csv: str | None = None
+    precision: str = "auto"
+    grad_clip: float | None = None
+    nan_check_every: int = 10
+    progress: bool = True
+    eval_at_start: bool = False
+    checkpoint_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        def positive(name: str, allow_none: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"FitConfig.{name} must be a positive integer, got {v!r}")
+
+        positive("epochs")
+        positive("accumulate")
+        positive("keep_last")
+        positive("nan_check_every")
+        for name in ("batch_size", "max_tokens", "eval_batch_size", "max_steps"):
+            positive(name, allow_none=True)
+        if (self.batch_size is None) == (self.max_tokens is None):
+            raise ValueError(
+                "FitConfig needs exactly one of batch_size (samples per rank) or max_tokens "
+                f"(token budget per rank, TokenBatchSampler); got batch_size={self.batch_size}, "
+                f"max_tokens={self.max_tokens}"
+            )
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=True needs checkpoint_dir")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be positive, got {self.grad_clip}")
+        if self.precision not in ("auto", "off", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, off, bf16 or fp16, got {self.precision!r}")
+
+
+@dataclasses.dataclass
+class FitResult:
+    steps: int
+    epochs_done: int
+    samples: int
+    tokens: int
+    seconds: float
+    train_loss: list[tuple[int, float]]
+    eval_loss: list[tuple[int, float]]
+    resumed_from: str | None
+
+
+def _make_sampler(cfg: FitConfig, dataset: Any, world: World, *, shuffle: bool,
+                  max_tokens: int | None = None) -> tuple[Any, bool]:
+    """(sampler, is_batch_sampler) for a dataset, the same kind on every rank."""
+    if cfg.max_tokens is not None:
+        from .sampling import TokenBatchSampler
+
+        lengths = getattr(dataset, "lengths", None)
+        if lengths is None:
+            raise ValueError("max_tokens needs a dataset with .lengths (JsonlDataset(..., "
+                             "length_key=...))")
+        return TokenBatchSampler(lengths, max_tokens or cfg.max_tokens, world.world_size,
+                                 world.rank, shuffle=shuffle, seed=cfg.seed), True
+    from .sampling import EvenSampler
+
+    return EvenSampler(len(dataset), world.world_size, world.rank, shuffle=shuffle,
+                       seed=cfg.seed, tail="pad"), False
+
+
+def _loader(cfg: FitConfig, dataset: Any, sampler: Any, batched: bool, batch_size: int | None,
+            collate_fn: Any) -> Any:
+    from .data import make_loader
+
+    if batched:
+        return make_loader(dataset, batch_sampler=sampler, num_workers=cfg.num_workers,
+                           collate_fn=collate_fn, seed=cfg.seed)
+    return make_loader(dataset, batch_size=batch_size, sampler=sampler,
+                       num_workers=cfg.num_workers, collate_fn=collate_fn, seed=cfg.seed)
+
+
+class _CsvLog:
+    def __init__(self, path: str | None, world: World) -> None:
+        self.f: Any = None
+        if path is not None and world.is_main:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fresh = not Path(path).exists()
+            self.f = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
+            self.w = csv.writer(self.f)
+            if fresh:
+                self.w.writerow(["kind", "epoch", "step", "loss", "lr", "seconds"])
+
+    def row(self, *values: Any) -> None:
+        if self.f is not None:
+            self.w.writerow(values)
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+def _progress(cfg: FitConfig, world: World, total: int | None) -> Any:
+    if not (cfg.progress and world.is_main):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # optional dependency
+        return None
+    return tqdm(total=total, unit="step", dynamic_ncols=True, mininterval=2.0)
+
+
+def fit(
+    model: nn.Module,
+    train_data: Any,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    *,
+    config: FitConfig | None = None,
+    eval_data: Any = None,
+    scheduler: Any = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    world: World | None = None,
+    on_batch: Callable[[int, int, Any], None] | None = None,
+) -> FitResult:
+    """Train `model` on `train_data` on every rank of the job (start it with torchrun or
+    `ddpguard run`; a plain `python` runs one process).
+
+    `loss_fn(module, batch)` returns per-sample losses (1-D) or (values, weights), as for
+    `evaluate`; the training loss of a micro-batch is sum(values)/sum(weights). `optimizer` is an
+    optimizer over `model.parameters()` or a factory taking the parameters. `on_batch(epoch,
+    step, batch)` is called for each micro-batch (after its backward), for ledgers and metrics.
+    Forms the process group when none exists (and shuts it down at the end).
+    """
+    from .session import init, shutdown
+
+    cfg = config or FitConfig()
+    own_group = world is None
+    world = init() if world is None else world
+    try:
+        return _fit(model, train_data, loss_fn, optimizer, cfg, eval_data, scheduler,
+                    collate_fn, world, on_batch)
+    finally:
+        if own_group:
+            shutdown(world)
+
+
+def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg: FitConfig,
+         eval_data: Any, scheduler: Any, collate_fn: Any, world: World,
+         on_batch: Callable[[int, int, Any], None] | None) -> FitResult:
+    ddp = prepare_model(model, world)
+    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(
+        ddp.parameters())
+    prec = Precision(cfg.precision, world.device)
+    sampler, batched = _make_sampler(cfg, train_data, world, shuffle=cfg.shuffle)
+    loader = _loader(cfg, train_data, sampler, batched, cfg.batch_size, collate_fn)
+    eval_loader = None
+    if eval_data is not None:
+        ev_sampler, ev_batched = _make_sampler(
+            cfg, eval_data, world, shuffle=False, max_tokens=cfg.eval_batch_size)
+        eval_loader = _loader(cfg, eval_data, ev_sampler, ev_batched,
+                              cfg.eval_batch_size or cfg.batch_size, collate_fn)
+    step, start_epoch, resumed = 0, 0, None
+    if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
+        info = load_checkpoint(cfg.checkpoint_dir, world, model=ddp, optimizer=opt,
+                               scheduler=scheduler, scaler=prec.scaler)
+        step, start_epoch, resumed = info["step"], info["epoch"], str(info["path"])
+        if info["sampler"] is not None:
+            sampler.load_state_dict(info["sampler"])
+            start_epoch = sampler.epoch  # the sampler may skip an epoch with nothing left
+        world.print(f"resumed from {resumed}: epoch {start_epoch}, step {step}")
+    log = _CsvLog(cfg.log_csv, world)
+    watch = LossWatch(world, every=cfg.nan_check_every)
+    bar = _progress(cfg, world, cfg.max_steps)
+    result = FitResult(step, start_epoch, 0, 0, 0.0, [], [], resumed)
+    t0 = time.perf_counter()
+    done = cfg.max_steps is not None and step >= cfg.max_steps
+    # Checkpoints record what this rank CONSUMED (batches done x batch), never what the sampler
+    # yielded: DataLoader workers prefetch ahead, and those samples were not trained on.
+    per_batch = 1 if batched else int(cfg.batch_size or 1)
+
+    def checkpoint(epoch: int, consumed: int | None) -> None:
+        if cfg.checkpoint_dir is None:
+            return
+        state = sampler.state_dict(consumed=consumed) if consumed is not None else None
+        if consumed is None:  # pass finished: the sampler's state points at the next epoch
+            state = sampler.state_dict(consumed=len(sampler))
+        save_checkpoint(cfg.checkpoint_dir, world, model=ddp, optimizer=opt, scheduler=scheduler,
+                        scaler=prec.scaler, sampler_state=state,
+                        epoch=epoch if consumed is not None else epoch + 1, step=step,
+                        keep_last=cfg.keep_last, timeout=cfg.checkpoint_timeout)
+
+    try:
+        if cfg.eval_at_start and eval_loader is not None and resumed is None:
+            ev = evaluate(ddp, eval_loader, loss_fn, world)
+            result.eval_loss.append((step, ev.loss))
+            log.row("eval", start_epoch, step, f"{ev.loss:.6f}", "", "0.000")
+        for epoch in range(start_epoch, cfg.epochs):
+            if done:
+                break
+            # Keeps a mid-epoch resume position when `epoch` is the resumed one; len(loader) is
+            # then what is left of the pass, and consumed counts restart from the resume point.
+            sampler.set_epoch(epoch)
+            n_batches = len(loader)
+            ddp.train()
+            batches_done = 0
+            for i, batch in enumerate(loader):
+                with accumulate(ddp, i, every=cfg.accumulate, epoch_length=n_batches) as acc:
+                    with prec.autocast():
+                        values, weights = split_loss(loss_fn(ddp, batch))
+                        loss = values.sum() / weights.sum().clamp_min(1e-12)
+                    prec.backward(loss * acc.scale)
+                watch.update(loss, step)
+                batches_done += 1
+                result.samples += int(values.shape[0])
+                result.tokens += int(weights.sum()) if batched else 0
+                if on_batch is not None:
+                    on_batch(epoch, step, batch)
+                if not acc.sync:
+                    continue
+                if cfg.grad_clip is not None:
+                    prec.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg.grad_clip)
+                prec.step(opt)
+                opt.zero_grad(set_to_none=True)
+                if scheduler is not None:
+                    scheduler.step()
+                step += 1
+                lv = float(loss.detach())
+                result.train_loss.append((step, lv))
+                log.row("train", epoch, step, f"{lv:.6f}", opt.param_groups[0]["lr"],
+                        f"{time.perf_counter() - t0:.3f}")
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}")
+                done = cfg.max_steps is not None and step >= cfg.max_steps
+                last_of_epoch = batches_done == n_batches
+                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+                        and not last_of_epoch and not done):
+                    watch.flush()  # never checkpoint weights a NaN already reached
+                    checkpoint(epoch, batches_done * per_batch)
+                if done:
+                    break
+            watch.flush()
+            if eval_loader is not None:
+                ev = evaluate(ddp, eval_loader, loss_fn, world)
+                result.eval_loss.append((step, ev.loss))
+                log.row("eval", epoch, step, f"{ev.loss:.6f}", "",
+                        f"{time.perf_counter() - t0:.3f}")
+                world.print(f"epoch {epoch}: step {step}, eval loss {ev.loss:.4f} "
+                            f"over {ev.count} samples")
+            if done and batches_done < n_batches:
+                checkpoint(epoch, batches_done * per_batch)
+            else:
+                checkpoint(epoch, None)
+            result.epochs_done = epoch + 1
+    finally:
+        log.close()
+        if bar is not None:
+            bar.close()
+    result.steps = step
+    result.seconds = time.perf_counter() - t0
+    unwrap(ddp).train()
+    return result

@@ -1,0 +1,206 @@
+"""Atomic checkpoints: round trip on real ranks, RNG per rank, bad input, kill during save."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ddpguard.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from ddpguard.metrics import LossWatch
+from ddpguard.model import prepare_model
+from ddpguard.testing import RankFailure, run_ranks
+from ddpguard.world import World
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _round_trip(world: World, folder: str) -> dict[str, object]:
+    import random
+
+    model = prepare_model(_net(), world)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    for step in range(3):
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        save_checkpoint(folder, world, model=model, optimizer=opt, scheduler=sched,
+                        sampler_state={"epoch": 1, "consumed": 7 + step}, epoch=1, step=step,
+                        keep_last=2, timeout=60)
+    # What each RNG yields next, right after the last save.
+    expect = [torch.rand(3).tolist(), float(np.random.rand()), random.random()]
+    saved = [p.detach().clone() for p in model.parameters()]
+    # Scramble everything, then load into fresh objects.
+    torch.manual_seed(123 + world.rank)
+    np.random.seed(5)
+    random.seed(5)
+    fresh = prepare_model(_net(seed=9), world)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, 1, gamma=0.5)
+    info = load_checkpoint(folder, world, model=fresh, optimizer=opt2, scheduler=sched2)
+    got = [torch.rand(3).tolist(), float(np.random.rand()), random.random()]
+    same = all(torch.equal(a, b) for a, b in zip(saved, fresh.parameters(), strict=True))
+    return {"files": sorted(p.name for p in list_checkpoints(folder)), "same": same,
+            "rng_ok": got == expect, "step": info["step"], "sampler": info["sampler"],
+            "lr": opt2.param_groups[0]["lr"], "opt_state": len(opt2.state)}
+
+
+def test_round_trip_on_two_ranks_keeps_last_two(tmp_path: Path) -> None:
+    res = run_ranks(_round_trip, 2, args=(str(tmp_path),), timeout=90)
+    for r in res:
+        assert r["files"] == ["ckpt-00000001.pt", "ckpt-00000002.pt"]
+        assert r["same"] and r["rng_ok"], r
+        assert r["step"] == 2 and r["sampler"] == {"epoch": 1, "consumed": 9}
+        assert r["lr"] == pytest.approx(0.1 * 0.5**3) and r["opt_state"] == 4
+    # Everything saved loads with weights_only=True (no pickled classes).
+    ckpt = torch.load(latest_checkpoint(tmp_path), weights_only=True)
+    assert len(ckpt["rng"]) == 2 and ckpt["world_size"] == 2
+
+
+def test_foreign_checkpoint_with_module_prefix(tmp_path: Path) -> None:
+    src = _net(seed=3)
+    torch.save({f"module.{k}": v for k, v in src.state_dict().items()}, tmp_path / "x.pt")
+    dst = _net(seed=4)
+    load_checkpoint(tmp_path / "x.pt", World(), model=dst)
+    assert all(torch.equal(a, b) for a, b in zip(src.parameters(), dst.parameters(), strict=True))
+
+
+def test_different_model_lists_keys(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "a.pt", World(), model=_net())
+    other = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2), nn.Linear(2, 3))
+    with pytest.raises(CheckpointError, match=r"2 missing key\(s\): 3.weight, 3.bias"):
+        load_checkpoint(tmp_path / "a.pt", World(), model=other)
+    wider = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    with pytest.raises(CheckpointError, match="shape mismatch"):
+        load_checkpoint(tmp_path / "a.pt", World(), model=wider)
+    load_checkpoint(tmp_path / "a.pt", World(), model=other, strict=False)  # matching keys only
+
+
+def test_truncated_and_missing(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, World(), model=_net(), step=5)
+    f = latest_checkpoint(tmp_path)
+    assert f is not None and f.name == "ckpt-00000005.pt"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(tmp_path, World(), model=_net())
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nope.pt", World(), model=_net())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "empty", World(), model=_net())
+
+
+def test_unwritable_folder(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CheckpointError, match="could not write checkpoint"):
+        save_checkpoint(blocker / "ckpts", World(), model=_net())
+    if os.geteuid() != 0:  # root ignores permission bits
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            with pytest.raises(CheckpointError, match="writable"):
+                save_checkpoint(ro, World(), model=_net())
+        finally:
+            ro.chmod(0o700)
+
+
+def _unwritable_on_ranks(world: World, folder: str) -> str:
+    try:
+        save_checkpoint(folder, world, model=prepare_model(_net(), world), timeout=30)
+    except CheckpointError as exc:
+        return str(exc)
+    return "saved"
+
+
+def test_write_failure_reaches_every_rank(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    msgs = run_ranks(_unwritable_on_ranks, 2, args=(str(blocker / "c"),), timeout=90)
+    assert "could not write" in msgs[0] and msgs[1].startswith("rank 1: rank 0 could not write")
+
+
+_SAVER = """
+import sys, torch
+from torch import nn
+from ddpguard.checkpoint import save_checkpoint
+from ddpguard.world import World
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(12)])  # ~12 MB per file
+step = 0
+while True:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(step))
+    save_checkpoint(sys.argv[1], World(), model=model, step=step, keep_last=2)
+    print(step, flush=True)
+    step += 1
+"""
+
+
+def test_kill_during_save_leaves_loadable_checkpoint(tmp_path: Path) -> None:
+    from torch import nn as _nn
+
+    target = tmp_path / "ck"
+    for delay in (0.05, 0.13, 0.29):
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(target)],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            proc.stdout.readline()  # one complete checkpoint exists
+            time.sleep(delay)       # then kill at an arbitrary point, usually mid-write
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        model = _nn.Sequential(*[_nn.Linear(512, 512) for _ in range(12)])
+        info = load_checkpoint(target, World(), model=model)
+        # The loaded file is whole: every parameter holds the value of the step it names.
+        assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
+        assert all(p.name.startswith("ckpt-") for p in target.glob("*.pt"))
+
+
+def _nan_on_rank1(world: World) -> str:
+    watch = LossWatch(world, every=4)
+    try:
+        for step in range(12):
+            bad = world.rank == 1 and step == 5
+            watch.update(torch.tensor(float("nan") if bad else 1.0), step)
+        watch.flush()
+    except FloatingPointError as exc:
+        return f"{watch._calls}: {exc}"
+    return "no error"
+
+
+def test_nan_loss_stops_every_rank_together() -> None:
+    a, b = run_ranks(_nan_on_rank1, 2, timeout=90)
+    # Both stop at the same check (after step 7, the second check) naming step 5 and rank 1.
+    assert a.startswith("8: ") and b.startswith("8: ")
+    assert "at step 5" in a and "first seen on rank 1" in a and "at step 5" in b
+
+
+def test_rank_failure_type_is_exported() -> None:
+    assert issubclass(RankFailure, AssertionError)

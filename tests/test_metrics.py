@@ -1,0 +1,86 @@
+"""Exact evaluation across ranks: padding dropped, sums and counts reduced, same on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ddpguard.metrics import all_reduce_mean, evaluate, reduce_dict, split_loss
+from ddpguard.model import prepare_model
+from ddpguard.testing import run_ranks
+from ddpguard.world import World
+
+
+class _Ids(torch.utils.data.Dataset[float]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        return float(i)
+
+
+def _value_loss(module: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    return module(batch[:, None].float())[:, 0]  # the identity: the sample's id is its "loss"
+
+
+def _eval_1003(world: World) -> dict[str, float]:
+    from ddpguard.data import make_loader
+    from ddpguard.sampling import EvenSampler
+
+    lin = nn.Linear(1, 1)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    model = prepare_model(lin, world)
+    sampler = EvenSampler(1003, world.world_size, world.rank, shuffle=True, seed=3, tail="pad")
+    loader = make_loader(_Ids(1003), batch_size=16, sampler=sampler, num_workers=0)
+    res = evaluate(model, loader, _value_loss, world)
+    again = evaluate(model, loader, _value_loss, world)  # a second epoch of the eval loader
+    return {"count": res.count, "total": res.total, "loss": res.loss, "again": again.count,
+            "training": float(model.training)}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_evaluate_counts_exactly_1003(world_size: int) -> None:
+    results = run_ranks(_eval_1003, world_size, timeout=120)
+    for r in results:
+        assert r["count"] == 1003 and r["again"] == 1003
+        assert r["total"] == sum(range(1003))  # every sample once, no padded duplicate
+        assert r["loss"] == pytest.approx(501.0)
+        assert r["training"] == 1.0  # evaluate restores train mode
+    assert len({r["loss"] for r in results}) == 1
+
+
+def _reductions(world: World) -> dict[str, object]:
+    mean = all_reduce_mean(float(world.rank), world, weight=float(world.rank + 1))
+    d = reduce_dict({"b": world.rank, "a": 10.0 * world.rank}, world)
+    s = reduce_dict({"n": 1}, world, op="sum")
+    return {"mean": mean, "d": d, "s": s}
+
+
+def test_reduce_helpers() -> None:
+    a, b = run_ranks(_reductions, 2, timeout=90)
+    assert a == b
+    assert a["mean"] == pytest.approx(2 / 3)  # (0*1 + 1*2) / (1 + 2): weighted, not mean of means
+    assert a["d"] == {"a": 5.0, "b": 0.5} and a["s"] == {"n": 2.0}
+
+
+def test_single_process_and_loss_shapes() -> None:
+    assert all_reduce_mean(torch.tensor([1.0, 2.0]), World()) == 3.0
+    with pytest.raises(ValueError, match="op must be"):
+        reduce_dict({"a": 1}, World(), op="avg")
+    v, w = split_loss(torch.tensor([1.0, 2.0]))
+    assert w.tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="per-sample"):
+        split_loss(torch.tensor(1.0))
+    lin = nn.Linear(1, 1)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    loader = torch.utils.data.DataLoader(_Ids(10), batch_size=4)
+    res = evaluate(lin, loader, _value_loss, World(), num_real=7)  # explicit padding bound
+    assert res.count == 7 and res.total == sum(range(7))

@@ -1,0 +1,142 @@
+"""prepare_model / unwrap / accumulate on real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ddpguard.model import (
+    UnusedParametersError,
+    accumulate,
+    accumulation_plan,
+    prepare_model,
+    unwrap,
+    use_syncbn,
+)
+from ddpguard.precision import Precision, resolve_precision
+from ddpguard.testing import RankFailure, run_ranks
+from ddpguard.world import World
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(48, 6, generator=g), torch.randn(48, 1, generator=g)
+
+
+def test_accumulation_plan_forces_sync_on_short_last_group() -> None:
+    plans = [accumulation_plan(i, 4, 10) for i in range(10)]
+    assert [p.sync for p in plans] == [False, False, False, True] * 2 + [False, True]
+    assert [p.scale for p in plans[8:]] == [0.5, 0.5]
+    assert all(p.scale == 0.25 for p in plans[:8])
+    with pytest.raises(ValueError, match="every=0"):
+        accumulation_plan(0, 0, 10)
+    with pytest.raises(ValueError, match="outside an epoch"):
+        accumulation_plan(10, 4, 10)
+
+
+def test_single_process_returns_plain_model() -> None:
+    net = _net()
+    out = prepare_model(net, World())
+    assert out is net and unwrap(out) is net
+    assert isinstance(out[1], nn.BatchNorm1d)  # no SyncBatchNorm without a group
+
+
+def _accum_vs_big_batch(world: World) -> dict[str, object]:
+    x, y = _data()
+    net = _net()
+    net[1] = nn.Identity()  # BatchNorm statistics depend on the micro-batch; compare linear parts
+    model = prepare_model(net, world)
+    # This rank's 24 samples in 3 micro-batches of 8, one optimizer step.
+    mine_x, mine_y = x[world.rank::2], y[world.rank::2]
+    for i in range(3):
+        with accumulate(model, i, every=3, epoch_length=3) as acc:
+            loss = nn.functional.mse_loss(model(mine_x[i * 8:(i + 1) * 8]),
+                                          mine_y[i * 8:(i + 1) * 8])
+            (loss * acc.scale).backward()
+        assert acc.sync == (i == 2)
+    grads = [p.grad.clone() for p in unwrap(model).parameters()]
+    # Reference: one process, the whole 48-sample batch at once.
+    ref = _net()
+    ref[1] = nn.Identity()
+    nn.functional.mse_loss(ref(x), y).backward()
+    diffs = [float((g - p.grad).abs().max()) for g, p in zip(grads, ref.parameters(), strict=True)]
+    return {"max_diff": max(diffs), "ddp": type(model).__name__}
+
+
+def test_accumulation_equals_one_large_batch() -> None:
+    res = run_ranks(_accum_vs_big_batch, 2, timeout=90)
+    for r in res:
+        assert r["ddp"] == "DistributedDataParallel"
+        assert r["max_diff"] < 1e-6, r
+
+
+def test_syncbatchnorm_decision() -> None:
+    two = World(rank=0, world_size=2)
+    gpu = World(rank=0, world_size=2, device=torch.device("cuda", 0))
+    assert use_syncbn(_net(), gpu, "auto") is True
+    assert use_syncbn(_net(), World(device=torch.device("cuda", 0)), "auto") is False  # 1 rank
+    assert use_syncbn(nn.Linear(2, 2), gpu, "auto") is False  # no BatchNorm
+    assert use_syncbn(_net(), two, "auto") is False  # CPU: torch has no SyncBatchNorm kernel
+    with pytest.raises(ValueError, match="needs CUDA"):
+        use_syncbn(_net(), two, True)
+    with pytest.raises(ValueError, match="sync_batchnorm"):
+        prepare_model(_net(), World(), sync_batchnorm="yes")
+
+
+def _bn_cpu(world: World) -> str:
+    model = prepare_model(_net(), world)
+    x, _ = _data()
+    model(x[:8]).sum().backward()
+    return type(unwrap(model)[1]).__name__
+
+
+def test_batchnorm_on_cpu_ranks_stays_and_trains() -> None:
+    assert run_ranks(_bn_cpu, 2, timeout=90) == ["BatchNorm1d", "BatchNorm1d"]
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(4, 1)
+        self.unused_head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _unused(world: World, find: bool) -> str:
+    model = prepare_model(_TwoHeads(), world, find_unused_parameters=find)
+    model(torch.randn(3, 4)).sum().backward()
+    model(torch.randn(3, 4)).sum().backward()  # second step: the hook is gone either way
+    return "ok"
+
+
+def test_unused_parameters_named_after_first_backward() -> None:
+    with pytest.raises(RankFailure) as info:
+        run_ranks(_unused, 2, args=(False,), timeout=90)
+    text = str(info.value)
+    assert "UnusedParametersError" in text and "unused_head.weight" in text
+    assert "find_unused_parameters=True" in text
+    assert UnusedParametersError.__name__ in text
+    assert run_ranks(_unused, 2, args=(True,), timeout=90) == ["ok", "ok"]
+
+
+def test_precision_defaults() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) == "off"
+    assert resolve_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ValueError, match="fp16"):
+        resolve_precision("fp16", cpu)
+    with pytest.raises(ValueError, match="precision"):
+        resolve_precision("fp8", cpu)
+    p = Precision("bf16", cpu)
+    lin = nn.Linear(4, 4)
+    with p.autocast():
+        out = lin(torch.randn(2, 4))
+    assert out.dtype == torch.bfloat16 and p.scaler is None
