@@ -206,6 +206,9 @@ def scan_offsets(source: str | os.PathLike[str], out: Any, size: int,
     """Write the int64 start offset of every non-blank line of `source`, then the end offset
     (`size`), to the binary file `out`. Vectorized per chunk. Returns the number of records."""
     buf = np.empty(chunk_bytes, dtype=np.uint8)
+    # Reused comparison buffer: a fresh 64 MB bool array per chunk costs page faults that
+    # took ~25% of the scan.
+    is_nl = np.empty(chunk_bytes, dtype=np.bool_)
     count = 0
     line_start = 0  # start of the line that began in an earlier chunk and is not finished
     bar = _progress(size, f"indexing {Path(source).name}")
@@ -216,7 +219,7 @@ def scan_offsets(source: str | os.PathLike[str], out: Any, size: int,
             if not n:
                 break
             chunk = buf[:n]
-            nl = np.flatnonzero(chunk == 10)
+            nl = np.flatnonzero(np.equal(chunk, 10, out=is_nl[:n]))
             if len(nl):
                 ends = nl + pos
                 starts = np.empty_like(ends)
