@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Variables that libraries legitimately set once per process on first import.
 _ENV_ALLOWED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "COLUMNS",
+                "TORCHINDUCTOR_CACHE_DIR",
                 "LINES", "MPLBACKEND"}
 
 

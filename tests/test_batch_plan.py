@@ -99,3 +99,61 @@ def test_ranks_agree_when_only_one_runs_out_of_memory():
 
     a, b = run_ranks(_oom_only_on_rank1, 2, timeout=90)
     assert a == b and a["micro_batch_size"] == 4 and a["global_batch_size"] == 32
+
+
+def test_start_plan_clamps_caps_and_searches():
+    from ddpguard.batch_plan import start_plan
+
+    # A micro-batch chosen for 1 rank (16) still works on 4 ranks (per-rank batch 4).
+    assert start_plan(16, 4, micro_batch_size=16).state_dict()["micro_batch_size"] == 4
+    with pytest.raises(ValueError, match="micro_batch_size=3 does not divide"):
+        start_plan(16, 2, micro_batch_size=3)
+    assert start_plan(48, 2, max_micro_batch=5).micro == 4  # largest divisor of 24 <= 5
+    import torch
+
+    def probe(micro):
+        if micro > 3:
+            raise torch.OutOfMemoryError("simulated")
+
+    plan = start_plan(48, 2, probe=probe)
+    assert (plan.micro, plan.accumulation_steps) == (3, 8)
+
+
+def test_rescale_lr_scales_groups_and_scheduler(monkeypatch, tmp_path):
+    import torch
+
+    # torch sets TORCHINDUCTOR_CACHE_DIR on the first optimizer of a process; undo it after.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+
+    from ddpguard.batch_plan import rescale_lr
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [p], "lr": 0.1}], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    note = rescale_lr(opt, 256, 1024, "sqrt", sched)
+    assert "linear rule lr=0.4" in note and "square-root rule lr=0.2" in note
+    assert "using sqrt -> lr=0.2" in note
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    assert sched.base_lrs == [pytest.approx(0.2)]
+    keep = torch.optim.SGD([p], lr=0.1)
+    assert "using none -> lr=0.1" in rescale_lr(keep, 256, 1024)
+    assert keep.param_groups[0]["lr"] == 0.1
+
+
+def test_make_probe_runs_a_real_micro_batch_and_drops_gradients():
+    import torch
+
+    from ddpguard.batch_plan import make_probe
+
+    data = [(torch.randn(3), torch.randn(())) for _ in range(5)]
+    model = torch.nn.Linear(3, 1)
+    seen = []
+
+    def loss_fn(m, batch):
+        x, y = batch
+        seen.append(len(x))
+        return (m(x)[:, 0] - y) ** 2
+
+    probe = make_probe(model, data, loss_fn)
+    probe(8)  # more than the dataset: wraps around
+    assert seen == [8] and all(p.grad is None for p in model.parameters())

@@ -35,6 +35,22 @@ def test_config_validation() -> None:
         FitConfig(precision="half")
 
 
+def test_global_batch_config_validation() -> None:
+    FitConfig(global_batch_size=64, micro_batch_size=8, baseline_batch_size=256, lr_rule="sqrt")
+    with pytest.raises(ValueError, match="global_batch_size must be a positive integer"):
+        FitConfig(global_batch_size=0)
+    with pytest.raises(ValueError, match="micro_batch_size=8 needs global_batch_size"):
+        FitConfig(micro_batch_size=8)
+    with pytest.raises(ValueError, match="accumulate=2 with global_batch_size=64"):
+        FitConfig(global_batch_size=64, accumulate=2)
+    with pytest.raises(ValueError, match="does not combine with max_tokens"):
+        FitConfig(global_batch_size=64, batch_size=None, max_tokens=100)
+    with pytest.raises(ValueError, match="lr_rule='linear' needs baseline_batch_size"):
+        FitConfig(global_batch_size=64, lr_rule="linear")
+    with pytest.raises(ValueError, match="lr_rule must be"):
+        FitConfig(global_batch_size=64, lr_rule="cube")
+
+
 class _Linear(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """y = x @ w + noise; the same on every rank."""
 

@@ -28,6 +28,8 @@ _EXPORTS: dict[str, str] = {
     "BatchPlan": "batch_plan",
     "find_micro_batch": "batch_plan",
     "scaled_lr": "batch_plan",
+    "rescale_lr": "batch_plan",
+    "start_plan": "batch_plan",
     "prepare_model": "model",
     "unwrap": "model",
     "accumulate": "model",
@@ -66,7 +68,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .batch_plan import BatchPlan as BatchPlan
     from .batch_plan import find_micro_batch as find_micro_batch
+    from .batch_plan import rescale_lr as rescale_lr
     from .batch_plan import scaled_lr as scaled_lr
+    from .batch_plan import start_plan as start_plan
     from .checkpoint import CheckpointError as CheckpointError
     from .checkpoint import latest_checkpoint as latest_checkpoint
     from .checkpoint import load_checkpoint as load_checkpoint

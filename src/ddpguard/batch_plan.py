@@ -15,7 +15,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BatchPlan", "find_micro_batch", "is_out_of_memory", "scaled_lr"]
+__all__ = [
+    "BatchPlan",
+    "find_micro_batch",
+    "is_out_of_memory",
+    "make_probe",
+    "rescale_lr",
+    "scaled_lr",
+    "start_plan",
+]
 
 log = logging.getLogger("ddpguard")
 
@@ -205,3 +213,79 @@ def scaled_lr(lr: float, baseline_batch_size: int, global_batch_size: int,
         f"using {rule} -> lr={options[rule]:.6g}"
     )
     return options[rule], note
+
+
+def start_plan(
+    global_batch_size: int,
+    world_size: int,
+    *,
+    micro_batch_size: int | None = None,
+    max_micro_batch: int | None = None,
+    probe: Callable[[int], object] | None = None,
+    after_oom: Callable[[], object] | None = None,
+) -> BatchPlan:
+    """The plan a job starts with on `world_size` ranks (call on every rank when `probe` is set).
+
+    `micro_batch_size` above the per-rank batch is clamped to it (so a setting made for more
+    ranks still works on fewer), otherwise it must divide the per-rank batch; `max_micro_batch`
+    caps it at the largest divisor not above the cap; `probe` then shrinks it until it fits on
+    every rank (find_micro_batch). The micro-batch never changes the global batch.
+    """
+    plan = BatchPlan(global_batch_size, world_size)  # validates the split over ranks
+    if micro_batch_size is not None:
+        plan = BatchPlan(global_batch_size, world_size,
+                         min(micro_batch_size, plan.per_rank_batch_size))
+    if max_micro_batch is not None and plan.micro > max_micro_batch:
+        plan = BatchPlan.fitting(global_batch_size, world_size, max_micro_batch)
+    if probe is not None:
+        plan = find_micro_batch(plan, probe, after_oom=after_oom)
+    return plan
+
+
+def make_probe(model: Any, dataset: Any, loss_fn: Callable[[Any, Any], Any],
+               collate_fn: Callable[[list[Any]], Any] | None = None) -> Callable[[int], None]:
+    """A probe for find_micro_batch: one forward and backward of `micro` samples of `dataset`
+    (the first ones, repeated if needed), without DDP's gradient sync, then drop the gradients.
+
+    It measures peak memory on a real micro-batch; it also runs the model once in train mode,
+    so BatchNorm running statistics see one extra batch.
+    """
+    import contextlib
+
+    import torch
+    from torch.utils.data import default_collate
+
+    collate = collate_fn or default_collate
+
+    def probe(micro: int) -> None:
+        batch = collate([dataset[i % len(dataset)] for i in range(micro)])
+        no_sync = getattr(model, "no_sync", None)
+        ctx = no_sync() if no_sync is not None else contextlib.nullcontext()
+        try:
+            with ctx:
+                out = loss_fn(model, batch)
+                values = out[0] if isinstance(out, tuple) else out
+                torch.as_tensor(values).float().mean().backward()
+        finally:
+            for p in model.parameters():
+                p.grad = None
+
+    return probe
+
+
+def rescale_lr(optimizer: Any, baseline_batch_size: int, global_batch_size: int,
+               rule: str = "none", scheduler: Any = None) -> str:
+    """Print-ready note comparing the linear and square-root rescalings of the optimizer's
+    learning rate (group 0); with rule "linear" or "sqrt", scale every param group's lr (and a
+    scheduler's base_lrs / initial_lr, which schedulers read instead) by that factor."""
+    lr0 = float(optimizer.param_groups[0]["lr"])
+    _, note = scaled_lr(lr0, baseline_batch_size, global_batch_size, rule)
+    factor, _ = scaled_lr(1.0, baseline_batch_size, global_batch_size, rule)
+    if rule != "none":
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+            if "initial_lr" in group:
+                group["initial_lr"] = group["initial_lr"] * factor
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+    return note

@@ -196,9 +196,31 @@ def accumulation_plan(micro_step: int, every: int, epoch_length: int | None) -> 
     return AccumulationStep(micro_step, sync, 1.0 / size, size)
 
 
+def _every_from_plan(every: int | None, plan: Any) -> int:
+    """Accumulation steps from `every` or a BatchPlan (which must be for this world size)."""
+    if plan is None:
+        return 1 if every is None else every
+    steps = int(plan.accumulation_steps)
+    if every is not None and every != steps:
+        raise ValueError(
+            f"accumulate got every={every} but the plan says {steps} accumulation steps "
+            f"({plan.describe()}); pass only plan="
+        )
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() != plan.world_size:
+        raise ValueError(
+            f"rank {dist.get_rank()}: the batch plan is for world_size={plan.world_size} but "
+            f"this job has {dist.get_world_size()} ranks; rebuild it with "
+            f"plan.for_world_size({dist.get_world_size()})"
+        )
+    return steps
+
+
 @contextlib.contextmanager
 def accumulate(
-    model: nn.Module, micro_step: int, *, every: int = 1, epoch_length: int | None = None
+    model: nn.Module, micro_step: int, *, every: int | None = None,
+    epoch_length: int | None = None, plan: Any = None,
 ) -> Iterator[AccumulationStep]:
     """Context for one micro-step of gradient accumulation over `every` micro-batches.
 
@@ -211,8 +233,12 @@ def accumulate(
     Backward runs under `no_sync` except on the last micro-step of a group, where DDP all-reduces
     the accumulated gradients once. Pass `epoch_length` (batches this epoch, equal on every rank)
     so the final, possibly shorter, group still syncs and is averaged over its real size.
+
+    `plan=BatchPlan(...)` (ddpguard.batch_plan) gives `every` = plan.accumulation_steps: with
+    micro-batches of plan.micro from an EvenSampler(global_batch_size=...), each optimizer step
+    is then the mean gradient over the same global batch on any world size. Default every=1.
     """
-    step = accumulation_plan(micro_step, every, epoch_length)
+    step = accumulation_plan(micro_step, _every_from_plan(every, plan), epoch_length)
     if not step.sync and isinstance(model, DDP):
         with model.no_sync():
             yield step

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .batch_plan import BatchPlan, make_probe, rescale_lr, start_plan
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .metrics import LossWatch, evaluate, split_loss
 from .model import accumulate, prepare_model, unwrap
@@ -28,7 +29,14 @@ LossFn = Callable[[nn.Module, Any], Any]
 @dataclasses.dataclass
 class FitConfig:
     """Everything fit() decides. Batches are per rank: `batch_size` samples (EvenSampler) or a
-    `max_tokens` budget (TokenBatchSampler over the dataset's `lengths`)."""
+    `max_tokens` budget (TokenBatchSampler over the dataset's `lengths`).
+
+    Or state the GLOBAL batch instead (samples per optimizer step over all ranks, docs/batching.md):
+    `global_batch_size` makes `batch_size` and `accumulate` unused; the micro-batch is
+    `micro_batch_size` (default: the whole per-rank batch), capped by `max_micro_batch` and
+    shrunk at start until it fits in memory; the accumulation steps follow. The result is the
+    same on any number of ranks. `baseline_batch_size` prints the linear and square-root
+    rescaled learning rates; `lr_rule` ("none", "linear", "sqrt") applies one of them."""
 
     epochs: int = 1
     batch_size: int | None = 32
@@ -50,6 +58,11 @@ class FitConfig:
     progress: bool = True
     eval_at_start: bool = False
     checkpoint_timeout: float = 300.0
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+    max_micro_batch: int | None = None
+    baseline_batch_size: int | None = None
+    lr_rule: str = "none"
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -63,8 +76,11 @@ class FitConfig:
         positive("accumulate")
         positive("keep_last")
         positive("nan_check_every")
-        for name in ("batch_size", "max_tokens", "eval_batch_size", "max_steps"):
+        for name in ("batch_size", "max_tokens", "eval_batch_size", "max_steps",
+                     "global_batch_size", "micro_batch_size", "max_micro_batch",
+                     "baseline_batch_size"):
             positive(name, allow_none=True)
+        self._check_global_batch()
         if (self.batch_size is None) == (self.max_tokens is None):
             raise ValueError(
                 "FitConfig needs exactly one of batch_size (samples per rank) or max_tokens "
@@ -82,6 +98,28 @@ class FitConfig:
         if self.precision not in ("auto", "off", "bf16", "fp16"):
             raise ValueError(f"precision must be auto, off, bf16 or fp16, got {self.precision!r}")
 
+    def _check_global_batch(self) -> None:
+        if self.lr_rule not in ("none", "linear", "sqrt"):
+            raise ValueError(f"lr_rule must be 'none', 'linear' or 'sqrt', got {self.lr_rule!r}")
+        if self.global_batch_size is None:
+            for name in ("micro_batch_size", "max_micro_batch", "baseline_batch_size"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"FitConfig.{name}={getattr(self, name)} needs "
+                                     "global_batch_size")
+            if self.lr_rule != "none":
+                raise ValueError(f"lr_rule={self.lr_rule!r} needs global_batch_size and "
+                                 "baseline_batch_size")
+            return
+        if self.max_tokens is not None:
+            raise ValueError(f"global_batch_size={self.global_batch_size} counts samples; it does "
+                             f"not combine with max_tokens={self.max_tokens}")
+        if self.accumulate != 1:
+            raise ValueError(f"accumulate={self.accumulate} with global_batch_size="
+                             f"{self.global_batch_size}: the batch plan decides the accumulation "
+                             "steps; set micro_batch_size instead")
+        if self.lr_rule != "none" and self.baseline_batch_size is None:
+            raise ValueError(f"lr_rule={self.lr_rule!r} needs baseline_batch_size")
+
 
 @dataclasses.dataclass
 class FitResult:
@@ -93,10 +131,12 @@ class FitResult:
     train_loss: list[tuple[int, float]]
     eval_loss: list[tuple[int, float]]
     resumed_from: str | None
+    batch_plan: dict[str, Any] | None = None  # BatchPlan.state_dict() this run used
 
 
 def _make_sampler(cfg: FitConfig, dataset: Any, world: World, *, shuffle: bool,
-                  max_tokens: int | None = None) -> tuple[Any, bool]:
+                  max_tokens: int | None = None,
+                  global_batch_size: int | None = None) -> tuple[Any, bool]:
     """(sampler, is_batch_sampler) for a dataset, the same kind on every rank."""
     if cfg.max_tokens is not None:
         from .sampling import TokenBatchSampler
@@ -110,7 +150,7 @@ def _make_sampler(cfg: FitConfig, dataset: Any, world: World, *, shuffle: bool,
     from .sampling import EvenSampler
 
     return EvenSampler(len(dataset), world.world_size, world.rank, shuffle=shuffle,
-                       seed=cfg.seed, tail="pad"), False
+                       seed=cfg.seed, tail="pad", global_batch_size=global_batch_size), False
 
 
 def _loader(cfg: FitConfig, dataset: Any, sampler: Any, batched: bool, batch_size: int | None,
@@ -154,6 +194,26 @@ def _progress(cfg: FitConfig, world: World, total: int | None) -> Any:
     return tqdm(total=total, unit="step", dynamic_ncols=True, mininterval=2.0)
 
 
+def _batch_plan(cfg: FitConfig, world: World, ddp: nn.Module, data: Any, loss_fn: LossFn,
+                collate_fn: Any, oom_probe: Callable[[int], object] | None, opt: Any,
+                scheduler: Any) -> BatchPlan | None:
+    """The plan for THIS world size (rebuilt on resume: only the global batch is saved state),
+    the micro-batch search, and the learning-rate note; None without a global batch."""
+    if cfg.global_batch_size is None:
+        return None
+    probe = oom_probe
+    if probe is None and world.device.type == "cuda":
+        probe = make_probe(ddp, data, loss_fn, collate_fn)
+    plan = start_plan(cfg.global_batch_size, world.world_size,
+                      micro_batch_size=cfg.micro_batch_size, max_micro_batch=cfg.max_micro_batch,
+                      probe=probe)
+    world.print(f"batch plan: {plan.describe()}")
+    if cfg.baseline_batch_size is not None:
+        world.print(rescale_lr(opt, cfg.baseline_batch_size, cfg.global_batch_size, cfg.lr_rule,
+                               scheduler))
+    return plan
+
+
 def fit(
     model: nn.Module,
     train_data: Any,
@@ -166,6 +226,7 @@ def fit(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     world: World | None = None,
     on_batch: Callable[[int, int, Any], None] | None = None,
+    oom_probe: Callable[[int], object] | None = None,
 ) -> FitResult:
     """Train `model` on `train_data` on every rank of the job (start it with torchrun or
     `ddpguard run`; a plain `python` runs one process).
@@ -174,6 +235,9 @@ def fit(
     `evaluate`; the training loss of a micro-batch is sum(values)/sum(weights). `optimizer` is an
     optimizer over `model.parameters()` or a factory taking the parameters. `on_batch(epoch,
     step, batch)` is called for each micro-batch (after its backward), for ledgers and metrics.
+    With `config.global_batch_size`, `oom_probe(micro)` is run on every rank at start to find
+    the largest micro-batch that fits (raise torch.OutOfMemoryError when it does not); default
+    on CUDA: one forward and backward of a micro-batch; on CPU: no search unless given.
     Forms the process group when none exists (and shuts it down at the end).
     """
     from .session import init, shutdown
@@ -183,7 +247,7 @@ def fit(
     world = init() if world is None else world
     try:
         return _fit(model, train_data, loss_fn, optimizer, cfg, eval_data, scheduler,
-                    collate_fn, world, on_batch)
+                    collate_fn, world, on_batch, oom_probe)
     finally:
         if own_group:
             shutdown(world)
@@ -191,19 +255,25 @@ def fit(
 
 def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg: FitConfig,
          eval_data: Any, scheduler: Any, collate_fn: Any, world: World,
-         on_batch: Callable[[int, int, Any], None] | None) -> FitResult:
+         on_batch: Callable[[int, int, Any], None] | None,
+         oom_probe: Callable[[int], object] | None) -> FitResult:
     ddp = prepare_model(model, world)
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(
         ddp.parameters())
     prec = Precision(cfg.precision, world.device)
-    sampler, batched = _make_sampler(cfg, train_data, world, shuffle=cfg.shuffle)
-    loader = _loader(cfg, train_data, sampler, batched, cfg.batch_size, collate_fn)
+    plan = _batch_plan(cfg, world, ddp, train_data, loss_fn, collate_fn, oom_probe, opt,
+                       scheduler)
+    micro = plan.micro if plan is not None else cfg.batch_size
+    every = plan.accumulation_steps if plan is not None else cfg.accumulate
+    sampler, batched = _make_sampler(cfg, train_data, world, shuffle=cfg.shuffle,
+                                     global_batch_size=cfg.global_batch_size)
+    loader = _loader(cfg, train_data, sampler, batched, micro, collate_fn)
     eval_loader = None
     if eval_data is not None:
         ev_sampler, ev_batched = _make_sampler(
             cfg, eval_data, world, shuffle=False, max_tokens=cfg.eval_batch_size)
         eval_loader = _loader(cfg, eval_data, ev_sampler, ev_batched,
-                              cfg.eval_batch_size or cfg.batch_size, collate_fn)
+                              cfg.eval_batch_size or micro, collate_fn)
     step, start_epoch, resumed = 0, 0, None
     if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
         info = load_checkpoint(cfg.checkpoint_dir, world, model=ddp, optimizer=opt,
@@ -212,16 +282,18 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
         if info["sampler"] is not None:
             sampler.load_state_dict(info["sampler"])
             start_epoch = sampler.epoch  # the sampler may skip an epoch with nothing left
-        world.print(f"resumed from {resumed}: epoch {start_epoch}, step {step}")
+        world.print(f"resumed from {resumed} (saved on {info.get('world_size')} rank(s)): "
+                    f"epoch {start_epoch}, step {step}")
     log = _CsvLog(cfg.log_csv, world)
     watch = LossWatch(world, every=cfg.nan_check_every)
     bar = _progress(cfg, world, cfg.max_steps)
-    result = FitResult(step, start_epoch, 0, 0, 0.0, [], [], resumed)
+    result = FitResult(step, start_epoch, 0, 0, 0.0, [], [], resumed,
+                       plan.state_dict() if plan is not None else None)
     t0 = time.perf_counter()
     done = cfg.max_steps is not None and step >= cfg.max_steps
     # Checkpoints record what this rank CONSUMED (batches done x batch), never what the sampler
     # yielded: DataLoader workers prefetch ahead, and those samples were not trained on.
-    per_batch = 1 if batched else int(cfg.batch_size or 1)
+    per_batch = 1 if batched else int(micro or 1)
 
     def checkpoint(epoch: int, consumed: int | None) -> None:
         if cfg.checkpoint_dir is None:
@@ -249,7 +321,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
             ddp.train()
             batches_done = 0
             for i, batch in enumerate(loader):
-                with accumulate(ddp, i, every=cfg.accumulate, epoch_length=n_batches) as acc:
+                with accumulate(ddp, i, every=every, epoch_length=n_batches) as acc:
                     with prec.autocast():
                         values, weights = split_loss(loss_fn(ddp, batch))
                         loss = values.sum() / weights.sum().clamp_min(1e-12)

@@ -29,6 +29,12 @@ class EvenSampler(Sampler[int]):
     tell evaluation which ones to drop: padding is always a suffix of a rank's pass);
     tail="drop" leaves out fewer than `num_replicas` samples.
 
+    `global_batch_size=G` (a multiple of `num_replicas`) rounds each pass to whole global
+    batches instead of whole rows of W: "drop" leaves out the partial last global batch, "pad"
+    fills it with marked repeats. Taking this rank's indices in micro-batches of m, in order,
+    optimizer step k with A = G / (W x m) accumulation steps then consumes exactly global
+    positions [k*G, (k+1)*G) whatever W and m are: the same samples on any world size.
+
     The epoch advances on each new iteration; `set_epoch` still works and wins. `len()` is the
     full per-rank epoch length, except for the one pass resumed mid-epoch by
     `load_state_dict`, where it is the remaining count of that pass (so DataLoader's len is
@@ -45,9 +51,12 @@ class EvenSampler(Sampler[int]):
         seed: int = 0,
         tail: str = "pad",
         epoch: int = 0,
+        global_batch_size: int | None = None,
     ) -> None:
         self.length = check_int("length", length, 1)
         self.num_replicas, self.rank = resolve_world(num_replicas, rank)
+        self.global_batch_size = global_batch_size
+        plan.check_multiple(global_batch_size, self.num_replicas)
         if tail not in plan.TAILS:
             raise ValueError(f"tail must be one of {plan.TAILS}, got {tail!r}")
         self.tail = tail
@@ -68,13 +77,15 @@ class EvenSampler(Sampler[int]):
         return self._clock.start
 
     def __len__(self) -> int:
-        return plan.per_rank_count(self.length, self.num_replicas, self.tail, self._clock.start)
+        return plan.per_rank_count(self.length, self.num_replicas, self.tail, self._clock.start,
+                                   self.global_batch_size)
 
     @property
     def num_real(self) -> int:
         """Real (non-padding) indices this rank gets in the current pass; the rest are repeats."""
         return plan.num_real_for_rank(
-            self.length, self.rank, self.num_replicas, self.tail, self._clock.start
+            self.length, self.rank, self.num_replicas, self.tail, self._clock.start,
+            self.global_batch_size,
         )
 
     def is_padding(self, position: int | npt.ArrayLike) -> bool | npt.NDArray[np.bool_]:
@@ -131,7 +142,7 @@ class EvenSampler(Sampler[int]):
             position = clock.start + used * self.num_replicas
             if used == len(self):
                 epoch, position = epoch + 1, 0
-        return {
+        state: dict[str, Any] = {
             "version": STATE_VERSION,
             "kind": "EvenSampler",
             "length": self.length,
@@ -141,6 +152,9 @@ class EvenSampler(Sampler[int]):
             "shuffle": self.shuffle,
             "tail": self.tail,
         }
+        if self.global_batch_size is not None:
+            state["global_batch_size"] = self.global_batch_size
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved global position, on any number of replicas."""
@@ -159,7 +173,16 @@ class EvenSampler(Sampler[int]):
                 )
         epoch = check_int("epoch", state.get("epoch"), 0)
         position = check_int("position", state.get("position"), 0)
-        if plan.per_rank_count(self.length, self.num_replicas, self.tail, position) == 0:
+        saved_g = state.get("global_batch_size")
+        g = self.global_batch_size
+        if g is not None and position % g:
+            # A position inside a global batch would shift every later step's samples.
+            raise ValueError(
+                f"sampler state resumes at global position {position}, inside a global batch of "
+                f"{g} (rank {self.rank}); checkpoint only after an optimizer step"
+                + (f" (the state was saved with global_batch_size={saved_g})" if saved_g else "")
+            )
+        if plan.per_rank_count(self.length, self.num_replicas, self.tail, position, g) == 0:
             # Nothing of that epoch is left for this world size: start the next one.
             epoch, position = epoch + 1, 0
         self._clock.resume(epoch, position)

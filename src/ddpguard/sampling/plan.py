@@ -5,7 +5,9 @@ perm(p mod length). Ranks take positions STRIDED: rank r gets start + r, start +
 start + r + 2W, ... (W = num_replicas). So the k-th global batch of G = B * W samples is always
 positions [start + k*G, start + (k+1)*G), whatever W is, and a resume only needs the global
 position. With tail="pad" the pass is rounded up to a multiple of W (positions >= length are
-padding: repeats of the epoch's first indices); with tail="drop" it is rounded down.
+padding: repeats of the epoch's first indices); with tail="drop" it is rounded down. Passing
+`multiple=G` (a global batch, itself a multiple of W) rounds to whole global batches instead, so
+every optimizer step is a full global batch on every world size.
 Everything here takes plain ints and is tested "at 64 ranks" in one process.
 """
 
@@ -48,25 +50,45 @@ def _check(length: int, num_replicas: int, tail: str, start: int) -> None:
         raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
 
 
-def per_rank_count(length: int, num_replicas: int, tail: str = "pad", start: int = 0) -> int:
-    """Indices each rank gets in a pass over positions [start, ...): equal on every rank."""
+def check_multiple(multiple: int | None, num_replicas: int) -> int:
+    """The rounding unit of a pass: `multiple` (a global batch) or, when None, `num_replicas`."""
+    if multiple is None:
+        return num_replicas
+    g = check_int("global_batch_size", multiple, 1)
+    if g % num_replicas:
+        lo = (g // num_replicas) * num_replicas
+        near = ", ".join(str(v) for v in (lo, lo + num_replicas) if v > 0)
+        raise ValueError(
+            f"global_batch_size={g} is not a multiple of num_replicas={num_replicas}: each "
+            f"rank must take the same share; nearest valid sizes: {near}"
+        )
+    return g
+
+
+def per_rank_count(length: int, num_replicas: int, tail: str = "pad", start: int = 0,
+                   multiple: int | None = None) -> int:
+    """Indices each rank gets in a pass over positions [start, ...): equal on every rank.
+
+    The pass covers a whole number of `multiple` positions (default: one per rank)."""
     _check(length, num_replicas, tail, start)
+    unit = check_multiple(multiple, num_replicas)
     remaining = max(0, length - start)
-    if tail == "pad":
-        return -(-remaining // num_replicas)
-    return remaining // num_replicas
+    units = -(-remaining // unit) if tail == "pad" else remaining // unit
+    return units * (unit // num_replicas)
 
 
-def epoch_end(length: int, num_replicas: int, tail: str = "pad", start: int = 0) -> int:
+def epoch_end(length: int, num_replicas: int, tail: str = "pad", start: int = 0,
+              multiple: int | None = None) -> int:
     """One past the last global position of a pass that starts at `start`."""
-    return start + per_rank_count(length, num_replicas, tail, start) * num_replicas
+    return start + per_rank_count(length, num_replicas, tail, start, multiple) * num_replicas
 
 
 def num_real_for_rank(
-    length: int, rank: int, num_replicas: int, tail: str = "pad", start: int = 0
+    length: int, rank: int, num_replicas: int, tail: str = "pad", start: int = 0,
+    multiple: int | None = None,
 ) -> int:
     """How many of rank `rank`'s indices are real (not padding); padding is always a suffix."""
-    count = per_rank_count(length, num_replicas, tail, start)
+    count = per_rank_count(length, num_replicas, tail, start, multiple)
     _check_rank(rank, num_replicas)
     first = start + rank
     real = 0 if first >= length else -(-(length - first) // num_replicas)
@@ -113,8 +135,9 @@ def rank_indices(
     shuffle: bool = True,
     tail: str = "pad",
     start: int = 0,
+    multiple: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """All of rank `rank`'s indices for a pass (materialized: for tests and small datasets)."""
-    count = per_rank_count(length, num_replicas, tail, start)
+    count = per_rank_count(length, num_replicas, tail, start, multiple)
     pos = rank_positions(rank, num_replicas, start, 0, count)
     return positions_to_indices(pos, length, seed, epoch, shuffle)
