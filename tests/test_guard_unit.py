@@ -95,3 +95,29 @@ def _guarded(world):
 def test_init_starts_guard_and_shutdown_stops_it():
     assert run_ranks(_guarded, 2, timeout=120) == [True, True]
     assert run_ranks(_guarded, 2, timeout=120, init_kwargs={"guard": False}) == [False, False]
+
+
+def test_set_epoch_warning_only_for_the_same_sampler_reused():
+    import warnings
+
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from ddpguard.guard.progress import Progress
+
+    ds = torch.utils.data.TensorDataset(torch.arange(8.0))
+
+    def loader():
+        return DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, 2, 0, shuffle=True))
+
+    progress = Progress()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh sampler at the same line is not a repeat
+        progress.loader_iter("train.py:10", loader())
+        progress.loader_iter("train.py:10", loader())
+    reused = loader()
+    progress.loader_iter("train.py:20", reused)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        progress.loader_iter("train.py:20", reused)
+    assert any("without set_epoch()" in str(w.message) for w in caught)

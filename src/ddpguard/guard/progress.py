@@ -28,7 +28,7 @@ class UnevenBatchesError(RuntimeError):
 
 
 class LoaderState:
-    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch")
+    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_id")
 
     def __init__(self, site: str) -> None:
         self.site = site
@@ -37,6 +37,7 @@ class LoaderState:
         self.batches = 0  # batches drawn in the current iteration
         self.total = 0
         self.sampler_epoch: int | None = None
+        self.sampler_id: int | None = None
 
 
 class Progress:
@@ -131,8 +132,11 @@ def _check_set_epoch(progress: Progress, st: LoaderState, loader: Any, site: str
     if not isinstance(sampler, DistributedSampler) or not getattr(sampler, "shuffle", False):
         return
     seen = st.sampler_epoch
-    st.sampler_epoch = sampler.epoch
-    if st.epoch > 0 and seen == sampler.epoch and site not in progress.warned_set_epoch:
+    # A loader re-created at the same line brings a fresh sampler: that is not a repeat.
+    same_sampler = st.sampler_id == id(sampler)
+    st.sampler_epoch, st.sampler_id = sampler.epoch, id(sampler)
+    if (st.epoch > 0 and same_sampler and seen == sampler.epoch
+            and site not in progress.warned_set_epoch):
         progress.warned_set_epoch.add(site)
         warnings.warn(
             f"ddpguard: the DistributedSampler of the DataLoader iterated at {site} is used for "
