@@ -44,18 +44,20 @@ def _net() -> nn.Module:
 
 
 def _hand(world: World, epochs: int) -> tuple[int, float]:
-    """The seeds' recipe (001/002), written out by hand."""
+    """The seeds' recipe (001/002), written out by hand. Timed like fit(): from a built network
+    and dataset to a trained model, so set-up (DDP's parameter broadcast, sampler, loader) counts
+    on both sides."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    ds = _Data()
-    sampler = DistributedSampler(ds, shuffle=True, seed=0)
-    loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
-    model = DDP(_net())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    steps = 0
+    ds, net = _Data(), _net()
     torch.distributed.barrier()
     t0 = time.perf_counter()
+    sampler = DistributedSampler(ds, shuffle=True, seed=0)
+    loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -78,9 +80,10 @@ def _fit(world: World, epochs: int) -> tuple[int, float]:
     from ddpguard.train import FitConfig, fit
 
     cfg = FitConfig(epochs=epochs, batch_size=BATCH, num_workers=0, progress=False)
+    ds, net = _Data(), _net()
     torch.distributed.barrier()
     t0 = time.perf_counter()
-    res = fit(_net(), _Data(), _loss, lambda p: torch.optim.SGD(p, lr=0.01), config=cfg,
+    res = fit(net, ds, _loss, lambda p: torch.optim.SGD(p, lr=0.01), config=cfg,
               world=world)
     torch.distributed.barrier()
     return res.steps, time.perf_counter() - t0

@@ -152,8 +152,10 @@ class NonFiniteLossError(FloatingPointError):
 class LossWatch:
     """Collective-safe NaN/inf loss check.
 
-    Each rank records locally the first step whose loss was not finite (no synchronisation: a
-    `.item()` per step would stall the GPU pipeline). Every `every` steps, and at `flush()`, all
+    Each rank keeps its last losses as detached device tensors (no synchronisation: a `.item()`
+    per step would stall the GPU pipeline, and per-step tensor arithmetic cost ~3% of a small
+    model's step) and checks them in one vectorized op at flush. Every `every` steps, and at
+    `flush()`, all
     ranks all-reduce one tiny tensor (MIN of the first bad step): one extra collective per `every`
     steps, called the same number of times on every rank because every rank does the same number
     of steps. If any rank saw a bad loss, every rank raises together naming the step and rank.
@@ -165,21 +167,31 @@ class LossWatch:
         self.world = world
         self.every = every
         self._calls = 0
-        self._bad: torch.Tensor | None = None  # lazily a device tensor: first bad step or +inf
+        self._losses: list[torch.Tensor] = []
+        self._steps: list[int] = []
+        self._bad_step = math.inf  # first non-finite step seen locally, kept across flushes
         self._device = _comm_device(world)
 
     def update(self, loss: torch.Tensor, step: int) -> None:
-        bad = ~torch.isfinite(loss.detach().float().sum())
-        cand = torch.where(bad, torch.tensor(float(step), device=bad.device),
-                           torch.tensor(math.inf, device=bad.device)).double()
-        self._bad = cand if self._bad is None else torch.minimum(self._bad, cand)
+        v = loss.detach()
+        self._losses.append(v if v.dim() == 0 else v.sum())
+        self._steps.append(step)
         self._calls += 1
         if self._calls % self.every == 0:
             self.flush()
 
+    def _first_bad_local(self) -> float:
+        if self._losses:
+            finite = torch.isfinite(torch.stack([v.float().reshape(()) for v in self._losses]))
+            if not bool(finite.all()):
+                idx = int((~finite).nonzero()[0])
+                self._bad_step = min(self._bad_step, float(self._steps[idx]))
+            self._losses.clear()
+            self._steps.clear()
+        return self._bad_step
+
     def flush(self) -> None:
-        first = (self._bad if self._bad is not None
-                 else torch.tensor(math.inf, dtype=torch.float64)).to(self._device)
+        first = torch.tensor(self._first_bad_local(), dtype=torch.float64, device=self._device)
         me = torch.where(torch.isfinite(first), torch.tensor(float(self.world.rank),
                          dtype=torch.float64, device=self._device),
                          torch.tensor(math.inf, dtype=torch.float64, device=self._device))

@@ -26,6 +26,18 @@ __all__ = ["FitConfig", "FitResult", "fit"]
 LossFn = Callable[[nn.Module, Any], Any]
 
 
+# Steps between reading losses back for the log and progress bar.
+_LOG_EVERY = 10
+
+
+def _mean_loss(out: Any) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """(mean loss, samples, weights or None) from a loss_fn result. Plain per-sample values take
+    one `mean()`; a (values, weights) pair gives the weighted (e.g. per-token) mean."""
+    if isinstance(out, torch.Tensor) and out.dim() == 1:
+        return out.mean(), int(out.shape[0]), None
+    values, weights = split_loss(out)
+    return values.sum() / weights.sum().clamp_min(1e-12), int(values.shape[0]), weights
+
 @dataclasses.dataclass
 class FitConfig:
     """Everything fit() decides. Batches are per rank: `batch_size` samples (EvenSampler) or a
@@ -306,6 +318,21 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                         epoch=epoch if consumed is not None else epoch + 1, step=step,
                         keep_last=cfg.keep_last, timeout=cfg.checkpoint_timeout)
 
+    # Losses are read back in groups: a float() per step would stall a GPU's queue every step.
+    pending: list[tuple[int, int, torch.Tensor, Any, float]] = []
+
+    def drain() -> None:
+        if not pending:
+            return
+        values = torch.stack([p[2].float().reshape(()) for p in pending]).tolist()
+        for (ep, st, _, lr, secs), lv in zip(pending, values, strict=True):
+            result.train_loss.append((st, lv))
+            log.row("train", ep, st, f"{lv:.6f}", lr, f"{secs:.3f}")
+        if bar is not None:
+            bar.update(len(pending))
+            bar.set_postfix(epoch=pending[-1][0], loss=f"{values[-1]:.4f}")
+        pending.clear()
+
     try:
         if cfg.eval_at_start and eval_loader is not None and resumed is None:
             ev = evaluate(ddp, eval_loader, loss_fn, world)
@@ -323,13 +350,14 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
             for i, batch in enumerate(loader):
                 with accumulate(ddp, i, every=every, epoch_length=n_batches) as acc:
                     with prec.autocast():
-                        values, weights = split_loss(loss_fn(ddp, batch))
-                        loss = values.sum() / weights.sum().clamp_min(1e-12)
-                    prec.backward(loss * acc.scale)
+                        loss, n_samples, weights = _mean_loss(loss_fn(ddp, batch))
+                    # Skipping the multiply when it is 1 saves an op and its backward node.
+                    prec.backward(loss if acc.scale == 1.0 else loss * acc.scale)
                 watch.update(loss, step)
                 batches_done += 1
-                result.samples += int(values.shape[0])
-                result.tokens += int(weights.sum()) if batched else 0
+                result.samples += n_samples
+                if batched:
+                    result.tokens += int(weights.sum()) if weights is not None else n_samples
                 if on_batch is not None:
                     on_batch(epoch, step, batch)
                 if not acc.sync:
@@ -342,14 +370,11 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 if scheduler is not None:
                     scheduler.step()
                 step += 1
-                lv = float(loss.detach())
-                result.train_loss.append((step, lv))
-                log.row("train", epoch, step, f"{lv:.6f}", opt.param_groups[0]["lr"],
-                        f"{time.perf_counter() - t0:.3f}")
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}")
+                pending.append((epoch, step, loss.detach(), opt.param_groups[0]["lr"],
+                                time.perf_counter() - t0))
                 done = cfg.max_steps is not None and step >= cfg.max_steps
+                if len(pending) >= _LOG_EVERY or done:
+                    drain()
                 last_of_epoch = batches_done == n_batches
                 if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0
                         and not last_of_epoch and not done):
@@ -357,6 +382,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                     checkpoint(epoch, batches_done * per_batch)
                 if done:
                     break
+            drain()
             watch.flush()
             if eval_loader is not None:
                 ev = evaluate(ddp, eval_loader, loss_fn, world)
@@ -371,6 +397,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 checkpoint(epoch, None)
             result.epochs_done = epoch + 1
     finally:
+        drain()
         log.close()
         if bar is not None:
             bar.close()
