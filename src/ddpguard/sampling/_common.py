@@ -66,3 +66,17 @@ class EpochClock:
         self.epoch = epoch
         self.start = start
         self.running = False
+
+
+def consumed_in_pass(consumed: int | None, yielded: int, total: int, rank: int,
+                     unit: str) -> int:
+    """How much of the current pass this rank used: `consumed` when the caller knows it (a
+    DataLoader prefetches, so the sampler has yielded more than training used), else what was
+    yielded. Refuses more than the pass holds."""
+    used = yielded if consumed is None else check_int("consumed", consumed, 0)
+    if used > total:
+        raise ValueError(
+            f"consumed={used} on rank {rank} but this pass has only {total} {unit}: pass the "
+            f"number of {unit} this rank consumed in the current pass"
+        )
+    return used

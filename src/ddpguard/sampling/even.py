@@ -11,7 +11,7 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from . import plan
-from ._common import STATE_VERSION, EpochClock, resolve_world
+from ._common import STATE_VERSION, EpochClock, consumed_in_pass, resolve_world
 from .plan import check_int
 
 __all__ = ["EvenSampler"]
@@ -133,12 +133,7 @@ class EvenSampler(Sampler[int]):
         clock = self._clock
         epoch, position = clock.epoch, clock.start
         if clock.running:
-            used = self.yielded if consumed is None else check_int("consumed", consumed, 0)
-            if used > len(self):
-                raise ValueError(
-                    f"consumed={used} on rank {self.rank} but this pass has only {len(self)} "
-                    "indices: pass the number of indices this rank consumed in the current pass"
-                )
+            used = consumed_in_pass(consumed, self.yielded, len(self), self.rank, "indices")
             position = clock.start + used * self.num_replicas
             if used == len(self):
                 epoch, position = epoch + 1, 0

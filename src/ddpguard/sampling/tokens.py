@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
-from ._common import STATE_VERSION, EpochClock, resolve_world
+from ._common import STATE_VERSION, EpochClock, consumed_in_pass, resolve_world
 from .plan import check_int
 
 __all__ = ["TokenBatchSampler", "TokenPlan", "plan_token_batches", "check_lengths"]
@@ -241,12 +241,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         clock = self._clock
         epoch, offset = clock.epoch, clock.start
         if clock.running:
-            used = self._yielded if consumed is None else check_int("consumed", consumed, 0)
-            if used > len(self):
-                raise ValueError(
-                    f"consumed={used} on rank {self.rank} but this pass has only {len(self)} "
-                    "batches: pass the number of batches this rank consumed in the current pass"
-                )
+            used = consumed_in_pass(consumed, self._yielded, len(self), self.rank, "batches")
             offset = clock.start + used
             if offset >= self._rank_batches():
                 epoch, offset = epoch + 1, 0
