@@ -25,6 +25,7 @@ from ddpguard.data import (
 )
 from ddpguard.data import index as idx
 from ddpguard.data.jsonl import LENGTHS_SUFFIX, OFFSETS_SUFFIX
+from ddpguard.data.scan import scan_offsets
 from tests.helpers import run_cli
 
 
@@ -44,7 +45,8 @@ def reference_offsets(data: bytes) -> list[int]:
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 64, 1 << 20])
-def test_scan_matches_reference_across_chunk_boundaries(tmp_path, chunk):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_scan_matches_reference_across_chunk_boundaries(tmp_path, chunk, threads):
     rng = random.Random(chunk)
     parts = []
     for i in range(300):
@@ -58,10 +60,19 @@ def test_scan_matches_reference_across_chunk_boundaries(tmp_path, chunk):
         p = write_lines(tmp_path / f"f{trailing}.jsonl", parts, trailing_newline=trailing)
         data = p.read_bytes()
         out = io.BytesIO()
-        n = idx.scan_offsets(p, out, len(data), chunk_bytes=chunk)
+        n = scan_offsets(p, out, len(data), chunk_bytes=chunk, threads=threads)
         got = np.frombuffer(out.getvalue(), dtype="<i8").tolist()
         assert got == reference_offsets(data)
         assert n == len(got) - 1
+
+
+def test_scan_refuses_a_file_that_changes_size(tmp_path):
+    p = write_lines(tmp_path / "w.jsonl", [json.dumps({"i": i}) for i in range(1000)])
+    size = p.stat().st_size
+    with pytest.raises(idx.DatasetError, match=r"w\.jsonl: changed while being indexed"):
+        scan_offsets(p, io.BytesIO(), size + 100, chunk_bytes=256)  # shorter than recorded
+    with pytest.raises(idx.DatasetError, match=r"size was 10, now"):
+        scan_offsets(p, io.BytesIO(), 10, chunk_bytes=256)  # grew after the stat
 
 
 def test_records_blank_lines_crlf_and_no_trailing_newline(tmp_path):

@@ -46,7 +46,6 @@ OFFSETS_MAGIC = b"DDPGIDX\0"
 LENGTHS_MAGIC = b"DDPGLEN\0"
 HEADER = struct.Struct("<8sI4sQQq48s40s")
 HEADER_SIZE = 128
-CHUNK_BYTES = 64 << 20
 # Files above this size show a progress bar while being indexed (when tqdm is installed).
 PROGRESS_MIN_BYTES = 256 << 20
 DEFAULT_LOCK_TIMEOUT = 3600.0
@@ -191,7 +190,7 @@ def build_lock(lock_path: Path, timeout: float) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the flock
 
 
-def _progress(total: int, desc: str) -> Any:
+def progress_bar(total: int, desc: str) -> Any:
     if total < PROGRESS_MIN_BYTES:
         return None
     try:
@@ -199,72 +198,6 @@ def _progress(total: int, desc: str) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False)
-
-
-def scan_offsets(source: str | os.PathLike[str], out: Any, size: int,
-                 chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Write the int64 start offset of every non-blank line of `source`, then the end offset
-    (`size`), to the binary file `out`. Vectorized per chunk. Returns the number of records."""
-    buf = np.empty(chunk_bytes, dtype=np.uint8)
-    # Reused comparison buffer: a fresh 64 MB bool array per chunk costs page faults that
-    # took ~25% of the scan.
-    is_nl = np.empty(chunk_bytes, dtype=np.bool_)
-    count = 0
-    line_start = 0  # start of the line that began in an earlier chunk and is not finished
-    bar = _progress(size, f"indexing {Path(source).name}")
-    with open(source, "rb", buffering=0) as f:
-        pos = 0
-        while True:
-            n = f.readinto(memoryview(buf))  # type: ignore[arg-type]
-            if not n:
-                break
-            chunk = buf[:n]
-            nl = np.flatnonzero(np.equal(chunk, 10, out=is_nl[:n]))
-            if len(nl):
-                ends = nl + pos
-                starts = np.empty_like(ends)
-                starts[0] = line_start
-                starts[1:] = ends[:-1] + 1
-                keep = _non_blank(starts, ends, chunk, pos, source)
-                kept = starts[keep]
-                out.write(kept.astype("<i8", copy=False).tobytes())
-                count += len(kept)
-                line_start = int(ends[-1]) + 1
-            pos += n
-            if bar is not None:
-                bar.update(n)
-    if bar is not None:
-        bar.close()
-    if pos != size:
-        raise DatasetError(f"{source}: changed while being indexed (read {pos} bytes, "
-                           f"expected {size}); index again once writers are done")
-    if line_start < size and not _is_blank(_read_at(source, line_start, size - line_start)):
-        out.write(np.array([line_start], dtype="<i8").tobytes())  # no trailing newline
-        count += 1
-    out.write(np.array([size], dtype="<i8").tobytes())
-    return count
-
-
-def _read_at(source: str | os.PathLike[str], start: int, n: int) -> bytes:
-    with open(source, "rb") as f:
-        return os.pread(f.fileno(), n, start)
-
-
-def _is_blank(b: bytes) -> bool:
-    return not b.strip()
-
-
-def _non_blank(starts: np.ndarray, ends: np.ndarray, chunk: np.ndarray, pos: int,
-               source: str | os.PathLike[str]) -> np.ndarray:
-    """Mask of lines holding something other than whitespace. Only short lines can be blank
-    in practice, so only those (few) are inspected one by one."""
-    lens = ends - starts
-    keep = lens > 0
-    for j in np.flatnonzero((lens > 0) & (lens <= 16)):
-        s, e = int(starts[j]), int(ends[j])
-        b = bytes(chunk[s - pos:e - pos]) if s >= pos else _read_at(source, s, e - s)
-        keep[j] = not _is_blank(b)
-    return keep
 
 
 def write_atomic(target: Path, header: Header, fill: Callable[[Any], int]) -> int:

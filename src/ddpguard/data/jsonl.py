@@ -64,7 +64,7 @@ def resolve_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 def build_offsets(path: str | os.PathLike[str], *, force: bool = False,
                   lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Path, np.memmap, bool]:
     """Open (building if missing or stale) the offset index of one JSONL file."""
-    from .index import scan_offsets
+    from .scan import scan_offsets
 
     return ensure_array(path, OFFSETS_SUFFIX, magic=OFFSETS_MAGIC, dtype="<i8", key="offsets",
                         fill=lambda f, st: scan_offsets(path, f, st.st_size) + 1,
