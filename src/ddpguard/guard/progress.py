@@ -157,8 +157,12 @@ _saved: dict[str, Any] = {}
 
 def _caller_site(depth: int) -> str:
     f = sys._getframe(depth)
-    # Skip our own wrappers and torch internals so nested helpers still name the user's loop.
-    while f is not None and ("torch/utils/data" in f.f_code.co_filename.replace("\\", "/")):
+    # Skip torch, ddpguard and any installed library (tqdm wraps a loader and iterates it from
+    # its own file): the site must name the user's loop, or every wrapped loader would share
+    # tqdm's line and their lengths would be compared with each other.
+    from .stacks import is_library_file
+
+    while f is not None and is_library_file(f.f_code.co_filename):
         f = f.f_back  # type: ignore[assignment]
     if f is None:
         return "?"
