@@ -169,7 +169,8 @@ class Guard:
     def _agree_lengths(self, st: LoaderState, loader: Any) -> None:
         if not self.config.check_lengths or st.length is None or self.world_size == 1:
             return
-        site = f"{os.path.basename(st.site.rsplit(':', 1)[0])}:{st.site.rsplit(':', 1)[1]}"
+        path, _, line = st.site.rpartition(":")
+        site = f"{os.path.basename(path)}:{line}"
         if site in self._asymmetric:
             return
         base = f"{self.prefix}len/{site}/{st.epoch}/"

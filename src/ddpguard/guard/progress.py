@@ -156,16 +156,24 @@ _saved: dict[str, Any] = {}
 
 
 def _caller_site(depth: int) -> str:
-    f = sys._getframe(depth)
-    # Skip torch, ddpguard and any installed library (tqdm wraps a loader and iterates it from
-    # its own file): the site must name the user's loop, or every wrapped loader would share
-    # tqdm's line and their lengths would be compared with each other.
+    """file:line of the loop that iterates the loader. Skips torch, ddpguard and installed
+    libraries (tqdm wraps a loader and iterates it from its own file; every wrapped loader
+    would otherwise share tqdm's line). When every frame is library code (a script that lives
+    inside a package, such as the demo), the first frame outside torch's data package is used."""
     from .stacks import is_library_file
 
-    while f is not None and is_library_file(f.f_code.co_filename):
+    f = sys._getframe(depth)
+    fallback = None
+    while f is not None:
+        name = f.f_code.co_filename
+        if fallback is None and "torch/utils/data" not in name.replace("\\", "/"):
+            fallback = f
+        if not is_library_file(name):
+            break
         f = f.f_back  # type: ignore[assignment]
+    f = f or fallback
     if f is None:
-        return "?"
+        return "?:0"
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
