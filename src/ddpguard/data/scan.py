@@ -50,9 +50,9 @@ def scan_offsets(source: str | os.PathLike[str], out: Any, size: int,
             if len(nl):
                 # The first line began before this chunk (or at its start); the workers could
                 # not judge it, so it is checked here.
-                first_blank = _is_blank(os.pread(fd, int(nl[0]) - line_start, line_start)) \
-                    if nl[0] - line_start <= _BLANK_CHECK_MAX else False
-                if not first_blank:
+                first_len = int(nl[0]) - line_start
+                if first_len > _BLANK_CHECK_MAX or \
+                        not _is_blank(os.pread(fd, first_len, line_start)):
                     out.write(np.array([line_start], dtype="<i8").tobytes())
                     count += 1
                 kept = (nl[:-1] + 1)[~blank]
@@ -61,9 +61,10 @@ def scan_offsets(source: str | os.PathLike[str], out: Any, size: int,
                 line_start = int(nl[-1]) + 1
             if bar is not None:
                 bar.update(n)
-        if os.fstat(fd).st_size != size:
+        now = os.fstat(fd).st_size
+        if now != size:
             raise DatasetError(f"{source}: changed while being indexed (size was {size}, now "
-                               f"{os.fstat(fd).st_size}); index again once writers are done")
+                               f"{now}); index again once writers are done")
         if line_start < size and not _is_blank(os.pread(fd, size - line_start, line_start)):
             out.write(np.array([line_start], dtype="<i8").tobytes())  # no trailing newline
             count += 1

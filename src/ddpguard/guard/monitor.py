@@ -109,15 +109,16 @@ class Guard:
         that finishes a short script could take the store (hosted by rank 0 outside torchrun)
         down while a slower peer is still connecting, and that peer would fail at start-up."""
         key = f"{self.prefix}started"
+        limit = max(30.0, self.config.dead_after)
         n = self._store.add(key, 1)
-        deadline = time.monotonic() + max(30.0, self.config.dead_after)
+        deadline = time.monotonic() + limit
         while n < self.world_size and time.monotonic() < deadline:
             time.sleep(0.01)
             n = self._store.add(key, 0)
         if n < self.world_size:
             log.warning("guard on rank %d: only %d of %d ranks started a guard within %.0f s; "
                         "start every rank with the same guard setting", self.rank, n,
-                        self.world_size, max(30.0, self.config.dead_after))
+                        self.world_size, limit)
 
     def stop(self, state: str = "exited", error: str | None = None) -> None:
         """Publish the final state (peers then know this rank left on purpose) and join."""

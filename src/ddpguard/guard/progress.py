@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .stacks import is_library_file
+
 __all__ = ["Progress", "LoaderState", "install_hooks", "uninstall_hooks", "UnevenBatchesError"]
 
 log = logging.getLogger("ddpguard.guard")
@@ -160,8 +162,6 @@ def _caller_site(depth: int) -> str:
     libraries (tqdm wraps a loader and iterates it from its own file; every wrapped loader
     would otherwise share tqdm's line). When every frame is library code (a script that lives
     inside a package, such as the demo), the first frame outside torch's data package is used."""
-    from .stacks import is_library_file
-
     f = sys._getframe(depth)
     fallback = None
     while f is not None:
