@@ -17,15 +17,52 @@ ROOT = Path(__file__).resolve().parent.parent
 # Variables that libraries legitimately set once per process on first import.
 _ENV_ALLOWED = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTEST_CURRENT_TEST", "COLUMNS",
                 "TORCHINDUCTOR_CACHE_DIR",
-                "LINES", "MPLBACKEND"}
+                "LINES", "MPLBACKEND", "TORCH_FR_BUFFER_SIZE"}
+# Long-lived helpers that multiprocessing starts once per session, not per test.
+_PROC_ALLOWED = ("resource_tracker", "forkserver", "semaphore_tracker")
+
+
+def pytest_configure(config):
+    # Orphans of a test (ranks whose launcher was killed, DataLoader workers of a killed rank)
+    # are re-parented to this process instead of init, so the fixture below can see them.
+    from ddpguard.guard.procs import become_subreaper
+
+    become_subreaper()
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return "?"
+
+
+def _live_descendants():
+    from ddpguard.guard.procs import descendants
+
+    return {p for p in descendants(os.getpid())
+            if not any(a in _cmdline(p) for a in _PROC_ALLOWED)}
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     env_before = dict(os.environ)
     threads_before = set(threading.enumerate())
+    procs_before = _live_descendants()
     yield
     problems = []
+    left = _live_descendants() - procs_before
+    deadline = time.monotonic() + 5.0
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _live_descendants() - procs_before
+    if left:
+        from ddpguard.guard.procs import kill_tree
+
+        names = [f"{p} ({_cmdline(p)})" for p in sorted(left)]
+        for p in left:
+            kill_tree(p, include_self=True)
+        problems.append(f"processes outlived the test: {names}")
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

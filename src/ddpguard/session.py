@@ -49,6 +49,10 @@ def init(
     init_td = _as_timedelta(init_timeout, "init_timeout")
     coll_td = _as_timedelta(timeout, "timeout")
     setup_logging(world, log_level)
+    if guard and world.distributed:
+        from .guard.ledger import ensure_recorder_env
+
+        ensure_recorder_env()
     world = init_process_group(
         world, backend=backend, init_timeout=init_td, timeout=coll_td, env=env
     )

@@ -170,11 +170,14 @@ def run_ranks(
                 os.kill(p.pid, signal.SIGUSR1)  # our own child, by pid: dump stacks
         if stuck:
             time.sleep(1.0)
+        from .guard.procs import kill_tree
+
         for p in procs:
             if p.is_alive():
                 p.join(timeout=0.2)
-            if p.is_alive():
-                p.kill()  # our own child, by pid
+            if p.is_alive() and p.pid is not None:
+                # Our own child and everything below it (its DataLoader workers), by pid.
+                kill_tree(p.pid, include_self=True)
         for p in procs:
             p.join(timeout=10)
         results.close()

@@ -7,6 +7,7 @@ as torchrun documents them.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -19,7 +20,12 @@ USAGE = """usage: ddpguard run [torchrun options] script.py [script args]
 Launches through torch.distributed.run. Defaults added when absent:
   --nproc-per-node  the number of visible GPUs, or 2 on a CPU-only machine
   --standalone      when no --nnodes/--rdzv-endpoint/--master-addr/--master-port is given
+  --monitor-interval 1 (torchrun's is 0.1 s): surviving ranks get a second to say where they
+                    wait before torchrun stops them after a rank died
   --no-guard        run the script as is, without ddpguard's hang guard
+  --stall-timeout S a hard limit: stop the job when any rank has waited S seconds in a
+                    collective, even for a peer that is still working (default: no limit;
+                    the guard stops on proof of a deadlock or after 45 s with no sign of life)
 All other options go to torchrun unchanged (see `torchrun --help`).
 
 Unless --no-guard is given, the script runs under `python -m ddpguard.guard.bootstrap`, which
@@ -27,6 +33,7 @@ starts the hang guard when the script forms its process group: no change to the 
 
 BOOTSTRAP = "ddpguard.guard.bootstrap"
 OUR_FLAGS = {"--no-guard"}
+OUR_VALUES = {"--stall-timeout"}
 
 
 def _flag_options() -> set[str]:
@@ -57,6 +64,34 @@ def split_launcher_args(argv: list[str], flags: set[str]) -> tuple[list[str], li
     return argv, []
 
 
+def pop_our_options(opts: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Take ddpguard's own valued options out of the launcher options: (rest, settings). Pure.
+    A bad value raises ValueError naming it."""
+    rest: list[str] = []
+    settings: dict[str, str] = {}
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        name, eq, value = word.partition("=")
+        if name in OUR_VALUES:
+            if not eq:
+                if i + 1 >= len(opts):
+                    raise ValueError(f"{name} needs a value in seconds")
+                value = opts[i + 1]
+                i += 1
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+            if not seconds > 0:
+                raise ValueError(f"{name}={value!r} must be > 0 seconds")
+            settings["DDPGUARD_STALL_TIMEOUT"] = value
+        else:
+            rest.append(word)
+        i += 1
+    return rest, settings
+
+
 def _given(opts: list[str], *names: str) -> bool:
     return any(o == n or o.startswith(n + "=") for o in opts for n in names)
 
@@ -79,10 +114,13 @@ def build_torchrun_argv(
         raise ValueError("no script given: usage is `ddpguard run [torchrun options] script.py`")
     guard = guard and "--no-guard" not in opts
     opts = [o for o in opts if o not in OUR_FLAGS]
+    opts, _ = pop_our_options(opts)
     if guard and not _given(opts, "--no-python", "--no_python"):
         user_module = [o for o in opts if o in ("-m", "--module")]
         opts = [o for o in opts if o not in ("-m", "--module")]
         rest = ["-m", BOOTSTRAP, *(["-m"] if user_module else []), *rest]
+    if guard and not _given(opts, "--monitor-interval", "--monitor_interval"):
+        opts.append("--monitor-interval=1")
     if not _given(opts, "--nproc-per-node", "--nproc_per_node"):
         opts.append(f"--nproc-per-node={default_nproc(gpu_count)}")
     multi_node = _given(
@@ -102,24 +140,48 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    from ddpguard.guard import procs
+
+    flags = _flag_options()
     try:
-        full = build_torchrun_argv(argv, gpu_count=torch.cuda.device_count(), flags=_flag_options())
+        full = build_torchrun_argv(argv, gpu_count=torch.cuda.device_count(), flags=flags)
+        _, settings = pop_our_options(split_launcher_args(argv, flags | OUR_FLAGS)[0])
     except ValueError as exc:
         print(f"ddpguard run: {exc}", file=sys.stderr)
         return 2
+    os.environ.update(settings)
+    # Orphans of the job (DataLoader workers of a rank that was killed) come back to us, so
+    # that nothing of the job outlives this command.
+    procs.become_subreaper()
+    oom0 = procs.oom_kills()
     try:
         torchrun_main(full)
     except ChildFailedError as exc:
-        _explain_failures(exc.failures)
+        _explain_failures(exc.failures, oom0)
         codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
         return next((c for c in codes if c > 0), 1)
+    finally:
+        _end_leftovers()
     return 0
 
 
-def _explain_failures(failures: dict[int, Any]) -> None:
+def _end_leftovers() -> None:
+    from ddpguard.guard import procs
+
+    left = procs.kill_tree(os.getpid(), wait=3.0)
+    if left:
+        print(f"ddpguard run: ended {len(left)} process(es) the job left behind "
+              f"(pids {', '.join(map(str, left[:10]))})", file=sys.stderr, flush=True)
+
+
+def _explain_failures(failures: dict[int, Any], oom0: int | None = None) -> None:
     """One line per failed rank: torchrun's own summary buries a SIGKILL in a table."""
+    from ddpguard.guard import procs
     from ddpguard.guard.config import EXIT_CODE
 
+    oom = procs.oom_kills()
+    oom_text = (" The kernel's OOM killer ended a process of this job: out of host memory."
+                if oom is not None and oom0 is not None and oom > oom0 else "")
     for rank, f in sorted(failures.items()):
         if f.exitcode is not None and f.exitcode < 0 and f.signal_name() == "SIGTERM":
             print(f"ddpguard run: rank {rank} was stopped (SIGTERM) after another rank failed",
@@ -127,7 +189,8 @@ def _explain_failures(failures: dict[int, Any]) -> None:
         elif f.exitcode is not None and f.exitcode < 0:
             print(f"ddpguard run: rank {rank} (pid {f.pid}) died from signal {f.signal_name()}: "
                   "a crashed rank (killed by hand, the OOM killer or the scheduler?); the "
-                  "other ranks were stopped", file=sys.stderr, flush=True)
+                  f"other ranks were stopped.{oom_text if f.signal_name() == 'SIGKILL' else ''}",
+                  file=sys.stderr, flush=True)
         elif f.exitcode == EXIT_CODE:
             print(f"ddpguard run: rank {rank} was stopped by the hang guard (report above)",
                   file=sys.stderr, flush=True)

@@ -63,13 +63,51 @@ def _peer_error(exc: BaseException) -> bool:
                                   "remote worker", "broken pipe"))
 
 
+def _crashed(exc: BaseException) -> int:
+    """This rank's own code raised: say where, whether a peer failed first, and whether the
+    ranks had desynchronized just before (which turns a nonsense error into its cause)."""
+    import time
+
+    from ddpguard import guard
+
+    g = guard.active()
+    if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
+        # The guard is stopping the job and this error is its echo (a peer left the
+        # collective): let the guard thread finish its report and exit.
+        time.sleep(30)
+    tb = traceback.extract_tb(exc.__traceback__)
+    user = next((f for f in reversed(tb) if "site-packages" not in f.filename
+                 and "/ddpguard/" not in f.filename), tb[-1] if tb else None)
+    place = f" at {user.filename}:{user.lineno}" if user else ""
+    text = f"{type(exc).__name__}: {exc}{place}"
+    rank = os.environ.get("RANK", "?")
+    traceback.print_exc()
+    waiting = g.waiting_on() if g is not None else ""
+    others = g.peer_failures() if g is not None and _peer_error(exc) else []
+    cause = g.exchange.on_crash() if g is not None and not others else None
+    if others:
+        text = f"{type(exc).__name__} because {'; '.join(others)}"
+        print(f"ddpguard: rank {rank} stopped{place}{waiting}: a peer failed first: "
+              f"{'; '.join(others)}", file=sys.stderr, flush=True)
+    elif cause:
+        text = f"{type(exc).__name__} after a desync: {cause}"
+        print(f"ddpguard: rank {rank} crashed: {type(exc).__name__}: {exc}{place}\n"
+              f"ddpguard: the real cause: {cause}", file=sys.stderr, flush=True)
+    else:
+        print(f"ddpguard: rank {rank} crashed: {text}", file=sys.stderr, flush=True)
+    guard.stop("crashed", text)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("usage: python -m ddpguard.guard.bootstrap script.py [args...]", file=sys.stderr)
         return 2
     from ddpguard import guard
+    from ddpguard.guard.ledger import ensure_recorder_env
 
+    ensure_recorder_env()
     _hook_process_group()
     as_module = argv[0] in ("-m", "--module")
     if as_module:
@@ -90,27 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     except guard.UnevenBatchesError as exc:
         g = guard.active()
         print(str(exc), file=sys.stderr, flush=True)
-        code = g.config.exit_code if g is not None else guard.EXIT_CODE
-        guard.stop("crashed", str(exc))
-        return code
+        if g is not None:
+            from ddpguard.guard.rules import Decision
+
+            g.failure.fail(Decision("uneven_batches", g.mismatch or str(exc)), g.read_peers())
+        return guard.EXIT_CODE
     except BaseException as exc:
-        tb = traceback.extract_tb(exc.__traceback__)
-        user = next((f for f in reversed(tb) if "site-packages" not in f.filename
-                     and "/ddpguard/" not in f.filename), tb[-1] if tb else None)
-        place = f" at {user.filename}:{user.lineno}" if user else ""
-        text = f"{type(exc).__name__}: {exc}{place}"
-        rank = os.environ.get("RANK", "?")
-        traceback.print_exc()
-        g = guard.active()
-        others = g.peer_failures() if g is not None and _peer_error(exc) else []
-        if others:
-            text = f"{type(exc).__name__} because {'; '.join(others)}"
-            print(f"ddpguard: rank {rank} stopped: a peer failed first: {'; '.join(others)}",
-                  file=sys.stderr, flush=True)
-        else:
-            print(f"ddpguard: rank {rank} crashed: {text}", file=sys.stderr, flush=True)
-        guard.stop("crashed", text)
-        return 1
+        return _crashed(exc)
     guard.stop("exited")
     return code
 

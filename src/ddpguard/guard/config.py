@@ -7,105 +7,114 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-__all__ = ["GuardConfig", "EXIT_CODE", "ENV_PREFIX"]
+__all__ = ["GuardConfig", "EXIT_CODE", "ENV_PREFIX", "ENV_FIELDS"]
 
 # Distinct from Python's 1 so a job log tells "the guard stopped this" from "the script raised".
 EXIT_CODE = 17
 ENV_PREFIX = "DDPGUARD_"
 
 # env var -> field; each parsed as float seconds unless noted.
-_ENV_FIELDS: dict[str, str] = {
+ENV_FIELDS: dict[str, str] = {
     "DDPGUARD_STALL_TIMEOUT": "stall_timeout",
-    "DDPGUARD_STALL_FLOOR": "stall_floor",
-    "DDPGUARD_STALL_CEILING": "stall_ceiling",
-    "DDPGUARD_STALL_FACTOR": "stall_factor",
+    "DDPGUARD_NO_LIFE": "no_life",
+    "DDPGUARD_NOTICE_AFTER": "notice_after",
+    "DDPGUARD_SETTLE": "settle",
+    "DDPGUARD_GRACE": "grace",
     "DDPGUARD_HEARTBEAT": "heartbeat_interval",
     "DDPGUARD_DEAD_AFTER": "dead_after",
-    "DDPGUARD_DEADLOCK_FLOOR": "deadlock_floor",
-    "DDPGUARD_AGREE_TIMEOUT": "agree_timeout",
+    "DDPGUARD_FALLBACK_DEADLOCK": "fallback_deadlock",
+    "DDPGUARD_DIGEST_INTERVAL": "digest_interval",
     "DDPGUARD_DUMP_WAIT": "dump_wait",
+    "DDPGUARD_CHECK_LENGTHS": "check_lengths",
+    "DDPGUARD_LEDGER": "ledger",
     "DDPGUARD_REPORT_DIR": "report_dir",
 }
+_BOOLS = {"check_lengths", "ledger"}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclasses.dataclass(frozen=True)
 class GuardConfig:
-    """How the run-time guard decides that training hangs.
+    """When the run-time guard stops a job (docs/guard.md says it in full).
 
-    The stall timeout adapts: `stall_factor` x the slowest step seen so far, never below
-    `stall_floor` nor above `stall_ceiling`; a fixed `stall_timeout` replaces the adaptive one.
+    It stops on proof: ranks pending on different collectives at the same sequence number,
+    every rank blocked with none able to move, a rank waiting on a peer that exited or died,
+    sharded loaders of different lengths once collectives run, or a desync in the ledgers.
+    Those need `settle` seconds of a rank sitting still to count as blocked, plus `grace` for
+    a gone peer. It stops on a stall only when the rank the others wait for has shown no sign
+    of life for `no_life` seconds; `stall_timeout` is an optional hard limit on any wait.
     """
 
+    # Optional hard limit (s) on how long any rank may wait in a collective; None: no limit.
     stall_timeout: float | None = None
-    stall_floor: float = 20.0
-    stall_ceiling: float = 600.0
-    stall_factor: float = 20.0
-    # Every live rank inside a collective and none finishing: collectives are mismatched. That
-    # cannot resolve itself, so it is declared sooner than a general stall: after
-    # max(deadlock_floor, deadlock_factor x slowest step), capped by the stall timeout.
-    deadlock_floor: float = 8.0
-    deadlock_factor: float = 5.0
+    # A rank others wait for, with no sign of life for this long (s), is stuck.
+    no_life: float = 45.0
+    # A first notice (one line) about a slow but working rank after this many seconds of
+    # waiting, then after 2x, 4x, ...
+    notice_after: float = 60.0
+    # A rank pending in a collective, with its ledger and signs of life unchanged for this
+    # long, counts as blocked.
+    settle: float = 1.0
+    # How long a blocked rank waits after a peer left before stopping.
+    grace: float = 1.0
     heartbeat_interval: float = 0.5
-    # A peer whose heartbeat has not changed for this long, and whose process is gone, is dead.
-    dead_after: float = 5.0
-    # How long a rank blocked in a collective waits after a peer died or exited before stopping.
-    grace: float = 2.0
-    # Bound on waiting for every rank's loader length at the start of an epoch.
-    agree_timeout: float = 10.0
-    # Bound on waiting for the other ranks' stack dumps once a stall is declared.
+    # A peer on another host whose heartbeat has not changed for this long is dead (on the
+    # same host, its pid says so at once).
+    dead_after: float = 10.0
+    # Without the flight recorder: every rank blocked, silent, for this long is a deadlock.
+    fallback_deadlock: float = 15.0
+    # How often rank 0 compares every rank's recent collectives for a desync.
+    digest_interval: float = 2.0
+    # Bound on waiting for the other ranks' stack dumps once the job is being stopped.
     dump_wait: float = 5.0
     check_lengths: bool = True
+    # Read the flight recorder (torch's collective ledger) when torch has it.
+    ledger: bool = True
     report_dir: str | None = None
     exit_code: int = EXIT_CODE
 
     def __post_init__(self) -> None:
-        positive = ("stall_floor", "stall_ceiling", "stall_factor", "heartbeat_interval",
-                    "deadlock_floor", "deadlock_factor",
-                    "dead_after", "agree_timeout", "dump_wait")
+        positive = ("no_life", "notice_after", "settle", "heartbeat_interval", "dead_after",
+                    "fallback_deadlock", "digest_interval", "dump_wait")
         for name in positive:
             value = getattr(self, name)
-            if not value > 0:
+            if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"GuardConfig.{name} must be > 0 seconds, got {value!r}")
-        if self.grace < 0:
+        if not isinstance(self.grace, int | float) or self.grace < 0:
             raise ValueError(f"GuardConfig.grace must be >= 0 seconds, got {self.grace!r}")
         if self.stall_timeout is not None and not self.stall_timeout > 0:
             raise ValueError(
                 f"GuardConfig.stall_timeout must be > 0 seconds or None, got {self.stall_timeout!r}"
             )
-        if self.stall_ceiling < self.stall_floor:
+        if self.settle < self.heartbeat_interval:
             raise ValueError(
-                f"GuardConfig.stall_ceiling={self.stall_ceiling} is below "
-                f"stall_floor={self.stall_floor}"
+                f"GuardConfig.settle={self.settle} is shorter than heartbeat_interval="
+                f"{self.heartbeat_interval}: a rank could never be seen sitting still"
             )
         if not 0 < self.exit_code < 256:
             raise ValueError(f"GuardConfig.exit_code must be in 1..255, got {self.exit_code!r}")
-
-    def timeout_for(self, max_step_s: float) -> float:
-        """The stall timeout given the slowest step observed on any rank (seconds)."""
-        if self.stall_timeout is not None:
-            return self.stall_timeout
-        return min(self.stall_ceiling, max(self.stall_floor, self.stall_factor * max_step_s))
-
-    def deadlock_timeout_for(self, max_step_s: float) -> float:
-        """How long every rank may sit in collectives with no progress before it is a deadlock."""
-        return min(self.timeout_for(max_step_s),
-                   max(self.deadlock_floor, self.deadlock_factor * max_step_s))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> GuardConfig:
         """Defaults, then DDPGUARD_* variables, then explicit `overrides` (which win)."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
-        for var, name in _ENV_FIELDS.items():
+        for var, name in ENV_FIELDS.items():
             raw = env.get(var)
             if raw is None or raw == "":
                 continue
             if name == "report_dir":
                 values[name] = raw
-                continue
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise ValueError(f"{var}={raw!r} is not a number of seconds") from None
+            elif name in _BOOLS:
+                low = raw.strip().lower()
+                if low not in _TRUE | _FALSE:
+                    raise ValueError(f"{var}={raw!r} is not one of 1/0, true/false, on/off")
+                values[name] = low in _TRUE
+            else:
+                try:
+                    values[name] = float(raw)
+                except ValueError:
+                    raise ValueError(f"{var}={raw!r} is not a number of seconds") from None
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
-"""From every rank's heartbeat and stacks to the most likely cause of a hang. Pure.
+"""From the guard's decision and every rank's last heartbeat and stacks to a diagnosis whose
+cause is only as specific as the evidence. Pure.
 
 A rank record is a dict: rank, state ('running' | 'exited' | 'crashed' | 'dead' | 'missing'),
-hb (heartbeat: epoch, steps, steps_epoch, loaders, ...), error (text, for crashed ranks),
+hb (heartbeat: epoch, steps, pending ledger entries, doing, where, quiet, life, ...), error,
 stacks ({thread name: frames}; the main thread first).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .ledger import describe_entry, first_pending
 from .stacks import activity, fmt_frame, innermost, user_frame
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
@@ -21,11 +23,6 @@ CAUSES: dict[str, tuple[str, str]] = {
         "loader, no per-rank filtering after sharding, no skipped steps (or ddpguard's "
         "EvenSampler / make_loader, which guarantee equal counts).",
     ),
-    "left_early": (
-        "a rank left the epoch early while the others still wait in a collective",
-        "The rank that left ran out of batches or broke out of the loop; make every rank run "
-        "the same number of iterations (break on all ranks together).",
-    ),
     "forward_on_some_ranks": (
         "the DDP model ran forward on some ranks only (its buffers are broadcast in forward)",
         "Evaluate on every rank, or evaluate rank-0-only through model.module (the unwrapped "
@@ -36,43 +33,78 @@ CAUSES: dict[str, tuple[str, str]] = {
         "Call every collective (barrier, all_reduce, ...) on all ranks; move it out of the "
         "`if rank == 0:` block.",
     ),
-    "loader_stall": (
-        "a data loader stalled (slow or dead worker, blocking read) on some ranks",
-        "Check the dataset's __getitem__ / worker processes on the named rank (I/O, locks, "
-        "a killed worker); set DataLoader(timeout=...) so a dead worker raises.",
+    "mismatch": (
+        "ranks wait in different collectives at the same point of the sequence",
+        "Make every rank issue the same collectives in the same order with the same shapes; "
+        "the lines below show where each rank issued its own.",
+    ),
+    "deadlock": (
+        "every rank is blocked in a collective that another rank will never join",
+        "Compare the lines below: each rank waits for a collective the others are not in.",
+    ),
+    "desync": (
+        "the ranks ran different collectives under the same sequence number (desync)",
+        "Find the collective that only some ranks issue (often a DDP forward on some ranks "
+        "only, or a collective under `if rank == 0:`) and make every rank issue it.",
+    ),
+    "left_early": (
+        "a rank left (exited or destroyed its process group) while the others wait for it",
+        "Make every rank run the same number of iterations and collectives before leaving; "
+        "break out of loops on all ranks together.",
     ),
     "crashed_rank": (
-        "a rank crashed or exited while the others wait for it",
+        "a rank crashed or died while the others wait for it",
         "Fix the error shown for that rank; the other ranks only waited for it.",
     ),
-    "unknown": (
-        "no known pattern matched",
-        "Compare the per-rank stacks below: the rank that is not in a collective, or is in a "
-        "different one, is usually the one at fault.",
+    "loader_stall": (
+        "a data loader stopped delivering (dead or deadlocked worker, blocking read)",
+        "Check the dataset's __getitem__ and worker processes on the named rank (locks, I/O, "
+        "a killed worker); DataLoader(timeout=...) makes a stuck worker raise.",
+    ),
+    "no_life": (
+        "a rank shows no sign of life while the others wait for it",
+        "Look at the named rank's line: an endless loop, a wait on a lock, file or socket "
+        "that never comes, or a blocking read. The other ranks only waited for it.",
+    ),
+    "stuck_collective": (
+        "every rank waits in the same collective and it never completes",
+        "The collective itself does not finish: check the network / NCCL (NCCL_DEBUG=INFO) "
+        "and the GPUs of the named ranks.",
+    ),
+    "hard_limit": (
+        "a rank waited longer than the stall timeout you set",
+        "Raise --stall-timeout / DDPGUARD_STALL_TIMEOUT if the named rank's work is "
+        "expected to take that long; otherwise look at its line.",
     ),
 }
 
-_COND = re.compile(r"\bif\b.*\b(rank|is_main|is_local_main|local_rank|get_rank)\b")
+_COND = re.compile(r"\bif\b.*\b(rank|is_main|is_local_main|local_rank|get_rank|"
+                   r"master_process|is_main_process|main_process)\b", re.IGNORECASE)
 
 
 def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
-    """Where a rank is: user file:line, innermost frame, and what it is doing."""
+    """Where a rank is, from the ledger when it waits in a collective, else from its stack."""
+    hb = rec.get("hb") or {}
     stacks = rec.get("stacks") or {}
     main: list[dict[str, Any]] = next(iter(stacks.values()), []) if stacks else []
-    kind, text = activity(main) if main else ("unknown", "no stack (process gone?)")
+    kind, text = activity(main) if main else (hb.get("kind", "unknown"),
+                                                hb.get("doing") or "no stack (process gone?)")
     uf = user_frame(main) if main else None
-    return {"kind": kind, "doing": text, "user": fmt_frame(uf) if uf else "?",
+    where = fmt_frame(uf) if uf else hb.get("where", "?")
+    first = first_pending(hb.get("pending") or [])
+    if rec.get("state") not in (None, "running"):
+        doing = {"exited": "exited", "crashed": "crashed", "dead": "died",
+                 "missing": "never answered"}.get(rec["state"], rec["state"])
+    elif first is not None:
+        doing = f"waiting in {describe_entry(first)}"
+    elif hb.get("blocked"):
+        doing = f"waiting {text}"
+    else:
+        doing = f"computing ({text})" if kind == "running" else text
+    return {"kind": kind, "doing": doing, "user": where,
             "user_line": (uf["file"], uf["line"]) if uf else None,
-            "innermost": fmt_frame(innermost(main)) if main else "?"}
-
-
-def _counts(recs: list[dict[str, Any]]) -> str:
-    parts = []
-    for r in recs:
-        hb = r.get("hb") or {}
-        parts.append(f"rank {r['rank']}: epoch {hb.get('epoch', '?')}, "
-                     f"{hb.get('steps_epoch', '?')} steps this epoch, {hb.get('steps', '?')} total")
-    return "; ".join(parts)
+            "innermost": fmt_frame(innermost(main)) if main else "?",
+            "pending": describe_entry(first) if first else None}
 
 
 def _in_conditional(source: list[str] | None, line: int) -> bool:
@@ -95,130 +127,61 @@ def _in_conditional(source: list[str] | None, line: int) -> bool:
     return bool(_COND.search(target))
 
 
-def _uneven_epoch(alive: list[dict[str, Any]], pos: dict[int, dict[str, Any]]
-                  ) -> tuple[str, list[int]] | None:
-    for a in alive:
-        ha = a.get("hb") or {}
-        for lag in alive:
-            hl = lag.get("hb") or {}
-            e = hl.get("epoch", 0)
-            if ha.get("epoch", 0) <= e:
-                continue
-            done = ha.get("steps_per_epoch") or []
-            i = e - ha.get("epoch_offset", 0)
-            if not 0 <= i < len(done):
-                continue
-            length = hl.get("epoch_len")
-            in_loop = length is None or hl.get("epoch_batches", 0) < length
-            if in_loop and hl.get("steps_epoch", 0) >= done[i]:
-                return (f"rank {a['rank']} finished epoch {e} after {done[i]} optimizer steps and "
-                        f"moved on (now {pos[a['rank']]['doing']} at {pos[a['rank']]['user']}); "
-                        f"rank {lag['rank']} is still in epoch {e} after "
-                        f"{hl.get('steps_epoch')} steps, {pos[lag['rank']]['doing']} at "
-                        f"{pos[lag['rank']]['user']}. The ranks drew different numbers of "
-                        "batches or skipped different steps (e.g. a collate that drops samples "
-                        "and a `continue` on empty batches).", [a["rank"], lag["rank"]])
+def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+            culprits: list[int], sources: dict[str, list[str]]) -> str:
+    """A more specific cause, only where the evidence shows it."""
+    if cause in ("mismatch", "deadlock", "desync", "peer_gone", "no_life", "hard_limit"):
+        for r in records:
+            p = pos[r["rank"]]
+            pend = p.get("pending") or ""
+            if pend.startswith("broadcast") and p["kind"] == "ddp_forward":
+                return "forward_on_some_ranks"
+        if cause != "desync":
+            for r in records:
+                p = pos[r["rank"]]
+                if p["user_line"] and p["pending"] and _in_conditional(
+                        sources.get(p["user_line"][0]), p["user_line"][1]):
+                    others = [o for o in records if pos[o["rank"]]["user_line"] == p["user_line"]]
+                    if len(others) < len(records):
+                        return "conditional_collective"
+    if cause == "peer_gone":
+        states = {r["state"] for r in records if r["rank"] in culprits}
+        return "left_early" if states <= {"exited"} else "crashed_rank"
+    if cause == "no_life" and any(pos[r]["kind"] == "dataloader" for r in culprits if r in pos):
+        return "loader_stall"
+    return cause
+
+
+def uneven_loaders(records: list[dict[str, Any]]) -> str | None:
+    """'rank 0: 8, rank 1: 7 batches (DataLoader at f:l)' when the same loader pass (same key
+    on every rank) had different lengths."""
+    by_key: dict[str, dict[int, tuple[int, str]]] = {}
+    for r in records:
+        for site, st in ((r.get("hb") or {}).get("loaders") or {}).items():
+            if st.get("key") and st.get("len") is not None:
+                by_key.setdefault(st["key"], {})[r["rank"]] = (int(st["len"]), site)
+    for lens in by_key.values():
+        if len(lens) > 1 and len({n for n, _ in lens.values()}) > 1:
+            counts = ", ".join(f"rank {k}: {n}" for k, (n, _) in sorted(lens.items()))
+            site = next(iter(lens.values()))[1]
+            return f"{counts} batches in the DataLoader pass at {site}"
     return None
 
 
-def diagnose(records: list[dict[str, Any]],
-             sources: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """Return {cause, title, explanation, fix, culprits, positions} for the given ranks."""
+def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None = None,
+             cause: str = "deadlock", reason: str = "",
+             culprits: list[int] | None = None) -> dict[str, Any]:
+    """{cause, title, explanation, fix, culprits, positions} for the guard's decision."""
     sources = sources or {}
+    culprits = list(culprits or [])
     pos = {r["rank"]: rank_position(r) for r in records}
-    gone = [r for r in records if r["state"] in ("crashed", "dead", "exited", "missing")]
-    alive = [r for r in records if r not in gone]
-    blocked = [r for r in alive if pos[r["rank"]]["kind"].startswith("collective:")
-               or pos[r["rank"]]["kind"] in ("backward", "ddp_forward")]
-
-    def out(cause: str, explanation: str, culprits: list[int]) -> dict[str, Any]:
-        title, fix = CAUSES[cause]
-        return {"cause": cause, "title": title, "explanation": explanation, "fix": fix,
-                "culprits": culprits,
-                "positions": {str(k): v for k, v in pos.items()}}
-
-    hbs = {r["rank"]: (r.get("hb") or {}) for r in records}
-    steps_epoch = {k: (hb.get("epoch", 0), hb.get("steps_epoch", 0)) for k, hb in hbs.items()}
-
-    # 1. A loader length mismatch found by the agreement check.
-    mism = [r for r in records if (r.get("hb") or {}).get("mismatch")]
-    if mism:
-        return out("uneven_batches", mism[0]["hb"]["mismatch"], [])
-
-    # 2. A rank is gone.
-    crashed = [r for r in gone if r["state"] in ("crashed", "dead", "missing")]
-    if crashed:
-        what = []
-        for r in crashed:
-            desc = {"crashed": "crashed", "dead": "died (its process is gone)",
-                    "missing": "never answered (process gone or store unreachable)"}[r["state"]]
-            err = f": {r['error']}" if r.get("error") else ""
-            what.append(f"rank {r['rank']} {desc}{err}")
-        waiting = ", ".join(f"rank {r['rank']} waits {pos[r['rank']]['doing']} at "
-                            f"{pos[r['rank']]['user']}" for r in alive)
-        return out("crashed_rank", "; ".join(what) + (f". Meanwhile {waiting}." if waiting
-                                                      else "."), [r["rank"] for r in crashed])
-
-    # 3. A rank finished an epoch with fewer steps than another is taking in that epoch.
-    uneven = _uneven_epoch(alive, pos)
+    final = _refine(cause, records, pos, culprits, sources)
+    explanation = f"{reason}." if reason and not reason.endswith(".") else reason
+    uneven = uneven_loaders(records) if final in ("left_early", "peer_gone", "mismatch",
+                                                   "deadlock", "desync") else None
     if uneven:
-        return out("uneven_batches", uneven[0], uneven[1])
-
-    # 4. A data loader that does not deliver.
-    stalled = [r for r in alive if pos[r["rank"]]["kind"] == "dataloader"]
-    if stalled and len(stalled) < len(alive) or (stalled and not blocked and len(alive) == 1):
-        names = ", ".join(f"rank {r['rank']} at {pos[r['rank']]['user']} (innermost "
-                          f"{pos[r['rank']]['innermost']})" for r in stalled)
-        return out("loader_stall", f"{names} is waiting for its next batch while the other "
-                   "ranks wait for it in a collective.", [r["rank"] for r in stalled])
-
-    # 4. Forward of the DDP model on some ranks only.
-    fwd = [r for r in alive if pos[r["rank"]]["kind"] == "ddp_forward"]
-    lines = {pos[r["rank"]]["user_line"] for r in alive}
-    if fwd and (len(fwd) < len(alive) or len(lines) > 1):
-        names = ", ".join(f"rank {r['rank']} at {pos[r['rank']]['user']}" for r in fwd)
-        others = ", ".join(f"rank {r['rank']} {pos[r['rank']]['doing']} at "
-                           f"{pos[r['rank']]['user']}" for r in alive if r not in fwd)
-        return out("forward_on_some_ranks", f"{names} runs the DDP model's forward, which "
-                   f"broadcasts buffers (e.g. BatchNorm statistics) to all ranks; {others}.",
-                   [r["rank"] for r in fwd])
-
-    # 5. One rank in a collective at a line no other rank is at.
-    if len(lines) > 1:
-        for r in blocked:
-            p = pos[r["rank"]]
-            if not p["kind"].startswith("collective:") or p["user_line"] is None:
-                continue
-            here = [o for o in alive if pos[o["rank"]]["user_line"] == p["user_line"]]
-            if len(here) == len(alive):
-                continue
-            file, line = p["user_line"]
-            if _in_conditional(sources.get(file), line):
-                lonely = p["kind"].split(":", 1)[1]
-                others = ", ".join(f"rank {o['rank']} {pos[o['rank']]['doing']} at "
-                                   f"{pos[o['rank']]['user']}" for o in alive if o not in here)
-                return out("conditional_collective", f"rank(s) {[o['rank'] for o in here]} "
-                           f"called {lonely} at {p['user']}, inside a rank-conditional "
-                           f"branch; {others}.", [o["rank"] for o in here])
-
-    # 6. Different step counts, or a rank that left the epoch.
-    left = [r for r in gone if r["state"] == "exited"]
-    left += [r for r in blocked if pos[r["rank"]]["kind"] in (
-        "collective:barrier", "collective:destroy_process_group")
-        and any(pos[o["rank"]]["kind"] == "backward" for o in alive)]
-    if left:
-        names = ", ".join(
-            f"rank {r['rank']} " + ("exited" if r["state"] == "exited" else
-                                    f"is {pos[r['rank']]['doing']} at {pos[r['rank']]['user']}")
-            for r in left)
-        waiting = ", ".join(f"rank {r['rank']} {pos[r['rank']]['doing']} at "
-                            f"{pos[r['rank']]['user']}" for r in alive if r not in left)
-        cause = "uneven_batches" if len(set(steps_epoch.values())) > 1 else "left_early"
-        return out(cause, f"{names}; {waiting}. Counts: {_counts(records)}.",
-                   [r["rank"] for r in left])
-    if len(set(steps_epoch.values())) > 1 and len(lines) > 1:
-        vals = sorted(steps_epoch.values())
-        if vals[-1][0] != vals[0][0] or vals[-1][1] - vals[0][1] > 1:
-            return out("uneven_batches", f"Counts: {_counts(records)}.", [])
-    return out("unknown", "Per-rank positions: " + "; ".join(
-        f"rank {k}: {v['doing']} at {v['user']}" for k, v in pos.items()) + ".", [])
+        final = "uneven_batches"
+        explanation += f" The ranks had different numbers of batches: {uneven}."
+    title, fix = CAUSES.get(final, CAUSES["deadlock"])
+    return {"cause": final, "title": title, "explanation": explanation.strip(), "fix": fix,
+            "culprits": culprits, "positions": {str(k): v for k, v in pos.items()}}

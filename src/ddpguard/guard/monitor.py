@@ -1,14 +1,15 @@
-"""The guard: a daemon thread per rank that publishes heartbeats through the rendezvous store,
-watches every rank's, and turns a stall or a dead peer into a diagnosed exit within seconds.
+"""The guard: a daemon thread per rank that publishes a heartbeat through the rendezvous store
+(progress, its collective ledger, signs of life, where its training thread is), reads every
+rank's, and stops the job only on proof of a deadlock or on a stall with no sign of life.
 
-No collective is ever issued: the training thread only bumps counters; the store traffic
-(one small write and one multi-get per heartbeat interval) happens on this thread.
+No collective is ever issued: the training thread only bumps counters; the store traffic (one
+small write and a few reads per heartbeat interval) and every /proc or flight-recorder read
+happen on this thread.
 """
 
 from __future__ import annotations
 
 import json
-import linecache
 import logging
 import os
 import socket
@@ -18,38 +19,28 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from . import procs
 from .config import GuardConfig
-from .diagnose import diagnose
+from .exchange import Exchange
+from .failing import Failure
+from .lanes import Lanes
+from .ledger import Ledger, describe_entry, first_pending
+from .life import LifeSignals
 from .progress import LoaderState, Progress, UnevenBatchesError, install_hooks, uninstall_hooks
-from .report import format_text, report_path, write_json
-from .stacks import activity, capture_all, capture_thread, fmt_frame, is_blocked, user_frame
+from .rules import Decision, decide, notice_due
+from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
 
-__all__ = ["Guard"]
+__all__ = ["Guard", "where_now"]
 
 log = logging.getLogger("ddpguard.guard")
 PREFIX = "ddpguard/guard/"
-TIMELINE_MAX = 4000
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class _Peer:
-    __slots__ = ("hb", "seq", "seq_at", "progress", "progress_at")
-
-    def __init__(self, now: float) -> None:
-        self.hb: dict[str, Any] | None = None
-        self.seq = -1
-        self.seq_at = now
-        self.progress = -1
-        self.progress_at = now
+# Batches of a pass during which the training thread itself compares loader lengths.
+WATCH_BATCHES = 16
+LIFE_WORDS = {"progress": "last sign of life: batches, steps or collectives",
+              "io": "last sign of life: reading or writing data",
+              "stack": "last sign of life: its code moving between functions",
+              "cpu": "last sign of life: computing inside one call",
+              "start": "no sign of life since the guard started"}
 
 
 class Guard:
@@ -74,19 +65,32 @@ class Guard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Any = None
-        self._main_store: Any = None
         self._lock = threading.Lock()
-        self._peers: dict[int, _Peer] = {}
-        self._timeline: list[list[float]] = []
+        main = threading.main_thread()
+        self._main_ident = main.ident
+        self.ledger = Ledger(self.config.ledger)
+        self.life = LifeSignals(main.ident, getattr(main, "native_id", None))
+        self.lanes = Lanes()
+        self._status: dict[str, tuple[int, int]] = {}
+        self._status_since = time.monotonic()
+        self._pending: list[list[Any]] = []
+        self._pending_key: Any = None
         self._blocked_since: float | None = None
-        self._armed_at: float | None = None
-        self._store_failed_at: float | None = None
-        self._asymmetric: set[str] = set()
-        self._main_ident = threading.main_thread().ident
+        self._frames: list[dict[str, Any]] = []
+        self._doing = ("running", "starting")
+        self._where = "?"
+        self._peer_seq: dict[int, tuple[int, float]] = {}
+        self._notices = 0
+        self._oom0 = procs.oom_kills()
+        self._new_lengths: list[tuple[str, int, int, str]] = []
+        self._watch: dict[str, list[Any]] = {}
+        self._lengths: dict[str, tuple[int, int, str]] = {}
+        self.exchange = Exchange(self)
+        self.failure = Failure(self)
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _client(self) -> Any:
+    def client(self) -> Any:
         import torch.distributed as dist
 
         return dist.TCPStore(self.addr, self.port, is_master=False,
@@ -94,9 +98,9 @@ class Guard:
                              wait_for_workers=False)
 
     def start(self) -> Guard:
-        self._store = self._client()
-        self._main_store = self._client()
-        self.progress.on_epoch = self._agree_lengths
+        self._store = self.client()
+        self.progress.on_epoch = self._on_loader_pass
+        self.progress.on_batch = self._on_batch
         install_hooks(self.progress)
         self._publish()
         self._await_peers()
@@ -105,7 +109,7 @@ class Guard:
         return self
 
     def _await_peers(self) -> None:
-        """Return once every rank's guard holds its store connections. Without this, a rank
+        """Return once every rank's guard holds its store connection. Without this, a rank
         that finishes a short script could take the store (hosted by rank 0 outside torchrun)
         down while a slower peer is still connecting, and that peer would fail at start-up."""
         key = f"{self.prefix}started"
@@ -122,95 +126,357 @@ class Guard:
 
     def stop(self, state: str = "exited", error: str | None = None) -> None:
         """Publish the final state (peers then know this rank left on purpose) and join."""
+        if self.state == "running" and state == "exited" and self._thread is not None:
+            self._final_desync_check()
         if self.state == "running":
             self.state, self.error = state, error
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.config.heartbeat_interval + 5)
         uninstall_hooks(self.progress)
+        self.lanes.add(time.time(), state, f"{state}" + (f": {error}" if error else ""))
         try:
             self._publish()
         except Exception as exc:  # the store host may already be gone at exit
             log.debug("final heartbeat not written: %s", exc)
 
+    def _final_desync_check(self) -> None:
+        """A short job can end before the periodic comparison ran: compare once more at the
+        end, so a desync that did not hang is still reported."""
+        try:
+            found = self.exchange.at_exit()
+        except Exception as exc:
+            log.debug("final desync check failed: %s", exc)
+            return
+        if found:
+            from .rules import Decision
+
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self.failure.fail(Decision("desync", found), self.read_peers())
+
+    # -- store access (guard thread, and the failure path) -------------------------------------
+
+    def store_set(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._store.set(self.prefix + key, json.dumps(value, default=str))
+
+    def store_get_many(self, keys: list[str]) -> dict[str, Any]:
+        """The keys that exist, decoded; missing ones left out."""
+        full = [self.prefix + k for k in keys]
+        with self._lock:
+            present = [k for k in full if self._store.check([k])]
+            vals = self._store.multi_get(present) if present else []
+        n = len(self.prefix)
+        return {k[n:]: json.loads(bytes(v).decode()) for k, v in zip(present, vals, strict=True)}
+
+    def store_first(self, key: str, value: Any) -> Any:
+        """Set `key` unless another rank did first; returns the value that won."""
+        with self._lock:
+            won = self._store.compare_set(self.prefix + key, "", json.dumps(value, default=str))
+        return json.loads(bytes(won).decode())
+
+    def store_delete(self, key: str) -> None:
+        with self._lock:
+            self._store.delete_key(self.prefix + key)
+
     # -- heartbeats -------------------------------------------------------------------------
 
     def heartbeat(self) -> dict[str, Any]:
         snap = self.progress.snapshot()
-        snap.update(rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq,
-                    state=self.state, error=self.error, mismatch=self.mismatch,
-                    t=time.time(), last_progress=self.progress.last_progress_wall,
-                    blocked_for=(time.monotonic() - self._blocked_since
-                                 if self._blocked_since is not None else 0.0))
+        now = time.monotonic()
+        snap.update(
+            rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq, state=self.state,
+            error=self.error, mismatch=self.mismatch, t=time.time(),
+            ledger=self._status if self.ledger.available else None,
+            blocked=self._blocked_since is not None,
+            blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
+            pending=self._pending if self._blocked_since is not None else [],
+            quiet=self.life.quiet_for(now), life=self.life.last_kind,
+            doing=self._doing[1], kind=self._doing[0], where=self._where)
         return snap
 
     def _publish(self) -> None:
         self._seq += 1
-        hb = self.heartbeat()
-        with self._lock:
-            self._store.set(f"{self.prefix}hb/{self.rank}", json.dumps(hb))
-        point = [hb["t"], hb["epoch"], hb["batches"], hb["steps"]]
-        if not self._timeline or self._timeline[-1][1:] != point[1:]:
-            self._timeline.append(point)
-            if len(self._timeline) > TIMELINE_MAX:
-                self._timeline = self._timeline[::2]
+        self.store_set(f"hb/{self.rank}", self.heartbeat())
 
-    def _read_peers(self) -> dict[int, dict[str, Any]]:
-        keys = [f"{self.prefix}hb/{r}" for r in range(self.world_size)]
-        with self._lock:
-            present = [k for k in keys if self._store.check([k])]
-            vals = self._store.multi_get(present) if present else []
-        out = {}
-        for k, v in zip(present, vals, strict=True):
-            out[int(k.rsplit("/", 1)[1])] = json.loads(bytes(v).decode())
-        return out
+    def read_peers(self) -> dict[int, dict[str, Any]]:
+        got = self.store_get_many([f"hb/{r}" for r in range(self.world_size)])
+        return {int(k.rsplit("/", 1)[1]): v for k, v in got.items()}
 
-    # -- the loader-length agreement (runs on the training thread, at __iter__) --------------
+    # -- observing this rank ----------------------------------------------------------------
 
-    def _agree_lengths(self, st: LoaderState, loader: Any) -> None:
-        if not self.config.check_lengths or st.length is None or self.world_size == 1:
-            return
-        path, _, line = st.site.rpartition(":")
-        site = f"{os.path.basename(path)}:{line}"
-        if site in self._asymmetric:
-            return
-        base = f"{self.prefix}len/{site}/{st.epoch}/"
-        self._main_store.set(f"{base}{self.rank}", str(st.length))
-        keys = [f"{base}{r}" for r in range(self.world_size)]
-        deadline = time.monotonic() + self.config.agree_timeout
-        while not self._main_store.check(keys):
-            if time.monotonic() > deadline:
-                # Some rank never iterates this loader (rank-0-only evaluation): stop checking it.
-                self._asymmetric.add(site)
-                log.debug("loader at %s is not iterated by every rank; not compared", site)
-                return
-            time.sleep(0.005)
-        lengths = [int(bytes(v).decode()) for v in self._main_store.multi_get(keys)]
-        if len(set(lengths)) == 1:
-            return
-        counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
-        self.mismatch = (
-            f"the DataLoader iterated at {st.site} (epoch {st.epoch}) has a different number "
-            f"of batches on each rank ({counts}); DDP would pair gradient all-reduces of "
-            "different steps and then hang. Stopped before the first batch."
-        )
-        self._fail_fast(self.mismatch)
-        raise UnevenBatchesError(
-            f"ddpguard, rank {self.rank}: ranks have different numbers of batches: {counts} "
-            f"(DataLoader at {st.site}, epoch {st.epoch}). Use drop_last=True in the sampler "
-            "and the DataLoader, filter before sharding, or ddpguard.EvenSampler."
-        )
+    def _observe(self, now: float) -> None:
+        frames = capture_thread(self._main_ident) if self._main_ident else []
+        self._frames = frames
+        self._doing = activity(frames) if frames else ("running", "not started")
+        self._where = fmt_frame(user_frame(frames)) if frames else "?"
+        completed = 0
+        if self.ledger.available:
+            try:
+                status = self.ledger.status()
+            except Exception as exc:  # torch changed under us: stacks only from now on
+                log.debug("flight recorder read failed: %s", exc)
+                self.ledger.available = False
+                status = {}
+            if status != self._status:
+                self._status, self._status_since = status, now
+            completed = sum(c for _, c in status.values())
+        self.life.sample(self.progress.total() + completed, now)
+        settle = self.config.settle
+        quiet = self.life.quiet_for(now) >= settle
+        if self.ledger.available:
+            pending = any(q > c for q, c in self._status.values())
+            blocked = pending and now - self._status_since >= settle and quiet
+        else:
+            blocked = is_blocked(frames) and quiet
+        if blocked:
+            if self._blocked_since is None:
+                self._blocked_since = now - settle
+            if self.ledger.available and self._pending_key != self._status:
+                self._pending_key = self._status
+                self._pending = self._read_pending()
+        else:
+            self._blocked_since = None
+            self._pending, self._pending_key = [], None
+        self._record_lane()
 
-    def _fail_fast(self, text: str) -> None:
+    def _read_pending(self) -> list[list[Any]]:
         try:
-            self._publish()
-            me = {"stacks": capture_all(), "timeline": self._timeline}
-            rep = self._build_report("uneven batches detected before the first step",
-                                     self._read_peers(), {self.rank: me})
-            path = write_json(report_path(self.config.report_dir, self.run_id, self.rank), rep)
-            print(format_text(rep, path), file=sys.stderr, flush=True)
-        except Exception as exc:  # the error itself is raised regardless
-            log.debug("could not write the mismatch report: %s", exc)
+            entries = self.ledger.entries()
+        except Exception as exc:
+            log.debug("flight recorder entries unreadable: %s", exc)
+            return []
+        out = [e for e in entries
+               if e[0] in self._status and self._status[e[0]][1] < e[1] <= self._status[e[0]][0]]
+        return out[:8]
+
+    def _record_lane(self) -> None:
+        t = time.time()
+        if self._blocked_since is not None:
+            first = first_pending(self._pending)
+            label = (f"in {describe_entry(first)}" if first else self._doing[1])
+            self.lanes.add(t, "collective", f"{label} at {self._where}")
+        elif self._doing[0] == "dataloader":
+            self.lanes.add(t, "loader", f"waiting for a batch at {self._where}")
+        else:
+            self.lanes.add(t, "computing", f"{self._doing[1]} at {self._where}")
+
+    # -- loader lengths: the training thread hands them over, this thread compares ------------
+
+    def _on_loader_pass(self, st: LoaderState, loader: Any) -> None:
+        """Training thread, at __iter__: publish this pass's length (one store write)."""
+        if not (self.config.check_lengths and st.key is not None and st.length is not None):
+            return
+        try:
+            self.store_set(f"len/{st.key}/{self.rank}", st.length)
+        except Exception as exc:  # the guard never breaks training by itself
+            log.debug("loader length not published: %s", exc)
+            return
+        self._watch[st.key] = [st.length, self._enqueued(fresh=True), st.site, WATCH_BATCHES]
+        st.watch = True
+
+    def _on_batch(self, st: LoaderState) -> None:
+        """Training thread, on the first batches of a pass: compare lengths without waiting;
+        raise before the hang once the ranks differ and collectives run in this pass."""
+        w = self._watch.get(st.key or "")
+        if w is None:
+            st.watch = False
+            return
+        length, q0, site, left = w
+        try:
+            got = self.store_get_many([f"len/{st.key}/{r}" for r in range(self.world_size)])
+        except Exception:
+            got = {}
+        if len(got) == self.world_size:
+            lengths = [int(got[f"len/{st.key}/{r}"]) for r in range(self.world_size)]
+            if len(set(lengths)) == 1:
+                self._watch.pop(st.key or "", None)
+                st.watch = False
+                return
+            if self._enqueued(fresh=True) > q0:
+                self._watch.pop(st.key or "", None)
+                st.watch = False
+                decision = self._uneven(lengths, site)
+                err, self.progress.abort = self.progress.abort, None
+                raise err or UnevenBatchesError(decision.reason)
+        w[3] = left - 1
+        if w[3] <= 0:
+            # Hand over to the guard thread, which keeps comparing at its own pace.
+            self._watch.pop(st.key or "", None)
+            st.watch = False
+            self._new_lengths.append((st.key or "", length, q0, site))
+
+    def _enqueued(self, fresh: bool = False) -> int:
+        status = self._status
+        if fresh and self.ledger.available:
+            try:
+                status = self.ledger.status()
+            except Exception:
+                status = self._status
+        return sum(q for q, _ in status.values()) if status else self.progress.steps
+
+    def _check_lengths(self) -> Decision | None:
+        while self._new_lengths:
+            key, length, q0, site = self._new_lengths.pop(0)
+            self._lengths[key] = (length, q0, site)
+        for key, (_, q0, site) in list(self._lengths.items()):
+            got = self.store_get_many([f"len/{key}/{r}" for r in range(self.world_size)])
+            if len(got) < self.world_size:
+                continue
+            lengths = [int(got[f"len/{key}/{r}"]) for r in range(self.world_size)]
+            if len(set(lengths)) == 1:
+                del self._lengths[key]
+                continue
+            # Different lengths alone can be fine (a loop with no collective in it); once this
+            # rank has issued a collective during the pass, the pass will end in a hang.
+            if self._enqueued() <= q0:
+                continue
+            del self._lengths[key]
+            return self._uneven(lengths, site)
+        return None
+
+    def _uneven(self, lengths: list[int], site: str) -> Decision:
+        counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
+        self.mismatch = (f"the DataLoader iterated at {site} has a different number of batches "
+                         f"on each rank ({counts}); the ranks already issue collectives in this "
+                         "pass, so the one with fewer batches will leave it while the others "
+                         "wait in their next collective.")
+        self.progress.abort = UnevenBatchesError(
+            f"ddpguard, rank {self.rank}: ranks have different numbers of batches: {counts} "
+            f"(DataLoader iterated at {site}). Use drop_last=True in the sampler and the "
+            "DataLoader, filter before sharding, or ddpguard.EvenSampler.")
+        return Decision("uneven_batches", self.mismatch)
+
+    # -- the monitor loop ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        store_failed_at: float | None = None
+        while not self._stop.wait(self.config.heartbeat_interval):
+            try:
+                self._tick()
+                store_failed_at = None
+            except Exception as exc:  # the watchdog must never take training down by itself
+                now = time.monotonic()
+                if store_failed_at is None:
+                    store_failed_at = now
+                    log.debug("guard store access failed: %s", exc)
+                elif (now - store_failed_at > self.config.dead_after
+                      and self._blocked_since is not None):
+                    self.failure.fail(Decision(
+                        "peer_gone", "the rendezvous store became unreachable (the rank or "
+                        "launcher hosting it is gone) while this rank waits in a collective"),
+                        {}, store_lost=True)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._observe(now)
+        self._publish()
+        peers = self.read_peers()
+        trigger = self.store_get_many(["trigger"]).get("trigger")
+        if trigger:
+            self.failure.follow(trigger, peers)
+            return
+        self.exchange.serve(peers)
+        decision = self._check_lengths()
+        if decision is None:
+            decision = self.exchange.check(peers)
+        if decision is None:
+            decision = decide(self._views(peers, now), self.world_size,
+                              grace=self.config.grace, no_life=self.config.no_life,
+                              hard_limit=self.config.stall_timeout,
+                              fallback_deadlock=self.config.fallback_deadlock)
+        if decision is not None:
+            if decision.cause == "uneven_batches" and self._blocked_since is None:
+                # The training thread raises UnevenBatchesError at its next batch; the
+                # failure path below runs only if it does not get there in time.
+                self.failure.soon(decision, peers, wait=max(2.0, self.config.grace))
+                return
+            self.failure.fail(decision, peers)
+            return
+        self._maybe_notice(peers)
+
+    def _views(self, peers: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:
+        views = {}
+        for r in range(self.world_size):
+            hb = self.heartbeat() if r == self.rank else peers.get(r)
+            if hb is None:
+                continue
+            v = dict(hb)
+            v["gone"], v["state_text"] = self.peer_gone(r, hb, now)
+            views[r] = v
+        return views
+
+    def peer_gone(self, r: int, hb: dict[str, Any], now: float) -> tuple[bool, str]:
+        """Is rank r gone (exited, crashed, dead), and how to say it."""
+        if r == self.rank:
+            return False, ""
+        if hb.get("state") == "exited":
+            return True, "exited (left the job or destroyed its process group)"
+        if hb.get("state") == "crashed":
+            return True, f"crashed ({hb.get('error')})"
+        seq, since = self._peer_seq.get(r, (-1, now))
+        if hb.get("seq") != seq:
+            self._peer_seq[r] = (hb.get("seq", -1), now)
+            return False, ""
+        silent = now - since
+        if silent < 3 * self.config.heartbeat_interval:
+            return False, ""
+        if hb.get("host") == self.host:
+            if procs.pid_alive(int(hb.get("pid", 0))):
+                return False, ""
+            return True, f"died (process {hb.get('pid')} is gone{self._oom_text()})"
+        if silent > self.config.dead_after:
+            return True, f"stopped answering {silent:.0f} s ago (host {hb.get('host')})"
+        return False, ""
+
+    def _oom_text(self) -> str:
+        now = procs.oom_kills()
+        if now is not None and self._oom0 is not None and now > self._oom0:
+            return (f"; the kernel's OOM killer killed {now - self._oom0} process(es) in this "
+                    "job's cgroup since it started: out of host memory")
+        return ""
+
+    def _maybe_notice(self, peers: dict[int, dict[str, Any]]) -> None:
+        """One line when others have waited long for a rank that is still working."""
+        if self._blocked_since is None:
+            if self._notices:
+                self._notices = 0
+            return
+        waited = time.monotonic() - self._blocked_since
+        blocked_ranks = [r for r, hb in peers.items() if hb.get("blocked")]
+        if not blocked_ranks or min(blocked_ranks) != self.rank:
+            return  # one rank speaks for the waiting ones
+        if not notice_due(waited, self.config.notice_after, self._notices):
+            return
+        self._notices += 1
+        busy = [f"rank {r} is working at {hb.get('where')} ("
+                f"{LIFE_WORDS.get(hb.get('life', ''), hb.get('life'))}, "
+                f"{hb.get('quiet', 0.0):.1f} s ago)"
+                for r, hb in sorted(peers.items()) if not hb.get("blocked")
+                and hb.get("state") == "running"]
+        first = first_pending(self._pending)
+        what = f"in {describe_entry(first)}" if first else self._doing[1]
+        print(f"ddpguard: rank {self.rank} has waited {waited:.0f} s {what} at {self._where}; "
+              f"{'; '.join(busy) or 'the other ranks are busy'}. Working, not hung: "
+              "the guard keeps waiting.", file=sys.stderr, flush=True)
+
+    # -- used by the bootstrap when this rank's own code raised ---------------------------------
+
+    def waiting_on(self) -> str:
+        """' while in all_reduce #57 (group 0) ...': the collective this rank had pending, or
+        its latest one (a collective that failed counts as completed)."""
+        try:
+            status = self.ledger.status() if self.ledger.available else {}
+            entries = self.ledger.entries() if status else []
+        except Exception:
+            return ""
+        pend = [e for e in entries if e[0] in status
+                and status[e[0]][1] < e[1] <= status[e[0]][0]]
+        last = [e for e in entries if e[0] in status and e[1] == status[e[0]][0]]
+        first = first_pending(pend) or (max(last, key=lambda e: e[1]) if last else None)
+        return f" in {describe_entry(first)}" if first else ""
 
     def peer_failures(self, wait: float = 1.5) -> list[str]:
         """Which other ranks crashed or died, for a rank whose own collective just failed
@@ -219,189 +485,21 @@ class Guard:
         while True:
             found = []
             try:
-                peers = self._read_peers()
+                peers = self.read_peers()
             except Exception:
                 peers = {}
+            now = time.monotonic()
             for r, hb in sorted(peers.items()):
                 if r == self.rank:
                     continue
                 if hb.get("state") == "crashed":
                     found.append(f"rank {r} crashed ({hb.get('error')})")
-                elif hb.get("host") == self.host and not _pid_alive(int(hb.get("pid", 0))):
-                    found.append(f"rank {r} died (process {hb.get('pid')} is gone)")
-            if found or time.monotonic() > deadline:
+                elif hb.get("host") == self.host and not procs.pid_alive(int(hb.get("pid", 0))):
+                    found.append(f"rank {r} died (process {hb.get('pid')} is gone"
+                                 f"{self._oom_text()})")
+            if found or now > deadline:
                 return found
             time.sleep(0.1)
-
-    # -- the monitor loop ---------------------------------------------------------------------
-
-    def _run(self) -> None:
-        interval = self.config.heartbeat_interval
-        while not self._stop.wait(interval):
-            try:
-                self._tick()
-            except Exception as exc:  # the watchdog must never take training down by itself
-                now = time.monotonic()
-                if self._store_failed_at is None:
-                    self._store_failed_at = now
-                    log.debug("guard store access failed: %s", exc)
-                elif now - self._store_failed_at > self.config.dead_after and self._blocked():
-                    self._fail("the rendezvous store became unreachable (its host rank died)",
-                               {}, store_lost=True)
-
-    def _blocked(self) -> bool:
-        frames = capture_thread(self._main_ident) if self._main_ident else []
-        return is_blocked(frames)
-
-    def _tick(self) -> None:
-        now = time.monotonic()
-        blocked = self._blocked()
-        self._blocked_since = (self._blocked_since or now) if blocked else None
-        self._publish()
-        peers = self._read_peers()
-        self._store_failed_at = None
-        with self._lock:
-            triggered = self._store.check([f"{self.prefix}trigger"])
-        if triggered:
-            self._fail("a hang was detected by another rank", peers)
-            return
-        gone = []
-        max_step = self.progress.max_step_s
-        any_progress = self.progress.started
-        for r in range(self.world_size):
-            if r == self.rank:
-                continue
-            p = self._peers.setdefault(r, _Peer(now))
-            hb = peers.get(r)
-            if hb is None:
-                continue
-            p.hb = hb
-            if hb["seq"] != p.seq:
-                p.seq, p.seq_at = hb["seq"], now
-            prog = hb["batches"] + hb["steps"]
-            if prog != p.progress:
-                p.progress, p.progress_at = prog, now
-            any_progress = any_progress or prog > 0
-            max_step = max(max_step, hb.get("max_step_s", 0.0))
-            if hb["state"] in ("exited", "crashed") or self._dead(hb, p, now):
-                gone.append(r)
-        if gone and self._blocked_since is not None \
-                and now - self._blocked_since >= self.config.grace:
-            self._fail(f"rank(s) {gone} left while rank {self.rank} waits for them", peers)
-            return
-        if not any_progress:
-            return
-        if self._armed_at is None:
-            self._armed_at = now
-        timeout = self.config.timeout_for(max_step)
-        idle = {self.rank: now - max(self.progress.last_progress, self._armed_at)}
-        for r, p in self._peers.items():
-            if r not in gone:
-                idle[r] = now - max(p.progress_at, self._armed_at)
-        worst = max(idle, key=lambda r: idle[r])
-        live = [p for r, p in self._peers.items() if r not in gone and p.hb is not None]
-        if self._blocked_since is not None and len(live) == self.world_size - 1:
-            # Shortest time any rank has been blocked (ours included) and least idle rank.
-            all_blocked = min([now - self._blocked_since]
-                              + [float(p.hb.get("blocked_for", 0.0)) for p in live if p.hb])
-            deadlock = self.config.deadlock_timeout_for(max_step)
-            if all_blocked > 0 and min(idle.values()) > deadlock and all_blocked > deadlock / 2:
-                self._fail(f"every rank has waited inside a collective with no progress for "
-                           f"{min(idle.values()):.1f} s (deadlock timeout {deadlock:.1f} s): "
-                           "the ranks are in different collectives", peers)
-                return
-        if idle[worst] > timeout:
-            self._fail(f"no progress on rank {worst} for {idle[worst]:.1f} s "
-                       f"(stall timeout {timeout:.1f} s)", peers)
-
-    def _dead(self, hb: dict[str, Any], p: _Peer, now: float) -> bool:
-        silent = now - p.seq_at
-        if silent < 3 * self.config.heartbeat_interval:
-            return False
-        if hb.get("host") == self.host:
-            return not _pid_alive(int(hb["pid"]))
-        return silent > self.config.dead_after
-
-    # -- failing ----------------------------------------------------------------------------
-
-    def _fail(self, reason: str, peers: dict[int, dict[str, Any]], store_lost: bool = False
-              ) -> None:
-        me = threading.current_thread().ident
-        stacks = capture_all(skip_ident=me)
-        dumps: dict[int, dict[str, Any]] = {}
-        if not store_lost:
-            try:
-                with self._lock:
-                    self._store.compare_set(f"{self.prefix}trigger", "",
-                                            json.dumps({"by": self.rank, "reason": reason}))
-                    self._store.set(f"{self.prefix}stack/{self.rank}", json.dumps(
-                        {"stacks": stacks, "timeline": self._timeline}))
-                dumps = self._collect_dumps(peers)
-                peers = self._read_peers()
-            except Exception as exc:
-                log.debug("store failed while collecting stacks: %s", exc)
-        dumps[self.rank] = {"stacks": stacks, "timeline": self._timeline}
-        rep = self._build_report("training hang detected", peers, dumps, reason=reason)
-        path = None
-        try:
-            path = write_json(report_path(self.config.report_dir, self.run_id, self.rank), rep)
-        except OSError as exc:
-            log.warning("could not write the report: %s", exc)
-        try:
-            print(format_text(rep, path), file=sys.stderr, flush=True)
-            sys.stdout.flush()
-        finally:
-            # The training thread is stuck inside a C-level collective: no exception can reach
-            # it, so the process ends here and the launcher ends (or restarts) the job.
-            os._exit(self.config.exit_code)
-
-    def _collect_dumps(self, peers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        want = [r for r in range(self.world_size) if r != self.rank
-                and (peers.get(r) or {}).get("state", "running") == "running"
-                and not (r in self._peers and self._peers[r].hb is not None
-                         and self._dead(self._peers[r].hb or {}, self._peers[r],
-                                        time.monotonic()))]
-        out: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + self.config.dump_wait
-        while want and time.monotonic() < deadline:
-            for r in list(want):
-                key = f"{self.prefix}stack/{r}"
-                with self._lock:
-                    if self._store.check([key]):
-                        out[r] = json.loads(bytes(self._store.get(key)).decode())
-                        want.remove(r)
-            time.sleep(0.05)
-        return out
-
-    def _build_report(self, event: str, peers: dict[int, dict[str, Any]],
-                      dumps: dict[int, dict[str, Any]], reason: str = "") -> dict[str, Any]:
-        peers = dict(peers)
-        peers[self.rank] = self.heartbeat()
-        now = time.monotonic()
-        records = []
-        for r in range(self.world_size):
-            hb = peers.get(r)
-            state = (hb or {}).get("state", "missing")
-            p = self._peers.get(r)
-            if hb is not None and state == "running" and p is not None and self._dead(hb, p, now):
-                state = "dead"
-            if hb is None:
-                state = "missing"
-            dump = dumps.get(r) or {}
-            records.append({"rank": r, "state": state, "hb": hb or {},
-                            "error": (hb or {}).get("error"),
-                            "stacks": dump.get("stacks"), "timeline": dump.get("timeline", [])})
-        sources: dict[str, list[str]] = {}
-        for rec in records:
-            main: list[dict[str, Any]] = next(iter((rec["stacks"] or {}).values()), [])
-            uf = user_frame(main)
-            if uf is not None:
-                sources[uf["file"]] = linecache.getlines(uf["file"])
-        diag = diagnose(records, sources)
-        return {"event": event, "reason": reason, "created": time.time(),
-                "run_id": self.run_id, "reporter_rank": self.rank,
-                "world_size": self.world_size, "diagnosis": diag, "ranks": records,
-                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
 
 
 def where_now() -> str:

@@ -9,6 +9,7 @@ unmodified scripts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -30,10 +31,16 @@ class UnevenBatchesError(RuntimeError):
 
 
 class LoaderState:
-    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_id")
+    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_id",
+                 "key", "watch")
 
     def __init__(self, site: str) -> None:
         self.site = site
+        # Cross-rank identity of the loader object's current pass: its creation call chain,
+        # which creation at that chain, and which pass over it (set at __iter__).
+        self.key: str | None = None
+        # While set, each batch asks the guard whether the ranks agree on this pass's length.
+        self.watch = False
         self.length: int | None = None
         self.epoch = -1  # iterations started at this site
         self.batches = 0  # batches drawn in the current iteration
@@ -49,6 +56,9 @@ class Progress:
         self.loaders: dict[str, LoaderState] = {}
         self.steps = 0
         self.batches = 0
+        self.forwards = 0
+        # Set by the guard thread on proof that the loaders differ; raised on the next batch.
+        self.abort: BaseException | None = None
         self.last_progress = time.monotonic()
         self.last_progress_wall = time.time()
         self.started = False
@@ -59,7 +69,16 @@ class Progress:
         self.steps_per_epoch: list[int] = []
         # Called from __iter__ with (state, loader); returns nothing or raises.
         self.on_epoch: Callable[[LoaderState, Any], None] | None = None
+        self.on_batch: Callable[[LoaderState], None] | None = None
         self.warned_set_epoch: set[str] = set()
+        self.created: dict[str, int] = {}
+
+    def loader_created(self, chain: str) -> str:
+        """A key for a new DataLoader that is the same on every rank that runs the same code:
+        the user call chain that built it and how many loaders that chain built before."""
+        n = self.created.get(chain, 0)
+        self.created[chain] = n + 1
+        return f"{chain}#{n}"
 
     def touch(self) -> None:
         now = time.monotonic()
@@ -90,12 +109,25 @@ class Progress:
                 self.steps_per_epoch.append(self.steps_epoch)
             self.epoch = st.epoch
             self.steps_epoch = 0
+        created = getattr(loader, "_ddpguard_created", None)
+        if created is not None:
+            n = getattr(loader, "_ddpguard_passes", 0)
+            with contextlib.suppress(AttributeError):
+                loader._ddpguard_passes = n + 1
+            st.key = f"{created}/{n}"
+        else:
+            st.key = None
         _check_set_epoch(self, st, loader, site)
         if self.on_epoch is not None:
             self.on_epoch(st, loader)
         return st
 
     def batch(self, st: LoaderState) -> None:
+        if self.abort is not None:
+            err, self.abort = self.abort, None
+            raise err
+        if st.watch and self.on_batch is not None:
+            self.on_batch(st)
         st.batches += 1
         st.total += 1
         self.batches += 1
@@ -106,6 +138,13 @@ class Progress:
         self.steps_epoch += 1
         self.touch()
 
+    def forward(self) -> None:
+        self.forwards += 1
+
+    def total(self) -> int:
+        """One number that moves whenever this rank does any training work."""
+        return self.batches + self.steps + self.forwards
+
     def snapshot(self) -> dict[str, Any]:
         ep = self.loaders.get(self._epoch_site) if self._epoch_site else None
         return {
@@ -113,12 +152,14 @@ class Progress:
             "steps": self.steps,
             "steps_epoch": self.steps_epoch,
             "batches": self.batches,
+            "forwards": self.forwards,
             "max_step_s": round(self.max_step_s, 4),
             "steps_per_epoch": list(self.steps_per_epoch[-50:]),
             "epoch_offset": max(0, len(self.steps_per_epoch) - 50),
             "epoch_batches": ep.batches if ep else 0,
             "epoch_len": ep.length if ep else None,
-            "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length}
+            "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length,
+                            "key": st.key}
                         for s, st in self.loaders.items()},
         }
 
@@ -177,6 +218,20 @@ def _caller_site(depth: int) -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
+def _user_chain(depth: int) -> str:
+    """The user's frames (file:line, outermost first) that lead to this call, hashed short."""
+    import hashlib
+
+    f = sys._getframe(depth)
+    parts = []
+    while f is not None:
+        if not is_library_file(f.f_code.co_filename):
+            parts.append(f"{f.f_code.co_filename}:{f.f_lineno}")
+        f = f.f_back  # type: ignore[assignment]
+    text = ">".join(reversed(parts)) or "?"
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def install_hooks(progress: Progress) -> None:
     """Point the process-wide hooks at `progress` (installing them on first use)."""
     global _current
@@ -187,8 +242,27 @@ def install_hooks(progress: Progress) -> None:
         _current = progress
         if _saved:
             return
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        orig_init = dl.DataLoader.__init__
         orig_iter = dl.DataLoader.__iter__
         orig_next = dl._BaseDataLoaderIter.__next__
+        orig_fwd = DDP.forward
+
+        @functools.wraps(orig_init)
+        def guarded_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(self, *args, **kwargs)
+            prog = _current
+            if prog is not None and type(self).__init__ is not None:
+                with contextlib.suppress(Exception):
+                    self._ddpguard_created = prog.loader_created(_user_chain(2))
+
+        @functools.wraps(orig_fwd)
+        def guarded_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            prog = _current
+            if prog is not None:
+                prog.forward()
+            return orig_fwd(self, *args, **kwargs)
 
         def guarded_iter(self: Any) -> Any:
             it = orig_iter(self)
@@ -212,6 +286,10 @@ def install_hooks(progress: Progress) -> None:
             if prog is not None:
                 prog.step()
 
+        dl.DataLoader.__init__ = guarded_init  # type: ignore[method-assign]
+        DDP.forward = guarded_forward  # type: ignore[method-assign]
+        _saved["init"] = orig_init
+        _saved["fwd"] = orig_fwd
         dl.DataLoader.__iter__ = guarded_iter  # type: ignore[method-assign]
         dl._BaseDataLoaderIter.__next__ = guarded_next  # type: ignore[method-assign]
         _saved["iter"] = orig_iter
@@ -230,6 +308,10 @@ def uninstall_hooks(progress: Progress | None = None) -> None:
         _current = None
         if not _saved:
             return
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dl.DataLoader.__init__ = _saved.pop("init")  # type: ignore[method-assign]
+        DDP.forward = _saved.pop("fwd")  # type: ignore[method-assign]
         dl.DataLoader.__iter__ = _saved.pop("iter")  # type: ignore[method-assign]
         dl._BaseDataLoaderIter.__next__ = _saved.pop("next")  # type: ignore[method-assign]
         _saved.pop("step").remove()

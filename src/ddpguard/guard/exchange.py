@@ -1,0 +1,205 @@
+"""Desync detection: ranks compare what they recorded for the same collective numbers.
+
+A desync need not hang: a DDP buffer broadcast on one rank can pair with another library's
+broadcast on the other, both 'complete', and the job dies later with a nonsense error (or
+trains on mixed-up data). Every `digest_interval` rank 0 asks every rank for its ledger entries
+in a window of sequence numbers that all ranks have completed; a rank whose own code raised
+asks the same about its latest entries before the error is reported. Answers go through the
+store; nothing here issues a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .ledger import describe_entry, desync
+from .rules import Decision
+
+if TYPE_CHECKING:
+    from .monitor import Guard
+
+__all__ = ["Exchange"]
+
+log = logging.getLogger("ddpguard.guard")
+WINDOW = 32
+SLOTS = ("dig/req", "dig/creq")
+
+
+class Exchange:
+    def __init__(self, guard: Guard) -> None:
+        self.g = guard
+        self._served: set[str] = set()
+        self._open: dict[str, Any] | None = None
+        self._issued = 0
+        self._last_hi: dict[str, int] = {}
+        self._next = time.monotonic() + guard.config.digest_interval
+
+    # -- answering (every rank, guard thread) --------------------------------------------------
+
+    def serve(self, peers: dict[int, dict[str, Any]] | None = None) -> None:
+        if not self.g.ledger.available:
+            return
+        for slot, req in self.g.store_get_many(list(SLOTS)).items():
+            rid = req.get("id")
+            if not rid or rid in self._served:
+                continue
+            self._served.add(rid)
+            self.answer(req)
+            log.debug("answered %s %s", slot, rid)
+
+    def answer(self, req: dict[str, Any]) -> None:
+        win = {k: (int(v[0]), int(v[1])) for k, v in (req.get("win") or {}).items()}
+        mine = [e for e in self.g.ledger.entries() if e[0] in win
+                and win[e[0]][0] <= e[1] <= win[e[0]][1]]
+        reply: dict[str, Any] = {"entries": mine}
+        want = {(str(p), int(s)) for p, s in req.get("frames") or []}
+        if want:
+            try:
+                reply["frames"] = [[k[0], k[1], v] for k, v in
+                                   self.g.ledger.frames_for(want).items()]
+            except Exception as exc:
+                log.debug("no recorder stack traces: %s", exc)
+        self.g.store_set(f"dig/{req['id']}/{self.g.rank}", reply)
+
+    # -- asking (rank 0 periodically, guard thread) ----------------------------------------------
+
+    def check(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
+        g = self.g
+        if g.rank != 0 or not g.ledger.available:
+            return None
+        if self._open is not None:
+            return self._collect_periodic(peers)
+        if time.monotonic() < self._next:
+            return None
+        self._next = time.monotonic() + g.config.digest_interval
+        ledgers: list[dict[str, Any]] = [hb.get("ledger") or {} for hb in peers.values()
+                                          if hb.get("state") == "running"]
+        if len(ledgers) < g.world_size or any(not lg for lg in ledgers):
+            return None
+        common = set.intersection(*(set(lg) for lg in ledgers))
+        win: dict[str, list[int]] = {}
+        for pg in common:
+            hi = min(int(lg[pg][1]) for lg in ledgers)
+            if hi > self._last_hi.get(pg, -1):
+                win[pg] = [max(0, hi - WINDOW + 1), hi]
+                self._last_hi[pg] = hi
+        if not win:
+            return None
+        self._issued += 1
+        self._open = {"id": f"p{self._issued}", "win": win, "at": time.monotonic(),
+                      "ranks": sorted(peers)}
+        g.store_set("dig/req", {"id": self._open["id"], "win": win})
+        return None
+
+    def _collect_periodic(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
+        req = self._open
+        assert req is not None  # guarded by the caller
+        got = self.g.store_get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]])
+        if len(got) < len(req["ranks"]):
+            if time.monotonic() - req["at"] > 10 * self.g.config.heartbeat_interval:
+                self._open = None  # a rank is busy or gone; the next round will tell
+            return None
+        self._open = None
+        for key in got:
+            self.g.store_delete(key)
+        found = desync({int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()})
+        if found is None:
+            return None
+        return Decision("desync", self.describe(found, self.frames(found)),
+                        (found[0], found[1]))
+
+    # -- the failure paths ------------------------------------------------------------------------
+
+    def frames(self, found: tuple[int, int, list[Any], list[Any]], wait: float = 8.0
+               ) -> dict[int, str]:
+        """Ask the two ranks where they issued the two entries (their recorders' stacks)."""
+        ra, rb, ea, eb = found
+        rid = f"f{self.g.rank}-{time.monotonic_ns()}"
+        req = {"id": rid, "win": {ea[0]: [ea[1], ea[1]]}, "frames": [[ea[0], ea[1]]]}
+        self.g.store_set("dig/creq", req)
+        out: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and len(out) < 2:
+            if self.g.rank in (ra, rb) and rid not in self._served:
+                self._served.add(rid)
+                self.answer(req)
+            got = self.g.store_get_many([f"dig/{rid}/{r}" for r in (ra, rb)])
+            for k, v in got.items():
+                r = int(k.rsplit("/", 1)[1])
+                for p, s, where in v.get("frames") or []:
+                    if (p, s) == (ea[0], ea[1]):
+                        out[r] = where
+                out.setdefault(r, "?")
+            time.sleep(0.1)
+        return out
+
+    @staticmethod
+    def describe(found: tuple[int, int, list[Any], list[Any]], where: dict[int, str]) -> str:
+        ra, rb, ea, eb = found
+        return (f"collective #{ea[1]} of group {ea[0]} differs between ranks: rank {ra} ran "
+                f"{describe_entry(ea)} at {where.get(ra, '?')}, rank {rb} ran "
+                f"{describe_entry(eb)} at {where.get(rb, '?')}. The ranks issue different "
+                "collectives in different orders; data exchanged from here on belongs to "
+                "neither (a DDP buffer broadcast on some ranks only, or a collective inside a "
+                "rank-conditional branch).")
+
+    def at_exit(self, wait: float = 2.0) -> str | None:
+        """Every rank leaving cleanly publishes its last entries and compares with the ranks
+        that left within `wait` seconds of it."""
+        g = self.g
+        if not g.ledger.available:
+            return None
+        mine = g.ledger.entries()[-WINDOW:]
+        g.store_set(f"dig/final/{g.rank}", {"entries": mine})
+        others = [r for r in range(g.world_size) if r != g.rank]
+        deadline = time.monotonic() + wait
+        got: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            got = g.store_get_many([f"dig/final/{r}" for r in others])
+            if len(got) == len(others):
+                break
+            time.sleep(0.02)
+        digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
+        digests[g.rank] = mine
+        found = desync(digests)
+        if found is None or g.rank not in found[:2]:
+            return None  # one of the two ranks involved reports it
+        if g.rank != min(found[:2]):
+            return None
+        return self.describe(found, self.frames(found, wait=4.0))
+
+    def on_crash(self, wait: float = 3.0) -> str | None:
+        """From the training thread of a rank whose code raised: did the ranks desync just
+        before? Returns the explanation, or None."""
+        g = self.g
+        if not g.ledger.available:
+            return None
+        try:
+            mine = g.ledger.entries()
+            win: dict[str, list[int]] = {}
+            for e in mine[-WINDOW:]:
+                lo, hi = win.get(e[0], [e[1], e[1]])
+                win[e[0]] = [min(lo, e[1]), max(hi, e[1])]
+            if not win:
+                return None
+            rid = f"c{g.rank}-{time.monotonic_ns()}"
+            g.store_set("dig/creq", {"id": rid, "win": win})
+            others = [r for r in range(g.world_size) if r != g.rank]
+            deadline = time.monotonic() + wait
+            got: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                got = g.store_get_many([f"dig/{rid}/{r}" for r in others])
+                if len(got) == len(others):
+                    break
+                time.sleep(0.05)
+            digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
+            digests[g.rank] = [e for e in mine if e[0] in win and win[e[0]][0] <= e[1]]
+            found = desync(digests)
+            if found is None:
+                return None
+            return self.describe(found, self.frames(found))
+        except Exception as exc:  # a report without this is still a report
+            log.debug("desync check after a crash failed: %s", exc)
+            return None

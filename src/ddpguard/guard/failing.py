@@ -1,0 +1,186 @@
+"""Stopping a job: the first rank to decide writes the report with every rank's stacks and
+lanes, the others add theirs and follow; every rank ends its own child processes (DataLoader
+workers) before it exits, so nothing of the job is left running."""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import procs
+from .diagnose import diagnose
+from .report import format_text, report_path, write_json
+from .rules import Decision
+from .stacks import capture_all, user_frame
+
+if TYPE_CHECKING:
+    from .monitor import Guard
+
+__all__ = ["Failure"]
+
+log = logging.getLogger("ddpguard.guard")
+
+
+class Failure:
+    def __init__(self, guard: Guard) -> None:
+        self.g = guard
+        self._soon: tuple[float, Decision] | None = None
+        self._once = threading.Lock()
+        # Set once this rank is stopping the job: its training thread must not report a
+        # connection error caused by the stop as a crash of its own.
+        self.active = False
+
+    def _dump(self) -> dict[str, Any]:
+        g = self.g
+        stacks = capture_all(skip_ident=threading.current_thread().ident)
+        return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat()}
+
+    def soon(self, decision: Decision, peers: dict[int, dict[str, Any]], wait: float) -> None:
+        """Give the training thread `wait` seconds to raise on its own, then stop the job."""
+        now = time.monotonic()
+        if self._soon is None:
+            self._soon = (now + wait, decision)
+        elif now >= self._soon[0]:
+            self.fail(self._soon[1], peers)
+
+    def fail(self, decision: Decision, peers: dict[int, dict[str, Any]],
+             store_lost: bool = False) -> None:
+        if not self._once.acquire(blocking=False):
+            time.sleep(3600)  # another thread of this rank is already stopping it
+        self.active = True
+        g = self.g
+        me = g.rank
+        dumps: dict[int, dict[str, Any]] = {}
+        if not store_lost:
+            try:
+                won = g.store_first("trigger", {"by": me, "cause": decision.cause,
+                                                "reason": decision.reason})
+                if won.get("by") != me:
+                    self.follow(won, peers)
+                    return
+                g.store_set(f"dump/{me}", self._dump())
+                dumps = self._collect(peers)
+                peers = g.read_peers()
+            except Exception as exc:
+                log.debug("store failed while collecting stacks: %s", exc)
+        dumps[me] = self._dump()
+        rep = self.build(decision, peers, dumps)
+        path = None
+        try:
+            path = write_json(report_path(g.config.report_dir, g.run_id, me), rep)
+        except OSError as exc:
+            log.warning("could not write the report: %s", exc)
+        try:
+            print(format_text(rep, path), file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            if not store_lost:
+                g.store_set("reported", {"path": path})
+                self._await_followers(peers)
+        except Exception as exc:
+            log.debug("could not announce the report: %s", exc)
+        finally:
+            self.exit()
+
+    def follow(self, trigger: dict[str, Any], peers: dict[int, dict[str, Any]]) -> None:
+        """Another rank decided to stop the job: add this rank's stacks, wait for its report
+        to be written, then leave."""
+        if not self._once.acquire(blocking=False):
+            time.sleep(3600)
+        self.active = True
+        g = self.g
+        try:
+            g.store_set(f"dump/{g.rank}", self._dump())
+            deadline = time.monotonic() + g.config.dump_wait + 10.0
+            reported = None
+            while time.monotonic() < deadline and reported is None:
+                reported = g.store_get_many(["reported"]).get("reported")
+                time.sleep(0.05)
+            print(f"ddpguard: rank {g.rank} stopped: rank {trigger.get('by')} found "
+                  f"{trigger.get('reason', 'a hang')} (report: "
+                  f"{(reported or {}).get('path') or 'see rank ' + str(trigger.get('by'))})",
+                  file=sys.stderr, flush=True)
+            g.store_set(f"left/{g.rank}", 1)
+        except Exception as exc:
+            log.debug("could not follow the failing rank: %s", exc)
+        finally:
+            self.exit()
+
+    def _await_followers(self, peers: dict[int, dict[str, Any]]) -> None:
+        """The reporting rank leaves last, so a launcher that stops every rank once one has
+        exited does not cut the others off before they ended their own workers."""
+        g = self.g
+        want = [r for r, hb in peers.items() if r != g.rank and hb.get("state") == "running"]
+        deadline = time.monotonic() + 5.0
+        while want and time.monotonic() < deadline:
+            got = g.store_get_many([f"left/{r}" for r in want])
+            want = [r for r in want if f"left/{r}" not in got
+                    and not (peers[r].get("host") == g.host
+                             and not procs.pid_alive(int(peers[r].get("pid", 0))))]
+            time.sleep(0.05)
+
+    def exit(self) -> None:
+        # The training thread may be stuck inside a C-level collective: no exception can reach
+        # it, so the process ends here and the launcher ends (or restarts) the job.
+        try:
+            procs.kill_tree(os.getpid(), wait=1.0)
+        finally:
+            os._exit(self.g.config.exit_code)
+
+    def _collect(self, peers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        g = self.g
+        now = time.monotonic()
+        want = [r for r in range(g.world_size) if r != g.rank and r in peers
+                and not g.peer_gone(r, peers[r], now)[0]]
+        out: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + g.config.dump_wait
+        while want and time.monotonic() < deadline:
+            got = g.store_get_many([f"dump/{r}" for r in want])
+            for k, v in got.items():
+                r = int(k.rsplit("/", 1)[1])
+                out[r] = v
+                want.remove(r)
+            time.sleep(0.05)
+        return out
+
+    def build(self, decision: Decision, peers: dict[int, dict[str, Any]],
+              dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        g = self.g
+        peers = dict(peers)
+        now = time.monotonic()
+        records = []
+        for r in range(g.world_size):
+            dump = dumps.get(r) or {}
+            hb = dump.get("hb") or peers.get(r)
+            if r == g.rank:
+                hb = g.heartbeat()
+            state = (hb or {}).get("state", "missing")
+            if hb is None:
+                state = "missing"
+            elif state == "running" and r != g.rank:
+                gone, _ = g.peer_gone(r, hb, now)
+                if gone:
+                    state = "dead"
+            records.append({"rank": r, "state": state, "hb": hb or {},
+                            "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
+                            "lanes": dump.get("lanes") or []})
+        sources: dict[str, list[str]] = {}
+        for rec in records:
+            main: list[dict[str, Any]] = next(iter((rec["stacks"] or {}).values()), [])
+            uf = user_frame(main)
+            if uf is not None:
+                sources[uf["file"]] = linecache.getlines(uf["file"])
+        diag = diagnose(records, sources, decision.cause, decision.reason,
+                        list(decision.culprits))
+        starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]
+        return {"event": "training hang detected" if decision.proof
+                else "training stalled with no sign of life",
+                "reason": decision.reason, "proof": decision.proof,
+                "created": time.time(), "t_start": min(starts) if starts else time.time(),
+                "run_id": g.run_id, "reporter_rank": g.rank,
+                "world_size": g.world_size, "diagnosis": diag, "ranks": records,
+                "config": {k: getattr(g.config, k) for k in g.config.__dataclass_fields__}}

@@ -1,0 +1,129 @@
+"""Signs of life of the training thread, sampled from the guard thread.
+
+A rank that keeps the others waiting is only hung if it shows no sign of life at all. Counted as
+life: batches, optimizer steps, DDP forward calls, completed collectives (all fed in as one
+progress number), bytes the training thread reads or writes (a checkpoint being written, a
+dataset being read), its Python stack moving between functions, and CPU time spent while the
+stack sits still inside one call into C (a long kernel). Not counted: CPU time while the Python
+stack stays in one function and runs its own bytecode (the guard thread finds it at a loop's
+back-edge, never inside a call): that is a loop that never calls anything, the signature of
+`while True: ...` spinning on one rank.
+"""
+
+from __future__ import annotations
+
+import dis
+import os
+import sys
+import time
+from typing import Any
+
+__all__ = ["LifeSignals", "stack_signature"]
+
+
+# Where a thread running pure Python bytecode stops for the guard thread (the interpreter
+# hands over the GIL at loop back-edges and function entries); a thread inside a call into C
+# sits on a call or operator instruction instead.
+_PYTHON_LOOP_OPS = {"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"}
+
+
+def _opname(frame: Any) -> str:
+    try:
+        return dis.opname[frame.f_code.co_code[frame.f_lasti]]
+    except (IndexError, AttributeError, TypeError):
+        return "?"
+
+
+def stack_signature(frame: Any) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """((file, function) for every frame, innermost first), and whether the innermost frame
+    sits inside a call into C (rather than spinning in its own bytecode). Line numbers are
+    left out: a loop moving between lines of one function is not 'moving'."""
+    funcs = []
+    in_c = False
+    f = frame
+    if f is not None:
+        in_c = _opname(f) not in _PYTHON_LOOP_OPS
+    while f is not None:
+        funcs.append((f.f_code.co_filename, f.f_code.co_name))
+        f = f.f_back
+    return tuple(funcs), in_c
+
+
+def _thread_io(native_id: int | None) -> int | None:
+    """rchar + wchar of one thread (Linux); None where the kernel does not tell."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/io", "rb") as fh:
+            total = 0
+            for line in fh:
+                if line.startswith((b"rchar:", b"wchar:")):
+                    total += int(line.split()[1])
+            return total
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _thread_cpu(native_id: int | None) -> float | None:
+    """User + system CPU seconds of one thread (Linux)."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as fh:
+            data = fh.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+try:
+    _TICKS = float(os.sysconf("SC_CLK_TCK"))
+except (AttributeError, ValueError, OSError):  # not POSIX
+    _TICKS = 100.0
+
+
+class LifeSignals:
+    """Call `sample(progress)` once per guard tick. It returns the kind of life seen since the
+    previous sample, or None; `last_life` is the monotonic time of the latest sign."""
+
+    def __init__(self, ident: int | None, native_id: int | None) -> None:
+        self.ident = ident
+        self.native_id = native_id
+        now = time.monotonic()
+        self.last_life = now
+        self.last_kind = "start"
+        self._progress = -1
+        self._io = _thread_io(native_id)
+        self._cpu = _thread_cpu(native_id)
+        self._sig: tuple[Any, ...] | None = None
+        self._at = now
+
+    def sample(self, progress: int, now: float | None = None) -> str | None:
+        now = time.monotonic() if now is None else now
+        kind = None
+        if progress != self._progress:
+            kind = "progress" if self._progress >= 0 else None
+            self._progress = progress
+        io = _thread_io(self.native_id)
+        if io is not None and self._io is not None and io > self._io:
+            kind = kind or "io"
+        self._io = io
+        frame = sys._current_frames().get(self.ident) if self.ident is not None else None
+        sig, in_c = stack_signature(frame) if frame is not None else ((), False)
+        cpu = _thread_cpu(self.native_id)
+        moved = self._sig is not None and sig != self._sig
+        if moved:
+            kind = kind or "stack"
+        elif (self._sig is not None and in_c and cpu is not None
+              and self._cpu is not None and now > self._at
+              and (cpu - self._cpu) >= 0.2 * (now - self._at)):
+            # Still inside one call into C and burning CPU: a long kernel, not a wait.
+            kind = kind or "cpu"
+        self._sig, self._cpu, self._at = sig, cpu, now
+        if kind is not None:
+            self.last_life, self.last_kind = now, kind
+        return kind
+
+    def quiet_for(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.last_life
