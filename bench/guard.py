@@ -1,134 +1,236 @@
-"""Hang-guard benchmark: `python bench/guard.py [--steps N]`.
+"""Hang-guard benchmark, with the guard's DEFAULT settings: `python bench/guard.py`.
 
-(a) steps/s of a correct 2-rank gloo DDP script under `ddpguard run` (guard on) against plain
-    `torchrun` (python -m torch.distributed.run), same run, alternating, best of --repeats.
-(b) for uneven batches, seconds from the moment the ranks block to the report on every rank,
-    with default guard settings, against gloo's default 30-minute collective timeout.
-Prints a table and writes bench/results/guard.json.
+1. Healthy programs (tests/guard_scripts/scenarios.py) whose long work lasts --dur seconds
+   (default 50, past the 45 s no-sign-of-life limit): how many the guard leaves running.
+2. Broken programs: for proven deadlocks, seconds from the last rank blocking to the report
+   (target <= 5 s); for stalls with no sign of life, seconds from the waiting rank blocking to
+   the report (target <= 60 s). Each is also run under plain torchrun (`--no-guard`) on the
+   same script: what a user gets today (hangs until killed at --plain-cap, or which error after
+   how long).
+3. Overhead: steps/s of a DDP script whose steps take --step-ms (20-100 ms), guard on against
+   off, interleaved runs; median of the per-pair ratios with the spread.
+
+Prints tables and writes bench/results/guard.json. `--only healthy,broken,overhead` selects.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GLOO_DEFAULT_TIMEOUT_S = 1800.0
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = "tests/guard_scripts/scenarios.py"
+HEALTHY = ["ckpt_barrier", "slow_first_step", "slow_first_backward", "rank0_eval_tensors",
+           "rank0_eval_loader", "slow_first_batch", "step_spike", "nanogpt_eval",
+           "accelerate_wait", "final_ckpt_after_exit", "val_same_helper", "random_step_times"]
+PROVEN = ["mismatch_before_training", "cond_barrier", "eval_rank0_bn", "uneven_tail",
+          "early_exit", "crash", "desync_broadcast"]
+STALLS = ["infinite_loop", "blocked_read", "loader_worker_deadlock", "frozen"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("DDPGUARD_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    out.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return out
+
+
+def launch(args: list[str], cap: float, extra_env: dict[str, str]) -> tuple[int | None, float,
+                                                                               str, str]:
+    """Run `ddpguard run ARGS`; kill the whole job (its own session) after `cap` seconds."""
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "ddpguard", "run", *args], cwd=ROOT,
+                         env=env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=cap)
+        code: int | None = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)  # the session we started: launcher, ranks and their workers
+        out, err = p.communicate()
+        code = None
+    return code, time.monotonic() - t0, out, err
+
+
+def first_error(err: str) -> str:
+    for pat in (r"(RuntimeError: [^\n]{0,160})", r"(ValueError: [^\n]{0,120})",
+                r"(\w+Error: [^\n]{0,120})", r"(died from signal \w+)"):
+        m = re.search(pat, err)
+        if m:
+            return m.group(1)
+    return err.strip().splitlines()[-1][:160] if err.strip() else ""
+
+
+def healthy(dur: float) -> list[dict[str, object]]:
+    rows = []
+    for case in HEALTHY:
+        with tempfile.TemporaryDirectory() as rep:
+            code, took, out, err = launch(["--nproc-per-node", "2", SCRIPT, "--case", case,
+                                           "--dur", str(dur)], dur * 3 + 120,
+                                          {"DDPGUARD_REPORT_DIR": rep})
+            reports = list(Path(rep).glob("*.json"))
+        ok = code == 0 and not reports
+        notices = err.count("has waited")
+        rows.append({"case": case, "left_running": ok, "exit": code, "seconds": round(took, 1),
+                     "notices": notices})
+        print(f"  healthy {case:24s} {'left running' if ok else 'STOPPED':12s} exit={code} "
+              f"{took:6.1f} s, {notices} notice(s)", flush=True)
+    return rows
+
+
+def _blocked_since(rep: dict, culprits: list[int], stall: bool) -> float | None:
+    """When the last rank started blocking (proof), or when the first waiting rank did
+    (stall: the clock of the no-sign-of-life rule starts there)."""
+    starts = []
+    for r in rep["ranks"]:
+        lanes = r.get("lanes") or []
+        if not lanes:
+            continue
+        last = lanes[-1]
+        if last[2] == "collective":
+            starts.append(float(last[0]))
+        elif r["rank"] in culprits and stall:
+            continue
+    if not starts:
+        return None
+    return min(starts) if stall else max(starts)
+
+
+def broken(dur: float, plain_cap: float, skip_plain: bool) -> list[dict[str, object]]:
+    rows = []
+    for case in PROVEN + STALLS:
+        stall = case in STALLS
+        with tempfile.TemporaryDirectory() as rep:
+            code, took, out, err = launch(["--nproc-per-node", "2", SCRIPT, "--case", case,
+                                           "--dur", str(dur)], 300, {"DDPGUARD_REPORT_DIR": rep})
+            reports = sorted(Path(rep).glob("*.json"))
+            data = json.loads(reports[0].read_text()) if reports else None
+        row: dict[str, object] = {"case": case, "kind": "stall" if stall else "proof",
+                                  "exit": code, "seconds_total": round(took, 1)}
+        if data is not None:
+            since = _blocked_since(data, data["diagnosis"]["culprits"], stall)
+            row["cause"] = data["diagnosis"]["cause"]
+            row["to_report_s"] = (round(data["created"] - since, 2) if since is not None
+                                  else None)
+        else:
+            row["cause"] = first_error(err) or "no report"
+            row["to_report_s"] = None
+        if not skip_plain:
+            pcode, ptook, _, perr = launch(["--no-guard", "--nproc-per-node", "2", SCRIPT,
+                                            "--case", case, "--dur", str(dur)], plain_cap, {})
+            row["plain"] = (f"hung, killed at {plain_cap:.0f} s" if pcode is None else
+                            f"exit {pcode} after {ptook:.0f} s: {first_error(perr)}")
+        rows.append(row)
+        print(f"  broken  {case:24s} exit={code} cause={row['cause']} "
+              f"to_report={row['to_report_s']} s (total {took:.1f} s) | plain: "
+              f"{row.get('plain', 'not measured')}", flush=True)
+    return rows
+
 
 TRAIN = '''
 import sys, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-steps = int(sys.argv[1])
+steps, width = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-x = torch.randn(steps * 2 * 32, 64); y = torch.randn(len(x), 1)
+x = torch.randn((steps + 10) * 2 * 32, width); y = torch.randn(len(x), 1)
 ds = TensorDataset(x, y)
 sampler = DistributedSampler(ds, shuffle=True, seed=0, drop_last=True)
 loader = DataLoader(ds, batch_size=32, sampler=sampler, drop_last=True)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 1)))
+model = DDP(torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.ReLU(),
+                                torch.nn.Linear(4 * width, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 n = 0; t0 = None
 for xb, yb in loader:
-    if n == 20: t0 = time.perf_counter()
+    if n == 10: t0 = time.perf_counter()
     opt.zero_grad(); torch.nn.functional.mse_loss(model(xb), yb).backward(); opt.step(); n += 1
 dt = time.perf_counter() - t0
-if dist.get_rank() == 0: print(f"STEPS_PER_S {(n - 20) / dt:.3f}", flush=True)
+if dist.get_rank() == 0: print(f"STEPS_PER_S {(n - 10) / dt:.4f}", flush=True)
 dist.destroy_process_group()
 '''
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPGUARD_", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
-    return env
+def overhead(steps: int, width: int, pairs: int) -> dict[str, object]:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
+        fh.write(TRAIN)
+        script = fh.name
+    ratios, on_all, off_all = [], [], []
+    try:
+        for i in range(pairs):
+            order = [True, False] if i % 2 == 0 else [False, True]
+            got = {}
+            for guard in order:
+                args = ([] if guard else ["--no-guard"]) + ["--nproc-per-node", "2", script,
+                                                            str(steps), str(width)]
+                code, _, out, err = launch(args, 900, {})
+                m = re.search(r"STEPS_PER_S ([0-9.]+)", out)
+                if code != 0 or not m:
+                    raise RuntimeError(f"overhead run failed:\n{err[-2000:]}")
+                got[guard] = float(m.group(1))
+            on_all.append(got[True])
+            off_all.append(got[False])
+            ratios.append(got[True] / got[False])
+            print(f"  pair {i + 1}: guard {got[True]:.2f} steps/s, plain {got[False]:.2f} "
+                  f"steps/s, ratio {got[True] / got[False]:.4f}", flush=True)
+    finally:
+        os.unlink(script)
+    step_ms = 1000.0 / statistics.median(off_all)
+    return {"step_ms": round(step_ms, 1), "median_ratio": round(statistics.median(ratios), 4),
+            "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4),
+            "overhead_pct": round(100 * (1 - statistics.median(ratios)), 2),
+            "guard_steps_per_s": on_all, "plain_steps_per_s": off_all}
 
 
-def _steps_per_s(cmd: list[str]) -> float:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)
-    m = re.search(r"STEPS_PER_S ([0-9.]+)", out.stdout)
-    if out.returncode != 0 or not m:
-        raise RuntimeError(f"{cmd} failed:\n{out.stderr[-2000:]}")
-    return float(m.group(1))
-
-
-def overhead(steps: int, repeats: int, script: str) -> dict[str, float]:
-    guarded, plain = [], []
-    for _ in range(repeats):
-        plain.append(_steps_per_s([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                   "--nproc-per-node=2", script, str(steps)]))
-        guarded.append(_steps_per_s([sys.executable, "-m", "ddpguard", "run",
-                                     "--nproc-per-node", "2", script, str(steps)]))
-    g, p = max(guarded), max(plain)
-    return {"torchrun_steps_per_s": p, "guard_steps_per_s": g,
-            "overhead_pct": 100.0 * (p - g) / p, "repeats": repeats}
-
-
-def time_to_report(case: str) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as d:
-        t0 = time.time()
-        out = subprocess.run([sys.executable, "-m", "ddpguard", "run", "--nproc-per-node", "2",
-                              "tests/guard_scripts/train.py", "--case", case],
-                             capture_output=True, text=True, timeout=600,
-                             env=_env(DDPGUARD_REPORT_DIR=d), cwd=ROOT)
-        wall = time.time() - t0
-        reports = []
-        for p in glob.glob(os.path.join(d, "*.json")):
-            with open(p) as fh:
-                reports.append(json.load(fh))
-    if out.returncode == 0 or not reports:
-        raise RuntimeError(f"{case}: expected a guard report\n{out.stderr[-2000:]}")
-    # The ranks block right after the last progress anywhere (or, with no step at all, when
-    # the guard started); the job is over when the last rank has written its report.
-    blocked_at = max(r["hb"].get("last_progress") or r["hb"].get("t", t0)
-                     for rep in reports for r in rep["ranks"] if r["hb"])
-    reported_at = max(rep["created"] for rep in reports)
-    # Upper bound (a rank may progress past the check): job start to the last report.
-    secs = reported_at - t0
-    return {"seconds_to_report": secs,
-            "after_last_progress_s": max(0.0, reported_at - blocked_at),
-            "job_wall_s": wall, "reports": len(reports),
-            "gloo_default_timeout_s": GLOO_DEFAULT_TIMEOUT_S,
-            "speedup_vs_timeout": GLOO_DEFAULT_TIMEOUT_S / max(secs, 1e-3),
-            "cause": reports[0]["diagnosis"]["title"]}
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dur", type=float, default=50.0, help="long work of healthy cases (s)")
+    ap.add_argument("--plain-cap", type=float, default=120.0)
+    ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        script = os.path.join(d, "bench_train.py")
-        with open(script, "w") as fh:
-            fh.write(TRAIN)
-        a = overhead(args.steps, args.repeats, script)
-    b = {c: time_to_report(c) for c in ("uneven_tail", "collate_drop")}
-    print(f"{'measurement':<48}{'ddpguard':>12}{'anchor':>12}{'ratio':>10}")
-    print(f"{'(a) steps/s, 2 gloo ranks (guard vs torchrun)':<48}"
-          f"{a['guard_steps_per_s']:>12.1f}{a['torchrun_steps_per_s']:>12.1f}"
-          f"{a['guard_steps_per_s'] / a['torchrun_steps_per_s']:>10.3f}")
-    print("    (b) counts from the job's start, so it includes ~3 s of process start-up")
-    print(f"    overhead: {a['overhead_pct']:.2f}% (target < 1%)")
-    for c, r in b.items():
-        print(f"{'(b) s to report, ' + c + ' (vs gloo timeout)':<48}"
-              f"{r['seconds_to_report']:>12.1f}{r['gloo_default_timeout_s']:>12.0f}"
-              f"{r['seconds_to_report'] / r['gloo_default_timeout_s']:>10.4f}")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "guard.json"), "w") as fh:
-        json.dump({"overhead": a, "time_to_report": b, "date": time.strftime("%Y-%m-%d")},
-                  fh, indent=1)
-    return 0
+    ap.add_argument("--width", type=int, default=384, help="model width (sets the step time)")
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--only", default="healthy,broken,overhead")
+    a = ap.parse_args()
+    parts = set(a.only.split(","))
+    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "machine":
+                                 f"{os.cpu_count()} cores", "settings": "guard defaults"}
+    if "healthy" in parts:
+        print("healthy programs (guard defaults):", flush=True)
+        rows = healthy(a.dur)
+        result["healthy"] = rows
+        print(f"=> left running: {sum(bool(r['left_running']) for r in rows)} of {len(rows)}")
+    if "broken" in parts:
+        print("broken programs (guard defaults vs plain torchrun):", flush=True)
+        rows = broken(min(a.dur, 8.0), a.plain_cap, a.skip_plain)
+        result["broken"] = rows
+        proof = [r["to_report_s"] for r in rows if r["kind"] == "proof" and r["to_report_s"]]
+        stall = [r["to_report_s"] for r in rows if r["kind"] == "stall" and r["to_report_s"]]
+        if proof:
+            print(f"=> proven deadlocks, last rank blocking -> report: max {max(proof):.2f} s, "
+                  f"median {statistics.median(proof):.2f} s (target <= 5 s)")
+        if stall:
+            print(f"=> no-sign-of-life stalls, wait start -> report: max {max(stall):.1f} s "
+                  f"(target <= 60 s)")
+    if "overhead" in parts:
+        print("overhead (interleaved pairs):", flush=True)
+        ov = overhead(a.steps, a.width, a.pairs)
+        result["overhead"] = ov
+        print(f"=> step {ov['step_ms']} ms: guard/plain steps/s median {ov['median_ratio']} "
+              f"(spread {ov['min_ratio']}-{ov['max_ratio']}), overhead {ov['overhead_pct']} %")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "guard.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'guard.json'}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -194,6 +194,10 @@ for epoch in range(2):
             n = 0
             while True:
                 n += 1
+        if case == "frozen" and rank == 1 and epoch == 1 and i == 2:
+            import ctypes
+
+            ctypes.PyDLL(None).sleep(600)  # a C call that never releases the GIL
         if case == "blocked_read" and rank == 1 and epoch == 1 and i == 2:
             r, _w = os.pipe()
             os.read(r, 1)  # nobody ever writes
@@ -235,7 +239,7 @@ for epoch in range(2):
         val = DataLoader(Subset(ds, range(16)), batch_size=4)
         run_epoch(val, train=False)  # same `for` line as training, a different loader
     if case == "cond_barrier" and rank == 0:
-        dist.barrier()
+        dist.barrier()  # only rank 0 gets here
 
 if case == "final_ckpt_after_exit":
     if rank == 0:

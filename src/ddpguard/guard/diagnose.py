@@ -139,7 +139,8 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
         if cause != "desync":
             for r in records:
                 p = pos[r["rank"]]
-                if p["user_line"] and p["pending"] and _in_conditional(
+                waits = p["pending"] or p["kind"].startswith("collective:")
+                if p["user_line"] and waits and _in_conditional(
                         sources.get(p["user_line"][0]), p["user_line"][1]):
                     others = [o for o in records if pos[o["rank"]]["user_line"] == p["user_line"]]
                     if len(others) < len(records):

@@ -405,8 +405,21 @@ class Guard:
                 continue
             v = dict(hb)
             v["gone"], v["state_text"] = self.peer_gone(r, hb, now)
+            stale = self.stale_for(r, now)
+            if not v["gone"] and stale > 3 * self.config.heartbeat_interval:
+                # Its guard thread cannot run (process frozen, or a call holding the GIL):
+                # nothing it reported since counts as life.
+                v["quiet"] = float(v.get("quiet", 0.0)) + stale
+                v["blocked"] = False
+                v["doing"] = f"not answering for {stale:.0f} s (process stopped or frozen?)"
             views[r] = v
         return views
+
+    def stale_for(self, r: int, now: float) -> float:
+        """Seconds since rank r's heartbeat last changed (0 for this rank)."""
+        if r == self.rank or r not in self._peer_seq:
+            return 0.0
+        return now - self._peer_seq[r][1]
 
     def peer_gone(self, r: int, hb: dict[str, Any], now: float) -> tuple[bool, str]:
         """Is rank r gone (exited, crashed, dead), and how to say it."""
@@ -451,7 +464,7 @@ class Guard:
         if not notice_due(waited, self.config.notice_after, self._notices):
             return
         self._notices += 1
-        busy = [f"rank {r} is working at {hb.get('where')} ("
+        busy = [f"rank {r} is at {hb.get('where')} ("
                 f"{LIFE_WORDS.get(hb.get('life', ''), hb.get('life'))}, "
                 f"{hb.get('quiet', 0.0):.1f} s ago)"
                 for r, hb in sorted(peers.items()) if not hb.get("blocked")
@@ -459,8 +472,9 @@ class Guard:
         first = first_pending(self._pending)
         what = f"in {describe_entry(first)}" if first else self._doing[1]
         print(f"ddpguard: rank {self.rank} has waited {waited:.0f} s {what} at {self._where}; "
-              f"{'; '.join(busy) or 'the other ranks are busy'}. Working, not hung: "
-              "the guard keeps waiting.", file=sys.stderr, flush=True)
+              f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
+              f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
+              "without any).", file=sys.stderr, flush=True)
 
     # -- used by the bootstrap when this rank's own code raised ---------------------------------
 

@@ -109,7 +109,8 @@ def decide(views: Mapping[int, View], world_size: int, *, grace: float, no_life:
                         f"{v.get('quiet', 0.0):.0f} s ({v.get('doing', '?')} at "
                         f"{v.get('where', '?')}) while rank {longest} {_waits(blocked[longest])} "
                         f"for it ({waited:.0f} s)", tuple(dead_quiet), proof=False)
-    if not busy and min(v.get("quiet", 0.0) for v in blocked.values()) >= no_life:
+    if (not busy and len(pend) == len(blocked)
+            and min(v.get("quiet", 0.0) for v in blocked.values()) >= no_life):
         text = "; ".join(f"rank {r} {_waits(v)}" for r, v in sorted(blocked.items()))
         return Decision("stuck_collective", f"every rank has waited in the same collective "
                         f"for {waited:.0f} s and it does not complete: {text}",

@@ -1,0 +1,205 @@
+"""The hang guard on real programs: healthy ones it must leave running, broken ones it must stop
+and explain. Each runs through `ddpguard run` on 2 gloo ranks (tests/guard_scripts/scenarios.py).
+
+Timeouts are shortened through the environment (the defaults run in bench/guard.py): the long
+work of a healthy program lasts DUR seconds, more than twice NO_LIFE, so a guard that judged
+by time alone would stop it. No process may outlive a test (conftest's fixture checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, child_env, run_cli
+
+SCRIPT = "tests/guard_scripts/scenarios.py"
+DUR = 5.0
+SHORT = {"DDPGUARD_NO_LIFE": "2.5", "DDPGUARD_NOTICE_AFTER": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
+pytestmark = pytest.mark.slow
+
+
+def line_of(snippet: str) -> str:
+    """'scenarios.py:N' for the one line holding `snippet`: no test pinned to a number."""
+    lines = (ROOT / SCRIPT).read_text().splitlines()
+    found = [i + 1 for i, text in enumerate(lines) if snippet in text]
+    assert len(found) == 1, f"{snippet!r} found at lines {found}"
+    return f"scenarios.py:{found[0]}"
+
+
+def run_case(case: str, tmp_path: Path, dur: float = DUR, **env: str):
+    full = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **{**SHORT, **env})
+    t0 = time.monotonic()
+    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, "--dur", str(dur),
+                  timeout=150, env=full)
+    return res, time.monotonic() - t0
+
+
+# case -> does some rank wait for the long work (then the guard must say so, once or more)
+HEALTHY = {
+    "ckpt_barrier": True,          # rank 0 writes a checkpoint while rank 1 waits in barrier()
+    "slow_first_step": True,       # compile-like warm-up in rank 1's first forward
+    "slow_first_backward": True,   # the same inside backward
+    "rank0_eval_tensors": True,    # rank 0 evaluates on plain tensors, rank 1 in backward
+    "rank0_eval_loader": True,     # rank 0 evaluates with a DataLoader
+    "slow_first_batch": True,      # the first batch trickles in from slow storage
+    "step_spike": True,            # one long step in a fast run
+    "nanogpt_eval": True,          # estimate_loss() through DDP on rank 0 (no buffers)
+    "accelerate_wait": True,       # main process saves, then wait_for_everyone()
+    "final_ckpt_after_exit": False,  # rank 0 saves after rank 1 finished and left
+    "val_same_helper": False,      # rank-0 validation through the training loop's helper
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEALTHY))
+def test_healthy_program_is_left_running(case, tmp_path):
+    res, took = run_case(case, tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} done" in res.stdout, res.stdout[-2000:]
+    assert "stopped by the hang guard" not in res.stderr
+    assert not list(tmp_path.glob("*.json")), "a report was written for a healthy job"
+    if HEALTHY[case]:
+        # The wait really happened and the guard saw the waiting rank's peer working.
+        assert "has waited" in res.stderr and "The guard keeps waiting" in res.stderr, \
+            res.stderr[-3000:]
+
+
+# case, cause key, substrings the report must contain, culprit ranks
+BROKEN = [
+    ("mismatch_before_training", "conditional_collective",
+     ["barrier #", "all_reduce #", line_of("dist.all_reduce(torch.ones(3))")], None),
+    ("cond_barrier", "conditional_collective",
+     ["barrier #", line_of("dist.barrier()  # only rank 0 gets here")], None),
+    ("eval_rank0_bn", "forward_on_some_ranks", ["broadcast #", "all_reduce #"], None),
+    ("uneven_tail", "uneven_batches", ["rank 0: 8, rank 1: 7"], None),
+    ("early_exit", "left_early", ["rank 1 exited", "rank 0 waiting in all_reduce #"], [1]),
+    ("crash", "crashed_rank", ["bad record in shard 7", line_of("bad record in shard 7"),
+                               "rank 0 waiting in"], [1]),
+    ("infinite_loop", "no_life", ["rank 1 has shown no sign of life",
+                                  line_of("while True:")], [1]),
+    ("blocked_read", "no_life", ["rank 1 has shown no sign of life",
+                                 line_of("os.read(r, 1)")], [1]),
+    ("loader_worker_deadlock", "loader_stall", ["rank 1 has shown no sign of life"], [1]),
+    ("desync_broadcast", "desync", ["broadcast #", "5056 Byte",
+                                    line_of("dist.broadcast(state, src=0)")], None),
+]
+
+
+def _report(tmp_path: Path) -> dict:
+    reports = sorted(tmp_path.glob("*.json"))
+    assert reports, "no JSON report written"
+    return json.loads(reports[0].read_text())
+
+
+@pytest.mark.parametrize("case, cause, texts, culprits", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_program_is_stopped_and_explained(case, cause, texts, culprits, tmp_path):
+    res, took = run_case(case, tmp_path, dur=4.0)
+    assert res.returncode == 17, (res.returncode, res.stderr[-4000:])
+    assert took < 90, f"{case} took {took:.0f} s"
+    rep = _report(tmp_path)
+    d = rep["diagnosis"]
+    assert d["cause"] == cause, (d, res.stderr[-3000:])
+    assert f"likely cause: {d['title']}" in res.stderr
+    whole = json.dumps(rep) + res.stderr
+    for text in texts:
+        assert text in whole, f"{text!r} not in the report/stderr:\n{res.stderr[-4000:]}"
+    if culprits is not None:
+        assert d["culprits"] == culprits
+    # Every rank is accounted for, with where it was.
+    assert sorted(int(k) for k in d["positions"]) == [0, 1]
+    assert "ddpguard report" in res.stderr  # how to render it
+
+
+def test_proven_deadlock_is_stopped_within_seconds_of_blocking(tmp_path):
+    res, _ = run_case("mismatch_before_training", tmp_path)
+    rep = _report(tmp_path)
+    blocked_at = max(float(s[0]) for r in rep["ranks"] for s in r["lanes"]
+                     if s[2] == "collective")
+    assert rep["created"] - blocked_at < 5.0, rep["created"] - blocked_at
+
+
+def test_killed_rank_survivor_says_where_it_waited(tmp_path):
+    res, took = run_case("sigkill", tmp_path)
+    assert res.returncode != 0 and took < 90
+    assert "rank 1 (pid" in res.stderr and "SIGKILL" in res.stderr, res.stderr[-3000:]
+    # Said by the survivor's guard, not by torchrun: where rank 0 was, and what it waited on.
+    assert "ddpguard: rank 0 stopped at" in res.stderr, res.stderr[-3000:]
+    assert "all_reduce #" in res.stderr and "rank 1 died" in res.stderr
+
+
+def test_mismatched_sizes_gloo_aborts_and_the_survivor_names_it(tmp_path):
+    # gloo itself aborts on a size mismatch; the guard names the dead rank and where the other
+    # one was, instead of "Connection reset by peer" alone.
+    res, _ = run_case("mismatch_sizes", tmp_path)
+    assert res.returncode != 0
+    assert "SIGABRT" in res.stderr
+    assert f"ddpguard: rank 1 stopped at tests/guard_scripts/{line_of('mismatch_sizes')}" \
+        in res.stderr or "rank 0 died" in res.stderr, res.stderr[-3000:]
+
+
+def test_fallback_without_flight_recorder_still_stops_a_deadlock(tmp_path):
+    res, took = run_case("cond_barrier", tmp_path, DDPGUARD_LEDGER="0",
+                         DDPGUARD_FALLBACK_DEADLOCK="3")
+    assert res.returncode == 17, res.stderr[-3000:]
+    rep = _report(tmp_path)
+    assert rep["diagnosis"]["cause"] == "conditional_collective"
+    assert "flight recorder unavailable" in rep["reason"]
+
+
+def test_frozen_rank_is_stopped_when_others_wait(tmp_path):
+    # SIGSTOP: the process exists, its sockets stay open, its guard cannot answer.
+    res, took = run_case("frozen", tmp_path)
+    assert res.returncode == 17, res.stderr[-3000:]
+    rep = _report(tmp_path)
+    assert rep["diagnosis"]["cause"] == "no_life" and rep["diagnosis"]["culprits"] == [1]
+    assert "not answering" in json.dumps(rep["diagnosis"])
+
+
+def test_hard_limit_stops_even_a_working_rank(tmp_path):
+    res = run_cli("run", "--nproc-per-node", "2", "--stall-timeout", "2", SCRIPT, "--case",
+                  "ckpt_barrier", "--dur", str(DUR), timeout=150,
+                  env=child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **SHORT))
+    assert res.returncode == 17, res.stderr[-3000:]
+    assert _report(tmp_path)["diagnosis"]["cause"] == "hard_limit"
+
+
+def test_guard_alone_stops_on_a_dead_peer_without_torchrun(tmp_path):
+    """Under srun nobody watches the ranks: rank 1 dies while a forked child keeps its sockets
+    open, so gloo never notices; the guard on rank 0 must stop the job by itself."""
+    from ddpguard.testing import RankFailure, run_ranks
+
+    pidfile = tmp_path / "child.pid"
+    try:
+        with pytest.raises(RankFailure) as info:
+            run_ranks(_die_holding_sockets, 2, args=(str(pidfile),), timeout=60,
+                      env={"DDPGUARD_REPORT_DIR": str(tmp_path), "DDPGUARD_GRACE": "1"})
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)  # our own grandchild
+    text = str(info.value)
+    assert "rank 0 died with exit code 17" in text, text
+    rep = _report(tmp_path)
+    assert rep["diagnosis"]["cause"] == "crashed_rank" and rep["diagnosis"]["culprits"] == [1]
+    assert "process" in rep["reason"] and "is gone" in rep["reason"]
+
+
+def _die_holding_sockets(world, pidfile):
+    import torch.distributed as dist
+
+    if world.rank == 1:
+        child = os.fork()
+        if child == 0:  # keeps the inherited gloo sockets open, then leaves quietly
+            time.sleep(40)
+            os._exit(0)
+        Path(pidfile).write_text(str(child))
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return "unreachable"
