@@ -139,9 +139,10 @@ def main() -> int:
         wc = best_of(lambda: subprocess.run(["wc", "-l", big], capture_output=True,
                                             check=True), 3)
         build = best_of(lambda: build_offsets(big, force=True), 3)
+        index_mb = os.path.getsize(build_offsets(big)[0]) / 1e6
         res["build"] = {"bytes": size, "records": n_big, "wc_l_s": wc, "index_s": build,
                         "wc_l_MBps": size / 1e6 / wc, "index_MBps": size / 1e6 / build,
-                        "ratio_vs_wc_l": wc / build}
+                        "ratio_vs_wc_l": wc / build, "index_MB": index_mb}
 
         ds = JsonlDataset(big)
         assert len(ds) == n_big
@@ -200,7 +201,8 @@ def main() -> int:
         print(f"{label:<44} {fb:>12.3f} {hf['first_batch_s']:>12.3f} "
               f"{hf['first_batch_s'] / fb:>8.1f}")
         print(f"HF datasets {hf['version']}: load_dataset('json') {hf['load_dataset_s']:.2f} s, "
-              f"Arrow copy {hf['arrow_cache_MB']:,.0f} MB for a {b['bytes'] / 1e6:,.0f} MB file; "
+              f"Arrow copy {hf['arrow_cache_MB']:,.0f} MB (ddpguard index {b['index_MB']:,.0f} MB) "
+              f"for a {b['bytes'] / 1e6:,.0f} MB file; "
               f"random reads over {hf['random_reads']:,} of the same order")
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "jsonl.json"), "w") as f:
