@@ -144,18 +144,27 @@ def test_init_rejects_bad_timeouts(clean_env):
 # ------------------------------------------------------------------ multi-process (real gloo)
 
 
+def _guard_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]
+
+
 def _allreduce_and_double_shutdown(world):
     import torch
     import torch.distributed as dist
 
+    from ddpguard import guard
     from ddpguard.session import shutdown
 
     t = torch.tensor([world.rank + 1.0])
     dist.all_reduce(t)
     result = (world.rank, world.world_size, world.backend, str(world.device), t.item())
+    running = (_guard_threads(), guard.active() is not None)
     shutdown(world)
+    stopped = (_guard_threads(), guard.active() is not None, dist.is_initialized())
     shutdown(world)  # second call: no group left, must return at once
-    return result
+    return result, running, stopped
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -164,7 +173,10 @@ def test_group_forms_on_n_ranks(n):
 
     out = run_ranks(_allreduce_and_double_shutdown, n, timeout=90)
     total = n * (n + 1) / 2
-    assert out == [(r, n, "gloo", "cpu", total) for r in range(n)]
+    assert [r[0] for r in out] == [(r, n, "gloo", "cpu", total) for r in range(n)]
+    for _, running, stopped in out:
+        assert running == (["ddpguard-guard"], True)  # init starts the guard by default
+        assert stopped == ([], False, False)  # shutdown stops its thread and the group
 
 
 def _rank1_never_joins(world, flag: str):
@@ -198,29 +210,6 @@ def test_collective_timeout_of_init_applies(tmp_path):
     assert outcome != "returned"
     assert "timed out" in outcome.lower() or "timeout" in outcome.lower(), outcome
     assert 2.5 <= elapsed < 15, elapsed
-
-
-def _guard_thread_names() -> list[str]:
-    import threading
-
-    return [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]
-
-
-def _shutdown_stops_guard(world):
-    from ddpguard import guard
-    from ddpguard.session import shutdown
-
-    before = (_guard_thread_names(), guard.active() is not None)
-    shutdown(world)
-    return before, (_guard_thread_names(), guard.active() is not None)
-
-
-def test_shutdown_stops_the_guard_thread():
-    from ddpguard.testing import run_ranks
-
-    for before, after in run_ranks(_shutdown_stops_guard, 2, timeout=90):
-        assert before == (["ddpguard-guard"], True)
-        assert after == ([], False)
 
 
 def _raise_on_rank1(world):
@@ -338,8 +327,14 @@ import torch.distributed as dist
 import ddpguard as dg
 
 world = dg.init(init_timeout=30, timeout=30)
+ready = sys.argv[1]
 if world.rank == 0:
+    # Only once rank 1's init has returned: dying during its set-up is another test.
+    deadline = time.monotonic() + 30
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.02)
     os.kill(os.getpid(), signal.SIGKILL)  # rank 0 hosts the store: the worst peer to lose
+open(ready, "w").close()
 time.sleep(1.5)
 # gloo tears down at once even now; NCCL's teardown can block on a dead peer. Stand in for it
 # with a destroy that never returns, so that only shutdown's own bound can end the call.
@@ -353,13 +348,13 @@ os._exit(0)  # the stand-in teardown thread is left behind on purpose
 """
 
 
-def test_shutdown_is_bounded_after_a_peer_died():
+def test_shutdown_is_bounded_after_a_peer_died(tmp_path):
     from helpers import child_env
 
     from ddpguard.testing import free_port, loopback_env
 
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", DEAD_PEER],
+    procs = [subprocess.Popen([sys.executable, "-c", DEAD_PEER, str(tmp_path / "ready")],
                               env=child_env(**loopback_env(r, 2, port)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     (code0, _, _), (code1, out1, err1) = _finish(procs, timeout=60)
