@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import pickle
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -234,33 +236,51 @@ def test_pickled_dataset_is_small_and_reopens(tmp_path):
     assert clone[19999] == {"i": 19999} and clone.lengths[150] == 50
 
 
-def test_readonly_folder_falls_back_to_cache(tmp_path, monkeypatch):
-    data = tmp_path / "data"
-    data.mkdir()
-    p = write_lines(data / "r.jsonl", ['{"v": 1}'])
-    monkeypatch.setenv("DDPGUARD_CACHE", str(tmp_path / "cache"))
-    real = idx._writable_dir
-    # Tests run as root here, where chmod cannot make a folder read-only: reject it instead.
-    monkeypatch.setattr(idx, "_writable_dir", lambda d: d != data and real(d))
-    where, _, built = build_offsets(p)
-    assert built and where.is_relative_to(tmp_path / "cache" / "index")
-    assert not (data / ("r.jsonl" + OFFSETS_SUFFIX)).exists()
-    assert JsonlDataset(p)[0] == {"v": 1}
-    assert not build_offsets(p)[2]  # found in the cache next time
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
-def test_readonly_folder_real_permissions(tmp_path, monkeypatch):  # pragma: no cover
-    data = tmp_path / "data"
-    data.mkdir()
-    p = write_lines(data / "r.jsonl", ['{"v": 1}'])
-    monkeypatch.setenv("DDPGUARD_CACHE", str(tmp_path / "cache"))
-    data.chmod(0o555)
+def _readonly_child(path: str, cache: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    """Forked: drop root's privileges (root writes into read-only folders), then index."""
     try:
-        where, _, _ = build_offsets(p)
-        assert where.is_relative_to(tmp_path / "cache")
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)  # nobody: from here on folder permissions apply
+        os.environ["DDPGUARD_CACHE"] = cache
+        first = build_offsets(path)
+        record = JsonlDataset(path)[0]
+        q.put((str(first[0]), first[2], record, build_offsets(path)[2], None))
+    except BaseException as exc:
+        q.put((None, None, None, None, repr(exc)))
+
+
+def test_readonly_folder_falls_back_to_cache():
+    # Not tmp_path: pytest's base folder is private to root, and the child runs as nobody.
+    base = Path(tempfile.mkdtemp(prefix="ddpguard-ro-"))
+    data, cache = base / "data", base / "cache"
+    try:
+        base.chmod(0o755)
+        data.mkdir()
+        cache.mkdir(mode=0o777)
+        cache.chmod(0o777)
+        p = write_lines(data / "r.jsonl", ['{"v": 1}'])
+        p.chmod(0o644)
+        data.chmod(0o555)
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        child = ctx.Process(target=_readonly_child, args=(str(p), str(cache), q))
+        child.start()
+        where, built, record, built_again, error = q.get(timeout=60)
+        child.join(30)
+        q.close()
+        q.join_thread()
+        assert error is None, error
+        assert child.exitcode == 0
+        assert built and Path(where).is_relative_to(cache / "index")
+        assert not (data / ("r.jsonl" + OFFSETS_SUFFIX)).exists()
+        assert record == {"v": 1}
+        assert not built_again  # found in the cache the second time
     finally:
-        data.chmod(0o755)
+        if data.exists():
+            data.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def _build_in_child(path: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
@@ -317,6 +337,7 @@ def test_cli_index_prints_throughput_and_fails_clearly(tmp_path):
     assert "records" in r.stdout and "MB/s" in r.stdout and " 50 " in r.stdout
     assert (tmp_path / ("cli.jsonl" + LENGTHS_SUFFIX)).exists()
     again = run_cli("index", str(p), timeout=120)
+    assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout
     bad = run_cli("index", str(p), str(tmp_path / "nope.jsonl"), timeout=120)
     assert bad.returncode == 1 and "nope.jsonl: no such file" in bad.stderr

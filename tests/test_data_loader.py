@@ -138,9 +138,6 @@ def _ranks_load(world, path: str, n: int) -> dict:
 
 
 def test_two_ranks_get_an_even_sampler_and_equal_batches(tmp_path):
-    sampling = pytest.importorskip("ddpguard.sampling")
-    if not hasattr(sampling, "EvenSampler"):
-        pytest.skip("ddpguard.sampling.EvenSampler has not landed yet")
     n = 37
     path = jsonl(tmp_path / "r.jsonl", n)
     r0, r1 = run_ranks(_ranks_load, 2, args=(str(path), n), timeout=120)

@@ -101,6 +101,86 @@ def test_fit_trains_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert c["steps"] == 21 and c["resumed"].endswith("ckpt-00000021.pt")
 
 
+def _lr_and_syncs(world: World) -> dict[str, object]:
+    """fit() with a global batch of 16 over 2 ranks in micro-batches of 4 (2 accumulation
+    steps), lr_rule="linear" from a baseline of 4 (factor 4), and a decaying scheduler. Records
+    the learning rate each optimizer step used and DDP's gradient all-reduces per micro-batch."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    syncs = [0]
+    hooked: list[object] = []
+    lrs: list[float] = []
+    after: list[int] = []
+
+    def counting(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects str annotations
+        syncs[0] += 1
+        return allreduce_hook(state, bucket)
+
+    def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if not hooked:  # the DDP wrapper fit built: count its gradient all-reduces
+            module.register_comm_hook(None, counting)  # type: ignore[operator]
+            hooked.append(module)
+        return _mse(module, batch)
+
+    def on_batch(epoch: int, step: int, batch: object) -> None:
+        after.append(syncs[0])
+        lrs.append(opt.param_groups[0]["lr"])  # what the next optimizer.step() will use
+
+    cfg = FitConfig(epochs=1, global_batch_size=16, micro_batch_size=4, baseline_batch_size=4,
+                    lr_rule="linear", progress=False, shuffle=False)
+    res = fit(net, _Linear(64), loss_fn, opt, config=cfg, scheduler=sched, world=world,
+              on_batch=on_batch)
+    return {"steps": res.steps, "after": after, "lrs": lrs, "wrapped": type(hooked[0]).__name__}
+
+
+def test_fit_rescales_lr_in_optimizer_and_scheduler_and_syncs_once_per_step() -> None:
+    for r in run_ranks(_lr_and_syncs, 2, timeout=120):
+        assert r["wrapped"] == "DistributedDataParallel"
+        # 64 samples, 32 per rank, micro-batches of 4: 8 micro-batches, 4 optimizer steps; DDP
+        # all-reduces (one bucket) only on the second micro-batch of each step.
+        assert r["steps"] == 4
+        assert r["after"] == [0, 1, 1, 2, 2, 3, 3, 4]
+        # lr 0.01 x (16 / 4) = 0.04, then the scheduler decays from the rescaled base.
+        used = r["lrs"][1::2]
+        assert used == pytest.approx([0.04, 0.02, 0.04 / 3, 0.01]), r["lrs"]
+
+
+def _nan_on_rank1(world: World) -> dict[str, object]:
+    from ddpguard.metrics import NonFiniteLossError
+
+    calls = [0]
+
+    def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        calls[0] += 1
+        loss = _mse(module, batch)
+        if world.rank == 1 and calls[0] == 3:  # step 2 (0-based) goes bad on rank 1 only
+            loss = loss * float("nan")
+        return loss
+
+    # Checked every step: with a longer interval the NaN reaches rank 0's weights through the
+    # gradient all-reduce before the check, and the report names rank 0 (issue for metrics.py).
+    cfg = FitConfig(epochs=2, batch_size=4, nan_check_every=1, progress=False)
+    try:
+        fit(nn.Linear(4, 1), _Linear(64), loss_fn, lambda ps: torch.optim.SGD(ps, lr=0.01),
+            config=cfg, world=world)
+    except NonFiniteLossError as exc:
+        return {"error": str(exc), "calls": calls[0]}
+    return {"error": None, "calls": calls[0]}
+
+
+def test_nan_on_one_rank_stops_every_rank_together() -> None:
+    r0, r1 = run_ranks(_nan_on_rank1, 2, timeout=120)
+    for r in (r0, r1):
+        assert r["error"] is not None, "fit finished all 16 steps despite a NaN loss"
+        assert "at step 2 (first seen on rank 1)" in r["error"], r["error"]
+    # Both stop at that step's check, long before the 16 steps of 2 epochs.
+    assert r0["calls"] == r1["calls"] == 3
+
+
 _KILLED_SCRIPT = r'''
 import json, os, signal, sys
 import torch

@@ -76,6 +76,37 @@ def test_accumulation_equals_one_large_batch() -> None:
         assert r["max_diff"] < 1e-6, r
 
 
+def _sync_counts(world: World, epoch_length: int, every: int) -> list[int]:
+    """Gradient all-reduces DDP has issued after each micro-step of one epoch."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    model = prepare_model(nn.Linear(6, 1), world)
+    buckets: list[int] = [0]
+
+    # No annotations: DDP compares them with dist.GradBucket, and this module's are strings.
+    def counting(state, bucket):  # type: ignore[no-untyped-def]
+        buckets[0] += 1
+        return allreduce_hook(state, bucket)
+
+    # The comm hook runs once per gradient bucket DDP all-reduces; a micro-step under no_sync
+    # runs none. Averaging is linear, so gradients alone cannot tell one sync from k.
+    model.register_comm_hook(None, counting)
+    x, y = _data()
+    after: list[int] = []
+    for i in range(epoch_length):
+        with accumulate(model, i, every=every, epoch_length=epoch_length) as acc:
+            (nn.functional.mse_loss(model(x[i:i + 4]), y[i:i + 4]) * acc.scale).backward()
+        after.append(buckets[0])
+    return after
+
+
+def test_one_gradient_sync_per_optimizer_step_and_at_epoch_end() -> None:
+    # 10 micro-steps, groups of 4: syncs after micro-steps 3 and 7, and a forced one after 9
+    # (the short last group). One bucket for this model, so one all-reduce per sync.
+    for after in run_ranks(_sync_counts, 2, args=(10, 4), timeout=90):
+        assert after == [0, 0, 0, 1, 1, 1, 1, 2, 2, 3]
+
+
 def test_syncbatchnorm_decision() -> None:
     two = World(rank=0, world_size=2)
     gpu = World(rank=0, world_size=2, device=torch.device("cuda", 0))

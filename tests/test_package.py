@@ -21,4 +21,5 @@ def test_unknown_name_is_an_attribute_error():
 def test_import_does_not_load_torch():
     code = "import sys, ddpguard; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", out.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from ddpguard.world import World, detect, expand_nodelist
+from ddpguard.world import NCCL_DEFAULTS, World, detect, expand_nodelist, nccl_env_defaults
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
             "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
@@ -121,6 +123,17 @@ def test_single_process_init_and_double_shutdown(clean_env):
     dg.shutdown(world)
 
 
+def test_nccl_defaults_unless_the_user_set_them():
+    assert nccl_env_defaults({}) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+                                     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"} == NCCL_DEFAULTS
+    user = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert nccl_env_defaults(user) == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    # The deprecated spelling is the user's choice too: torch would read ours first.
+    assert nccl_env_defaults({"NCCL_ASYNC_ERROR_HANDLING": "0"}) == {
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert nccl_env_defaults({**NCCL_DEFAULTS, "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}) == {}
+
+
 def test_init_rejects_bad_timeouts(clean_env):
     import ddpguard as dg
 
@@ -131,19 +144,27 @@ def test_init_rejects_bad_timeouts(clean_env):
 # ------------------------------------------------------------------ multi-process (real gloo)
 
 
+def _guard_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]
+
+
 def _allreduce_and_double_shutdown(world):
     import torch
     import torch.distributed as dist
 
+    from ddpguard import guard
     from ddpguard.session import shutdown
 
     t = torch.tensor([world.rank + 1.0])
     dist.all_reduce(t)
-    timeout = dist.distributed_c10d._get_default_group()  # noqa: F841 - group exists
     result = (world.rank, world.world_size, world.backend, str(world.device), t.item())
+    running = (_guard_threads(), guard.active() is not None)
     shutdown(world)
+    stopped = (_guard_threads(), guard.active() is not None, dist.is_initialized())
     shutdown(world)  # second call: no group left, must return at once
-    return result
+    return result, running, stopped
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -152,7 +173,43 @@ def test_group_forms_on_n_ranks(n):
 
     out = run_ranks(_allreduce_and_double_shutdown, n, timeout=90)
     total = n * (n + 1) / 2
-    assert out == [(r, n, "gloo", "cpu", total) for r in range(n)]
+    assert [r[0] for r in out] == [(r, n, "gloo", "cpu", total) for r in range(n)]
+    for _, running, stopped in out:
+        assert running == (["ddpguard-guard"], True)  # init starts the guard by default
+        assert stopped == ([], False, False)  # shutdown stops its thread and the group
+
+
+def _rank1_never_joins(world, flag: str):
+    import torch
+    import torch.distributed as dist
+
+    if world.rank == 1:
+        # Stay away from the collective until rank 0 is done with it (or 60 s).
+        deadline = time.monotonic() + 60
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.zeros(1))
+        outcome = "returned"
+    except RuntimeError as exc:
+        outcome = str(exc)
+    elapsed = time.monotonic() - start
+    open(flag, "w").close()
+    return elapsed, outcome
+
+
+def test_collective_timeout_of_init_applies(tmp_path):
+    from ddpguard.testing import run_ranks
+
+    # init_timeout stays long (60 s): only `timeout=` can end the wait after ~3 s.
+    out = run_ranks(_rank1_never_joins, 2, args=(str(tmp_path / "done"),), timeout=90,
+                    init_kwargs={"timeout": 3, "init_timeout": 60, "guard": False})
+    elapsed, outcome = out[0]
+    assert outcome != "returned"
+    assert "timed out" in outcome.lower() or "timeout" in outcome.lower(), outcome
+    assert 2.5 <= elapsed < 15, elapsed
 
 
 def _raise_on_rank1(world):
@@ -172,7 +229,9 @@ def test_harness_names_failed_and_blocked_ranks():
         run_ranks(_raise_on_rank1, 2, timeout=60, init_kwargs={"timeout": 30})
     text = str(info.value)
     assert "rank 1 raised" in text and "boom on purpose" in text
-    assert "rank 0" in text
+    # Rank 0 is named either way: gloo fails its all_reduce once rank 1 is gone, or the
+    # harness stops it after the grace period.
+    assert "rank 0 raised" in text or "rank 0 was stopped while blocked" in text, text
 
 
 def _sleep_forever_on_rank0(world):
@@ -189,8 +248,9 @@ def test_harness_names_hung_rank_with_stack():
         run_ranks(_sleep_forever_on_rank0, 2, timeout=15)
     assert time.monotonic() - start < 40
     text = str(info.value)
+    assert text.startswith("1 of 2 ranks failed")
     assert "rank 0 hung" in text and "_sleep_forever_on_rank0" in text
-    assert "rank 1" not in text.split("rank 0 hung")[0].replace("1 of 2", "")
+    assert "rank 1" not in text  # rank 1 finished: it is not blamed
 
 
 HELPER = """
@@ -259,6 +319,51 @@ def test_port_in_use_is_named():
                                              "MASTER_PORT": port}, "3")])
     assert code != 0
     assert f"port {port} on 127.0.0.1 is already in use" in err, err
+
+
+DEAD_PEER = """
+import json, os, signal, sys, threading, time
+import torch.distributed as dist
+import ddpguard as dg
+
+world = dg.init(init_timeout=30, timeout=30)
+ready = sys.argv[1]
+if world.rank == 0:
+    # Only once rank 1's init has returned: dying during its set-up is another test.
+    deadline = time.monotonic() + 30
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(os.getpid(), signal.SIGKILL)  # rank 0 hosts the store: the worst peer to lose
+open(ready, "w").close()
+time.sleep(1.5)
+# gloo tears down at once even now; NCCL's teardown can block on a dead peer. Stand in for it
+# with a destroy that never returns, so that only shutdown's own bound can end the call.
+dist.destroy_process_group = lambda *a, **k: time.sleep(3600)
+start = time.monotonic()
+dg.shutdown(world, limit=2)
+print(json.dumps({"elapsed": time.monotonic() - start,
+                  "guard": [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]}),
+      flush=True)
+os._exit(0)  # the stand-in teardown thread is left behind on purpose
+"""
+
+
+def test_shutdown_is_bounded_after_a_peer_died(tmp_path):
+    from helpers import child_env
+
+    from ddpguard.testing import free_port, loopback_env
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", DEAD_PEER, str(tmp_path / "ready")],
+                              env=child_env(**loopback_env(r, 2, port)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    (code0, _, _), (code1, out1, err1) = _finish(procs, timeout=60)
+    assert code0 == -9
+    assert code1 == 0, err1[-3000:]
+    report = json.loads(out1.strip().splitlines()[-1])
+    assert report["elapsed"] < 6, report  # limit=2 plus the guard's final store write
+    assert report["guard"] == []
+    assert "did not return within 2 s" in err1
 
 
 def test_timedelta_timeouts_accepted(clean_env):

@@ -26,6 +26,7 @@ __all__ = [
     "expand_nodelist",
     "init_process_group",
     "destroy_process_group",
+    "nccl_env_defaults",
     "get_logger",
     "setup_logging",
 ]
@@ -339,6 +340,19 @@ def _bind_device(world: World, backend: str) -> torch.device:
     return torch.device("cpu")
 
 
+def nccl_env_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """Pure: the NCCL variables ddpguard adds to `env` (NCCL_DEFAULTS minus what the user set).
+
+    A user's value wins, also under the deprecated name: torch reads `TORCH_NCCL_X` before
+    `NCCL_X`, so setting ours would silently override a user's `NCCL_ASYNC_ERROR_HANDLING`.
+    """
+    old_names = {new: old for old, new in DEPRECATED_VARIABLES.items()}
+    return {
+        name: value for name, value in NCCL_DEFAULTS.items()
+        if name not in env and old_names.get(name) not in env
+    }
+
+
 def _warn_bad_variables(env: Mapping[str, str], log: logging.Logger) -> None:
     for old, new in DEPRECATED_VARIABLES.items():
         if old in env:
@@ -398,8 +412,8 @@ def init_process_group(
         )
     device = _bind_device(world, chosen)
     if chosen == "nccl":
-        for name, value in NCCL_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+        # torch reads the process environment, so that is where the user's choice lives.
+        os.environ.update(nccl_env_defaults(os.environ))
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
