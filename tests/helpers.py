@@ -24,9 +24,18 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `ddpguard ARGS` in a subprocess with a hard timeout (killed by pid on expiry)."""
-    return subprocess.run(
-        [sys.executable, "-m", "ddpguard", *args],
-        capture_output=True, text=True, timeout=timeout, env=env or child_env(),
-        cwd=cwd or ROOT,
-    )
+    """Run `ddpguard ARGS` in a subprocess with a hard timeout. On expiry the whole job is
+    ended by pid, launcher and everything below it: torchrun starts each rank in a session of
+    its own, so killing the launcher alone would leave ranks running."""
+    from ddpguard.guard.procs import kill_tree
+
+    cmd = [sys.executable, "-m", "ddpguard", *args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env or child_env(), cwd=cwd or ROOT)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(p.pid, include_self=True)
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)

@@ -17,6 +17,7 @@ import pytest
 
 from ddpguard.commands import report as report_cmd
 from ddpguard.guard import render
+from ddpguard.guard import trace as trace_mod
 from ddpguard.guard.report import load
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -269,7 +270,7 @@ def check_trace(trace: dict[str, Any]) -> None:
 
 def test_trace_is_valid_with_one_process_per_rank(tmp_path):
     rep = load(str(KILLED))
-    trace = render.chrome_trace(rep)
+    trace = trace_mod.chrome_trace(rep)
     check_trace(trace)
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}
@@ -284,16 +285,16 @@ def test_trace_is_valid_with_one_process_per_rank(tmp_path):
     (inst,) = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert inst["name"] == rep["diagnosis"]["title"] and inst["s"] == "g"
     assert inst["ts"] == pytest.approx((rep["created"] - t0) * 1e6)
-    path = render.render_trace(rep, str(tmp_path / "t.json"))
+    path = trace_mod.render_trace(rep, str(tmp_path / "t.json"))
     assert json.loads(Path(path).read_text()) == json.loads(json.dumps(trace))
 
 
 def test_trace_of_old_reports_and_huge_runs_stays_valid(monkeypatch):
-    old = render.chrome_trace(load(str(OLD)))
+    old = trace_mod.chrome_trace(load(str(OLD)))
     check_trace(old)
     assert [e["ph"] for e in old["traceEvents"] if e["ph"] != "M"] == ["i"]
-    monkeypatch.setattr(render, "MAX_TRACE_EVENTS", 5000)
-    big = render.chrome_trace(synthetic(world=4, segments=20000, span=3600))
+    monkeypatch.setattr(trace_mod, "MAX_TRACE_EVENTS", 5000)
+    big = trace_mod.chrome_trace(synthetic(world=4, segments=20000, span=3600))
     check_trace(big)
     assert 1000 < sum(e["ph"] == "X" for e in big["traceEvents"]) <= 2 * 5000 + 8
 

@@ -25,7 +25,8 @@ p.add_argument("--case", required=True)
 p.add_argument("--dur", type=float, default=8.0)
 p.add_argument("--steps", type=int, default=6)
 args = p.parse_args()
-case, dur = args.case, args.dur
+# Several compatible healthy cases can run in one job: --case a,b,c
+cases, dur = set(args.case.split(",")), args.dur
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -70,6 +71,7 @@ class SlowFirst(torch.utils.data.Dataset):
                     fh.seek(0)
                     fh.read(4096)
                     time.sleep(0.05)
+            done("slow_first_batch")
         return ds[i]
 
 
@@ -89,7 +91,7 @@ class Hang(torch.utils.data.Dataset):
         return ds[i]
 
 
-bn = case in ("eval_rank0_bn", "desync_broadcast")
+bn = bool(cases & {"eval_rank0_bn", "desync_broadcast"})
 layers = [torch.nn.Linear(4, 8)] + ([torch.nn.BatchNorm1d(8)] if bn else []) + \
          [torch.nn.ReLU(), torch.nn.Linear(8, 1)]
 net = torch.nn.Sequential(*layers)
@@ -98,11 +100,11 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 loss_fn = torch.nn.BCEWithLogitsLoss()
 
 data = ds
-if case == "slow_first_batch":
+if "slow_first_batch" in cases:
     data = SlowFirst()
-elif case == "loader_worker_deadlock":
+elif "loader_worker_deadlock" in cases:
     data = Hang()
-if case == "uneven_tail":
+if "uneven_tail" in cases:
     idx = list(range(rank, N, world))
     data, sampler = Subset(ds, idx[4:] if rank == 1 else idx), None
 else:
@@ -110,7 +112,11 @@ else:
 SLOW_INDEX = list(iter(sampler))[0] if sampler is not None else 0
 HANG_INDEX = SLOW_INDEX
 loader = DataLoader(data, batch_size=4, sampler=sampler, drop_last=True,
-                    num_workers=1 if case == "loader_worker_deadlock" else 0)
+                    num_workers=1 if "loader_worker_deadlock" in cases else 0)
+
+
+def done(phase):
+    print(f"rank {rank}: phase {phase} done", flush=True)
 
 
 def run_epoch(dl, train=True, limit=None):
@@ -133,17 +139,19 @@ def run_epoch(dl, train=True, limit=None):
 
 def train_step(step, xb, yb):
     opt.zero_grad()
-    if case == "slow_first_step" and step == 0 and rank == 1:
+    if "slow_first_step" in cases and step == 0 and rank == 1:
         busy(dur)  # compile / warm-up in the first forward
+        done("slow_first_step")
     out = model(xb)
     loss = loss_fn(out, yb)
-    if case == "slow_first_backward" and step == 0 and rank == 1:
+    if "slow_first_backward" in cases and step == 0 and rank == 1:
         loss = SlowBackward.apply(loss)
     loss.backward()
     opt.step()
-    if case == "step_spike" and step == 3 and rank == 0:
+    if "step_spike" in cases and step == 3 and rank == 0:
         busy(dur)
-    if case == "random_step_times":
+        done("step_spike")
+    if "random_step_times" in cases:
         time.sleep(random.Random(step * 7 + rank).uniform(0.0, 0.3))
 
 
@@ -155,6 +163,7 @@ class SlowBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         busy(dur)
+        done("slow_first_backward")
         return g
 
 
@@ -170,12 +179,12 @@ def estimate_loss():
 
 
 # -- broken before the first step ------------------------------------------------------------
-if case == "mismatch_before_training":
+if "mismatch_before_training" in cases:
     if rank == 0:
         dist.barrier()
     else:
         dist.all_reduce(torch.ones(3))
-if case == "mismatch_sizes":
+if "mismatch_sizes" in cases:
     dist.all_reduce(torch.ones(4 if rank == 0 else 5))
 
 step = 0
@@ -183,33 +192,34 @@ for epoch in range(2):
     if sampler is not None:
         sampler.set_epoch(epoch)
     for i, (xb, yb) in enumerate(loader):
-        if case == "early_exit" and rank == 1 and epoch == 1 and i == 2:
+        if "early_exit" in cases and rank == 1 and epoch == 1 and i == 2:
             dist.destroy_process_group()
             sys.exit(0)
-        if case == "crash" and rank == 1 and epoch == 1 and i == 2:
+        if "crash" in cases and rank == 1 and epoch == 1 and i == 2:
             raise ValueError("bad record in shard 7")
-        if case == "sigkill" and rank == 1 and epoch == 1 and i == 2:
+        if "sigkill" in cases and rank == 1 and epoch == 1 and i == 2:
             os.kill(os.getpid(), signal.SIGKILL)
-        if case == "infinite_loop" and rank == 1 and epoch == 1 and i == 2:
+        if "infinite_loop" in cases and rank == 1 and epoch == 1 and i == 2:
             n = 0
             while True:
                 n += 1
-        if case == "frozen" and rank == 1 and epoch == 1 and i == 2:
+        if "frozen" in cases and rank == 1 and epoch == 1 and i == 2:
             import ctypes
 
             ctypes.PyDLL(None).sleep(600)  # a C call that never releases the GIL
-        if case == "blocked_read" and rank == 1 and epoch == 1 and i == 2:
+        if "blocked_read" in cases and rank == 1 and epoch == 1 and i == 2:
             r, _w = os.pipe()
             os.read(r, 1)  # nobody ever writes
         train_step(step, xb, yb)
         step += 1
-        if case == "nanogpt_eval" and step == 2 and rank == 0:
+        if "nanogpt_eval" in cases and step == 2 and rank == 0:
             estimate_loss()  # no buffers: no collective in the DDP forward
-        if case == "eval_rank0_bn" and step == 2 and rank == 0:
+            done("nanogpt_eval")
+        if "eval_rank0_bn" in cases and step == 2 and rank == 0:
             model.eval()
             model(x[:8])  # validation through DDP, grad on: buffers broadcast from rank 0 only
             model.train()
-        if case == "desync_broadcast" and step == 2:
+        if "desync_broadcast" in cases and step == 2:
             if rank == 0:
                 model.eval()
                 model(x[:8])  # DDP's buffer broadcast ...
@@ -218,36 +228,42 @@ for epoch in range(2):
                 state = torch.zeros(5056, dtype=torch.uint8)
                 dist.broadcast(state, src=0)  # ... pairs with this one (an RNG-state sync)
                 torch.set_rng_state(state)
-    if case == "ckpt_barrier" and epoch == 0:
+    if "ckpt_barrier" in cases and epoch == 0:
         if rank == 0:
             write_slowly(dur)
+            done("ckpt_barrier")
         dist.barrier()
-    if case == "accelerate_wait" and epoch == 0:
+    if "accelerate_wait" in cases and epoch == 0:
         if rank == 0:  # main process saves, then wait_for_everyone()
             end = time.monotonic() + dur
             while time.monotonic() < end:
                 torch.save(net.state_dict(), os.devnull)
                 busy(0.2)
+            done("accelerate_wait")
         dist.barrier()
-    if case == "rank0_eval_tensors" and epoch == 0 and rank == 0:
+    if "rank0_eval_tensors" in cases and epoch == 0 and rank == 0:
         busy(dur)  # evaluation on plain tensors through the unwrapped module
-    if case == "rank0_eval_loader" and epoch == 0 and rank == 0:
+        done("rank0_eval_tensors")
+    if "rank0_eval_loader" in cases and epoch == 0 and rank == 0:
         end = time.monotonic() + dur
         while time.monotonic() < end:
             run_epoch(loader, train=False)
-    if case == "val_same_helper" and rank == 0:
+        done("rank0_eval_loader")
+    if "val_same_helper" in cases and rank == 0:
         val = DataLoader(Subset(ds, range(16)), batch_size=4)
         run_epoch(val, train=False)  # same `for` line as training, a different loader
-    if case == "cond_barrier" and rank == 0:
+        done("val_same_helper")
+    if "cond_barrier" in cases and rank == 0:
         dist.barrier()  # only rank 0 gets here
 
-if case == "final_ckpt_after_exit":
+if "final_ckpt_after_exit" in cases:
     if rank == 0:
         write_slowly(dur)
+        done("final_ckpt_after_exit")
     dist.destroy_process_group()
     print(f"rank {rank} done", flush=True)
     sys.exit(0)
-if case == "uneven_tail":
+if "uneven_tail" in cases:
     pass
 print(f"rank {rank} done at step {step}", flush=True)
 dist.destroy_process_group()
