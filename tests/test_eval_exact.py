@@ -100,6 +100,8 @@ def _loaders(world: World, n: int) -> dict[str, tuple[DataLoader, int]]:
             lengths, 200, max_length=40)), int((lengths > 40).sum())),
         "unsharded": (DataLoader(ds, 16), -w),
         "custom sampler": (DataLoader(ds, 16, sampler=_MyShard(n, w, r)), None),
+        "sampler built for one process": (DataLoader(ds, 16, sampler=TorchSampler(
+            ds, num_replicas=1, rank=0)), "mismatch"),
         # 3 samples on more ranks: TokenBatchSampler gives some ranks a marked repeat
         "TokenBatchSampler, 3 samples": (DataLoader(_Points(3), batch_sampler=TokenBatchSampler(
             _Points(3).lengths, 200, w, r)), 0),
@@ -149,6 +151,10 @@ def test_exact_or_loud_for_every_sampler(world_size: int, n: int) -> None:
                    for k, res in enumerate(ranks)), name
         if lost is None:
             assert r0["count"] == n and "_MyShard" in msg and "exact=True" in msg, msg
+        elif lost == "mismatch":
+            assert r0["count"] == world_size * n, name
+            assert (f"built for rank 0 of num_replicas=1 but runs on rank 0 of {world_size}"
+                    in msg), msg
         elif lost < 0:
             assert r0["count"] == world_size * n, name
             assert f"counted {world_size} times" in msg and "DistributedSampler" in msg, msg
@@ -192,6 +198,15 @@ def test_real_prefixes_of_torch_sampler_cover_each_sample_once(n, w, batch_size,
         left_out += cov.left_out_local
     assert len(seen) == len(set(seen))  # no padded duplicate survives
     assert len(seen) + left_out == n  # and what is missing is exactly what was reported
+
+
+def test_single_process_with_a_sampler_built_for_two_ranks_is_loud() -> None:
+    ds = _Points(11)
+    loader = DataLoader(ds, 4, sampler=TorchSampler(ds, num_replicas=2, rank=1))
+    with pytest.warns(InexactEvaluationWarning, match="rank 1 of num_replicas=2 but runs on "
+                                                      "rank 0 of 1") as caught:
+        res = evaluate(_model(), loader, _loss, World())
+    assert len(caught) == 1 and not res.exact and res.count == 5
 
 
 def test_single_process_unknown_sampler_is_quiet_but_drop_last_is_not() -> None:

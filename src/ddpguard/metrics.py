@@ -121,7 +121,8 @@ def split_loss(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def _agree(cov: Coverage, world: World) -> tuple[int, int, bool, bool]:
     """(left out over all ranks, of which by batching, any rank unknown, the whole dataset
     on every rank), the same on every rank: two tiny collectives, before the loop."""
-    unknown = bool(cov.unknown) and world.distributed
+    unknown = (bool(cov.unknown) and world.distributed) or bool(cov.mismatch(world.rank,
+                                                                          world.world_size))
     whole = cov.whole_dataset
     if not world.distributed:
         return cov.left_out + cov.left_out_local, cov.left_out_local, unknown, False
@@ -152,6 +153,9 @@ def _inexact_reason(cov: Coverage, world: World, lost: int, unknown: bool,
     if lost:
         why = cov.why_left_out or "another rank's loader leaves samples out"
         return f"{lost} sample{'s' if lost != 1 else ''} never evaluated: {why}"
+    mismatch = cov.mismatch(world.rank, w)
+    if unknown and mismatch:
+        return mismatch
     if unknown:
         what = cov.unknown or "another rank's loader uses a sampler whose padding is unknown"
         return (
