@@ -47,6 +47,17 @@ class Coverage:
     whole_dataset: int = -1  # len(dataset) when this rank walks all of it, else -1
     unknown: str = ""  # why padding / coverage cannot be known ("" when it can)
     padding_batch: Callable[[int], bool] | None = None
+    place: tuple[int, int] | None = None  # (rank, num_replicas) the sampler was built for
+
+    def mismatch(self, rank: int, world_size: int) -> str:
+        """Why the sampler cannot be this rank's share of a `world_size`-rank job, or ''."""
+        if self.place is None or self.place == (rank, world_size):
+            return ""
+        r, w = self.place
+        return (f"the {self.kind} was built for rank {r} of num_replicas={w} but runs on rank "
+                f"{rank} of {world_size}, so ranks evaluate overlapping or missing shares; "
+                "build it after init_process_group, or pass num_replicas=world_size and "
+                "rank=rank")
 
 
 def torch_real_count(n: int, num_replicas: int, rank: int, num_samples: int) -> int:
@@ -72,7 +83,8 @@ def _sampler(s: Any) -> Coverage:
         why = (f"{name}({flag}) leaves out {left} of {s.length} samples of this pass; build "
                f"the evaluation sampler with {fix}: its padded duplicates are recognised and "
                "dropped") if left else ""
-        return Coverage(f"ddpguard {name}", real=real, left_out=left, why_left_out=why)
+        return Coverage(f"ddpguard {name}", real=real, left_out=left, why_left_out=why,
+                        place=(s.rank, s.num_replicas))
     if _unmodified(s, TorchDistributedSampler):
         n, w = len(s.dataset), s.num_replicas
         if s.drop_last:
@@ -82,9 +94,9 @@ def _sampler(s: Any) -> Coverage:
                    "drop_last=False (its padded duplicates are recognised and dropped) or use "
                    "ddpguard.DistributedSampler") if left else ""
             return Coverage("torch DistributedSampler", real=s.num_samples, left_out=left,
-                            why_left_out=why)
+                            why_left_out=why, place=(s.rank, w))
         return Coverage("torch DistributedSampler",
-                        real=torch_real_count(n, w, s.rank, s.num_samples))
+                        real=torch_real_count(n, w, s.rank, s.num_samples), place=(s.rank, w))
     if _unmodified(s, SequentialSampler) or (
             _unmodified(s, RandomSampler) and not s.replacement
             and s.num_samples == len(s.data_source)):
