@@ -121,6 +121,31 @@ def test_only_provably_dead_or_stale_temps_go(tmp_path: Path, monkeypatch, caplo
         save_checkpoint(tmp_path / "b.pt", World(), model=nn.Linear(1, 1), stale_after=0)
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_folder_never_exceeds_keep_last_plus_one_file(tmp_path: Path, monkeypatch) -> None:
+    # A writer killed between its rename and its prune left keep_last + 1 checkpoints and, from
+    # an earlier kill, a temp file whose writer is gone (named with pid 1 and another start
+    # time: the pid was reused).
+    mine = _real_temp_name(tmp_path, monkeypatch)
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, World(), model=nn.Linear(1, 1), step=step)
+    dead = tmp_path / _like(mine, pid=1, start=_start_of(1) + 1, target="ckpt-00000004.pt")
+    dead.write_bytes(b"half a file")
+    during: list[list[str]] = []
+    real = os.replace
+
+    def spy(src, dst):  # type: ignore[no-untyped-def]
+        during.append(sorted(p.name for p in tmp_path.iterdir()))  # the new temp is complete
+        return real(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", spy)
+    save_checkpoint(tmp_path, World(), model=nn.Linear(1, 1), step=5, keep_last=2)
+    (names,) = during
+    assert len(names) == 3 and names[1:] == ["ckpt-00000002.pt", "ckpt-00000003.pt"], names
+    assert names[0].startswith(".ckpt-00000005.pt.tmp@"), names
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000003.pt", "ckpt-00000005.pt"]
+
+
 _SAVER = r"""
 import io, sys, time, torch
 from torch import nn
@@ -240,5 +265,6 @@ def test_a_live_writers_temp_file_is_never_removed(tmp_path: Path) -> None:
         assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
     # Now both writers are dead: whatever they were writing goes at the next clean-up.
     temps = list(tmp_path.glob(".*.tmp@*"))
-    assert clean_stale_temps(tmp_path) == (len(temps), sum(p.stat().st_size for p in temps))
+    expect = (len(temps), sum(p.stat().st_size for p in temps))
+    assert clean_stale_temps(tmp_path) == expect
     assert not list(tmp_path.glob(".*.tmp*"))

@@ -251,6 +251,12 @@ def _gather_rng(world: World) -> list[dict[str, Any]]:
     return everyone
 
 
+def _prune(folder: Path, keep_last: int | None) -> None:
+    if keep_last is not None:
+        for old in list_checkpoints(folder)[:-keep_last]:
+            old.unlink(missing_ok=True)
+
+
 def _write_main(state: dict[str, Any], target: Path, keep_last: int | None,
                 stale_after: float | None) -> str:
     """Rank 0's part; returns an error message instead of raising so every rank hears of it."""
@@ -260,10 +266,11 @@ def _write_main(state: dict[str, Any], target: Path, keep_last: int | None,
         if count:
             log.warning("removed %d temporary checkpoint file(s) (%.1f MB) left in %s by "
                         "writers that died", count, size / 1e6, target.parent)
+        # Pruning runs before the write too: a writer killed between its rename and its prune
+        # left keep_last + 1 checkpoints, which plus this temp file would be one too many.
+        _prune(target.parent, keep_last)
         _write_atomic(state, target)
-        if keep_last is not None:
-            for old in list_checkpoints(target.parent)[:-keep_last]:
-                old.unlink(missing_ok=True)
+        _prune(target.parent, keep_last)
     except OSError as exc:
         return (
             f"rank 0 could not write checkpoint {target}: {exc.strerror or exc}. Check that "
