@@ -81,6 +81,10 @@ def test_only_provably_dead_or_stale_temps_go(tmp_path: Path, monkeypatch, caplo
             # provably alive: kept even when nobody wrote for two days
             "live writer": (_like(mine, pid=live.pid, start=live_start), False, 2 * DAY),
             "this process": (_like(mine, target="ckpt-00000008.pt"), False, 2 * DAY),
+            # a live pid but no start time to compare (no /proc at write time): only by age
+            "no start time, fresh": (_like(mine, pid=live.pid, start=0), False, 60.0),
+            "no start time, stale": (_like(mine, pid=live.pid, start=0,
+                                           target="ckpt-00000009.pt"), True, 2 * DAY),
             # another node: unknowable, so only by age
             "other host, fresh": (_like(mine, host="node17", pid=dead.pid), False, 60.0),
             "other host, stale": (_like(mine, host="node18", pid=dead.pid), True, 2 * DAY),

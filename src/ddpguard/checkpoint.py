@@ -169,17 +169,19 @@ def _writer_state(name: str) -> str:
     if ticks is None:
         if Path("/proc/self/stat").exists():
             return "gone"  # /proc works here and has no such process
+        if os.name != "posix":  # on Windows os.kill(pid, 0) would terminate the process
+            return "unknown"
         try:
-            os.kill(pid, 0)  # no /proc: ask the kernel (signal 0 delivers nothing)
+            os.kill(pid, 0)  # no /proc (macOS): ask the kernel; signal 0 delivers nothing
         except ProcessLookupError:
             return "gone"
-        except PermissionError:
-            return "alive"
-        return "alive" if start == 0 else "unknown"
+        except OSError:
+            return "unknown"
+        return "unknown"  # a live pid without a start time to compare: maybe reused
     if ticks == -1:
         return "gone"
     if start == 0:
-        return "alive"  # written without a start time: the pid alone says it may be alive
+        return "unknown"  # written without a start time: the pid may have been reused
     return "alive" if ticks == start else "gone"  # a different start: the pid was reused
 
 
