@@ -177,7 +177,8 @@ def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World
     duplicates are dropped: those of ddpguard's samplers, of torch's DistributedSampler (it
     repeats the epoch's first indices) and TokenBatchSampler's padding batches, also under
     `batch_size=` / `batch_sampler=` loaders (see `ddpguard.sampling.coverage`). Per-rank sums
-    and counts are all-reduced in one small tensor at the end; no prediction is gathered.
+    and counts are all-reduced in one small tensor at the end (two more tiny all-reduces before
+    the loop agree on what the loaders cover); no prediction is gathered.
 
     When the loader cannot give an exact result (drop_last=True leaves samples out, every rank
     walks the whole dataset, or a sampler's padding is unknown) rank 0 warns once
