@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,9 +33,31 @@ def _net(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
+def _record_writes(folder: str) -> list[str]:
+    """Every file this process opens for writing, renames or removes under `folder` (an audit
+    hook: it sees what torch.save and os.replace do, whoever calls them)."""
+    writes: list[str] = []
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[1], str) and set(args[1]) & set("wax+"):
+            paths = [args[0]]
+        elif event in ("os.rename", "os.remove"):
+            paths = list(args[:2]) if event == "os.rename" else [args[0]]
+        else:
+            return
+        mine = [os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike))
+                and os.fspath(p).startswith(folder)]
+        if mine:
+            writes.append(f"{event} {os.path.basename(mine[0])}")
+
+    sys.addaudithook(hook)  # this rank's process ends with the test
+    return writes
+
+
 def _round_trip(world: World, folder: str) -> dict[str, object]:
     import random
 
+    writes = _record_writes(folder)
     model = prepare_model(_net(), world)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
@@ -61,7 +84,8 @@ def _round_trip(world: World, folder: str) -> dict[str, object]:
     same = all(torch.equal(a, b) for a, b in zip(saved, fresh.parameters(), strict=True))
     return {"files": sorted(p.name for p in list_checkpoints(folder)), "same": same,
             "rng_ok": got == expect, "step": info["step"], "sampler": info["sampler"],
-            "lr": opt2.param_groups[0]["lr"], "opt_state": len(opt2.state)}
+            "lr": opt2.param_groups[0]["lr"], "opt_state": len(opt2.state),
+            "writes": list(writes), "keys": sorted(_net().state_dict())}
 
 
 def test_round_trip_on_two_ranks_keeps_last_two(tmp_path: Path) -> None:
@@ -74,6 +98,13 @@ def test_round_trip_on_two_ranks_keeps_last_two(tmp_path: Path) -> None:
     # Everything saved loads with weights_only=True (no pickled classes).
     ckpt = torch.load(latest_checkpoint(tmp_path), weights_only=True)
     assert len(ckpt["rng"]) == 2 and ckpt["world_size"] == 2
+    # The unwrapped module's keys, not the DDP wrapper's (`module.` prefixes).
+    assert sorted(ckpt["model"]) == res[0]["keys"] and ckpt["model"]
+    # Rank 0 wrote (3 temp files, 3 renames, 1 pruned file); rank 1 never touched the folder.
+    assert res[1]["writes"] == []
+    w0 = res[0]["writes"]
+    assert sum(e.startswith("open ") for e in w0) == 3, w0
+    assert sum(e.startswith("os.rename ") for e in w0) == 3, w0
 
 
 def test_foreign_checkpoint_with_module_prefix(tmp_path: Path) -> None:
@@ -115,15 +146,65 @@ def test_unwritable_folder(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(CheckpointError, match="could not write checkpoint"):
         save_checkpoint(blocker / "ckpts", World(), model=_net())
-    if os.geteuid() != 0:  # root ignores permission bits
-        ro = tmp_path / "ro"
-        ro.mkdir()
-        ro.chmod(0o500)
+
+
+def _as_unprivileged(check) -> str:  # type: ignore[no-untyped-def]
+    """Run `check()` in a forked child that dropped root (permission bits do not stop root;
+    tests often run as root) and return what it returned or raised, as text."""
+    import pwd
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
         try:
-            with pytest.raises(CheckpointError, match="writable"):
-                save_checkpoint(ro, World(), model=_net())
+            os.close(read)
+            if os.geteuid() == 0:
+                nobody = pwd.getpwnam("nobody")
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+            try:
+                out = f"returned {check()!r}"
+            except Exception as exc:
+                out = f"{type(exc).__name__}: {exc}"
+            os.write(write, out.encode())
+            code = 0
         finally:
-            ro.chmod(0o700)
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        text = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return text
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork to drop privileges")
+def test_read_only_folder_and_unreadable_file_without_root() -> None:
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ddpguard-ro-", dir="/tmp"))
+    try:
+        base.chmod(0o755)  # pytest's tmp_path is private to root: the child could not enter
+        ro = base / "ro"
+        ro.mkdir(mode=0o555)
+        ro.chmod(0o555)
+        secret = base / "secret.pt"
+        save_checkpoint(secret, World(), model=_net())
+        secret.chmod(0o000)
+        out = _as_unprivileged(lambda: (os.geteuid() != 0,
+                                        save_checkpoint(ro, World(), model=_net())))
+        assert out.startswith("CheckpointError: rank 0 could not write checkpoint"), out
+        assert "writable" in out and not list(ro.iterdir())
+        out = _as_unprivileged(lambda: load_checkpoint(secret, World(), model=_net()))
+        assert out == f"CheckpointError: rank 0: cannot read checkpoint {secret}: permission denied"
+    finally:
+        for p in (base / "ro", base / "secret.pt"):
+            p.chmod(0o700)
+        import shutil
+
+        shutil.rmtree(base)
 
 
 def _unwritable_on_ranks(world: World, folder: str) -> str:
@@ -180,18 +261,28 @@ def test_kill_during_save_leaves_loadable_checkpoint(tmp_path: Path) -> None:
         info = load_checkpoint(target, World(), model=model)
         # The loaded file is whole: every parameter holds the value of the step it names.
         assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
-        assert all(p.name.startswith("ckpt-") for p in target.glob("*.pt"))
+        # Only whole checkpoints under real names; at most the killed writer's temp file
+        # (dot-named `.ckpt-N.pt.tmp@...`: a "*.pt" glob would never see it).
+        names = sorted(p.name for p in target.iterdir())
+        temps = [n for n in names if re.fullmatch(r"\.ckpt-\d{8}\.pt\.tmp@.+", n)]
+        ckpts = [n for n in names if re.fullmatch(r"ckpt-\d{8}\.pt", n)]
+        assert sorted(temps + ckpts) == names and len(temps) <= 1 and len(ckpts) <= 3, names
+    # The next save removes what the killed writer left.
+    save_checkpoint(target, World(), model=_net(), step=10**6, keep_last=2)
+    assert not [p for p in target.iterdir() if ".tmp" in p.name]
 
 
 def _nan_on_rank1(world: World) -> str:
     watch = LossWatch(world, every=4)
+    updates = 0  # counted here, not read from the watch's private state
     try:
         for step in range(12):
             bad = world.rank == 1 and step == 5
+            updates += 1
             watch.update(torch.tensor(float("nan") if bad else 1.0), step)
         watch.flush()
     except FloatingPointError as exc:
-        return f"{watch._calls}: {exc}"
+        return f"{updates}: {exc}"
     return "no error"
 
 

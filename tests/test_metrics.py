@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -57,9 +59,15 @@ def test_evaluate_counts_exactly_1003(world_size: int) -> None:
 
 def _reductions(world: World) -> dict[str, object]:
     mean = all_reduce_mean(float(world.rank), world, weight=float(world.rank + 1))
+    # Unequal sizes: rank 0 holds 2 elements, rank 1 holds 5.
+    mine = torch.tensor([1.0, 2.0]) if world.rank == 0 else torch.tensor([3.0, 4, 5, 6, 7])
+    elements = all_reduce_mean(mine, world)
+    weighted = all_reduce_mean(mine, world, weight=2.0 if world.rank == 0 else 1.0)
+    empty = all_reduce_mean(torch.tensor([]) if world.rank else torch.tensor([5.0]), world)
     d = reduce_dict({"b": world.rank, "a": 10.0 * world.rank}, world)
     s = reduce_dict({"n": 1}, world, op="sum")
-    return {"mean": mean, "d": d, "s": s}
+    return {"mean": mean, "d": d, "s": s, "elements": elements, "weighted": weighted,
+            "empty": empty}
 
 
 def test_reduce_helpers() -> None:
@@ -67,10 +75,16 @@ def test_reduce_helpers() -> None:
     assert a == b
     assert a["mean"] == pytest.approx(2 / 3)  # (0*1 + 1*2) / (1 + 2): weighted, not mean of means
     assert a["d"] == {"a": 5.0, "b": 0.5} and a["s"] == {"n": 2.0}
+    assert a["elements"] == pytest.approx(28 / 7)  # all 7 elements; not (1.5 + 5) / 2
+    assert a["weighted"] == pytest.approx((2 * 3 + 25) / (2 * 2 + 5))
+    assert a["empty"] == 5.0  # a rank without elements does not pull the mean to 0
 
 
 def test_single_process_and_loss_shapes() -> None:
-    assert all_reduce_mean(torch.tensor([1.0, 2.0]), World()) == 3.0
+    assert all_reduce_mean(torch.tensor([1.0, 2.0]), World()) == 1.5  # the mean, not the sum
+    assert all_reduce_mean(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), World()) == 3.0
+    assert all_reduce_mean(4.0, World(), weight=3.0) == 4.0
+    assert math.isnan(all_reduce_mean(torch.tensor([]), World()))
     with pytest.raises(ValueError, match="op must be"):
         reduce_dict({"a": 1}, World(), op="avg")
     v, w = split_loss(torch.tensor([1.0, 2.0]))

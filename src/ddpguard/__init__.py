@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "init": "session",
     "shutdown": "session",
     "EvenSampler": "sampling",
+    "DistributedSampler": "sampling",
     "TokenBatchSampler": "sampling",
     "JsonlDataset": "data",
     "make_loader": "data",
@@ -37,6 +38,8 @@ _EXPORTS: dict[str, str] = {
     "Precision": "precision",
     "evaluate": "metrics",
     "EvalResult": "metrics",
+    "InexactEvaluationError": "metrics",
+    "InexactEvaluationWarning": "metrics",
     "all_reduce_mean": "metrics",
     "reduce_dict": "metrics",
     "NonFiniteLossError": "metrics",
@@ -80,6 +83,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .guard import GuardConfig as GuardConfig
     from .guard import UnevenBatchesError as UnevenBatchesError
     from .metrics import EvalResult as EvalResult
+    from .metrics import InexactEvaluationError as InexactEvaluationError
+    from .metrics import InexactEvaluationWarning as InexactEvaluationWarning
     from .metrics import NonFiniteLossError as NonFiniteLossError
     from .metrics import all_reduce_mean as all_reduce_mean
     from .metrics import evaluate as evaluate
@@ -89,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .model import prepare_model as prepare_model
     from .model import unwrap as unwrap
     from .precision import Precision as Precision
+    from .sampling import DistributedSampler as DistributedSampler
     from .sampling import EvenSampler as EvenSampler
     from .sampling import TokenBatchSampler as TokenBatchSampler
     from .session import init as init

@@ -2,17 +2,24 @@
 
 Rank 0 writes to a temporary file in the same folder, flushes, fsyncs, renames over the target
 and fsyncs the folder: a kill at any moment leaves either the previous checkpoint or the new one,
-never half a file under the real name. The other ranks wait on a barrier bounded by `timeout`
+never half a file under the real name. The temporary name carries the writer's host, pid
+namespace, pid and process start time, so the next save can remove what killed writers left
+behind (`clean_stale_temps`) without touching a file that a live writer may still be writing.
+The other ranks wait on a barrier bounded by `timeout`
 (gloo's monitored_barrier names the ranks that never arrived). Everything saved loads with
 `torch.load(weights_only=True)`: tensors, numbers, strings, lists and dicts only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
 import re
+import socket
+import stat
+import time
 import zipfile
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +35,8 @@ from .world import World
 
 __all__ = [
     "CheckpointError",
+    "DEFAULT_STALE_AFTER",
+    "clean_stale_temps",
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
@@ -38,6 +47,12 @@ __all__ = [
 
 FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+# .<target>.tmp@<host>@<pid namespace>.<boot>@<pid>@<start ticks>
+# (older releases wrote .<target>.tmp-<pid>: removed by age only)
+_TEMP = re.compile(r"^\..+\.tmp@(?P<host>[^@]+)@(?P<ns>[^@]+)@(?P<pid>\d+)@(?P<start>\d+)$")
+_OLD_TEMP = re.compile(r"^\..+\.tmp-\d+$")
+DEFAULT_STALE_AFTER = 24 * 3600.0  # seconds without a write before any temp file counts as dead
+log = logging.getLogger("ddpguard")
 
 
 class CheckpointError(RuntimeError):
@@ -110,9 +125,104 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "unknown"
+
+
+def _namespace() -> str:
+    # A pid means something only inside one pid namespace (containers) of one boot.
+    try:
+        ns = re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        ns = "0"
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:12]
+    except OSError:
+        boot = "0"
+    return f"{ns}.{boot or '0'}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot); -1 for a zombie (killed, not yet
+    reaped: it writes nothing more); None when /proc has no such process (or no /proc)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the command name may contain spaces and ')'
+    return -1 if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _temp_path(target: Path) -> Path:
+    pid = os.getpid()
+    start = _start_ticks(pid) or 0
+    return target.parent / f".{target.name}.tmp@{_host()}@{_namespace()}@{pid}@{start}"
+
+
+def _writer_state(name: str) -> str:
+    """'gone' (provably), 'alive' (provably) or 'unknown' for a temporary file's writer."""
+    m = _TEMP.match(name)
+    if m is None or m["host"] != _host() or m["ns"] != _namespace():
+        return "unknown"  # another node or container: its pids are not ours to check
+    pid, start = int(m["pid"]), int(m["start"])
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        if Path("/proc/self/stat").exists():
+            return "gone"  # /proc works here and has no such process
+        if os.name != "posix":  # on Windows os.kill(pid, 0) would terminate the process
+            return "unknown"
+        try:
+            os.kill(pid, 0)  # no /proc (macOS): ask the kernel; signal 0 delivers nothing
+        except ProcessLookupError:
+            return "gone"
+        except OSError:
+            return "unknown"
+        return "unknown"  # a live pid without a start time to compare: maybe reused
+    if ticks == -1:
+        return "gone"
+    if start == 0:
+        return "unknown"  # written without a start time: the pid may have been reused
+    return "alive" if ticks == start else "gone"  # a different start: the pid was reused
+
+
+def clean_stale_temps(folder: str | os.PathLike[str], *,
+                      stale_after: float | None = DEFAULT_STALE_AFTER) -> tuple[int, int]:
+    """Remove temporary checkpoint files in `folder` whose writer is provably gone (same host
+    and pid namespace, and the pid is dead or now belongs to a later process), or, when the
+    writer cannot be checked (another node), that nobody wrote for `stale_after` seconds
+    (None: never by age). A writer proven alive keeps its file whatever its age.
+    Returns (files removed, bytes freed)."""
+    d = Path(folder)
+    removed = freed = 0
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return 0, 0
+    now = time.time()
+    for p in entries:
+        if not (_TEMP.match(p.name) or _OLD_TEMP.match(p.name)):
+            continue
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        state = _writer_state(p.name)
+        old = stale_after is not None and now - st.st_mtime > stale_after
+        if state == "gone" or (state == "unknown" and old):
+            try:
+                p.unlink()
+            except OSError:  # gone already, or not ours to remove: leave it
+                continue
+            removed += 1
+            freed += st.st_size
+    return removed, freed
+
+
 def _write_atomic(state: dict[str, Any], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    tmp = _temp_path(target)
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -143,13 +253,26 @@ def _gather_rng(world: World) -> list[dict[str, Any]]:
     return everyone
 
 
-def _write_main(state: dict[str, Any], target: Path, keep_last: int | None) -> str:
+def _prune(folder: Path, keep_last: int | None) -> None:
+    if keep_last is not None:
+        for old in list_checkpoints(folder)[:-keep_last]:
+            old.unlink(missing_ok=True)
+
+
+def _write_main(state: dict[str, Any], target: Path, keep_last: int | None,
+                stale_after: float | None) -> str:
     """Rank 0's part; returns an error message instead of raising so every rank hears of it."""
     try:
+        # First, so the space dead writers held is free before this file needs it.
+        count, size = clean_stale_temps(target.parent, stale_after=stale_after)
+        if count:
+            log.warning("removed %d temporary checkpoint file(s) (%.1f MB) left in %s by "
+                        "writers that died", count, size / 1e6, target.parent)
+        # Pruning runs before the write too: a writer killed between its rename and its prune
+        # left keep_last + 1 checkpoints, which plus this temp file would be one too many.
+        _prune(target.parent, keep_last)
         _write_atomic(state, target)
-        if keep_last is not None:
-            for old in list_checkpoints(target.parent)[:-keep_last]:
-                old.unlink(missing_ok=True)
+        _prune(target.parent, keep_last)
     except OSError as exc:
         return (
             f"rank 0 could not write checkpoint {target}: {exc.strerror or exc}. Check that "
@@ -175,6 +298,7 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
     keep_last: int | None = None,
     timeout: float = 300.0,
+    stale_after: float | None = DEFAULT_STALE_AFTER,
 ) -> Path:
     """Save on rank 0, atomically; every rank calls it and gets the written path back.
 
@@ -182,9 +306,14 @@ def save_checkpoint(
     .pt/.pth/.ckpt. `sampler_state` is the sampler's `state_dict(consumed=...)` taken with the
     number of samples (or batches) this rank has actually consumed, so a resume neither skips nor
     repeats what the DataLoader had prefetched. All ranks' RNG states are gathered and saved.
+    Temporary files that killed writers left in the folder are removed first and reported in
+    one log line (see `clean_stale_temps`; `stale_after` seconds bounds the wait for writers
+    on other nodes, None never removes those by age).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    if stale_after is not None and not stale_after > 0:
+        raise ValueError(f"stale_after must be > 0 seconds or None, got {stale_after}")
     target, numbered = _target(Path(path), step)
     rngs = _gather_rng(world)  # collective: before rank 0 goes off to write
     error = ""
@@ -202,7 +331,7 @@ def save_checkpoint(
             "rng": rngs,
             "extra": extra or {},
         }
-        error = _write_main(state, target, keep_last if numbered else None)
+        error = _write_main(state, target, keep_last if numbered else None, stale_after)
     _bounded_barrier(world, timeout)
     if world.distributed:
         box = [error]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,10 +14,13 @@ import torch.distributed as dist
 from torch import nn
 
 from .model import unwrap
+from .sampling.coverage import Coverage, describe_loader
 from .world import World
 
 __all__ = [
     "EvalResult",
+    "InexactEvaluationError",
+    "InexactEvaluationWarning",
     "NonFiniteLossError",
     "LossWatch",
     "all_reduce_mean",
@@ -33,13 +37,23 @@ def _comm_device(world: World) -> torch.device:
 
 def all_reduce_mean(value: float | torch.Tensor, world: World, *,
                     weight: float = 1.0) -> float:
-    """Weighted mean of `value` over ranks: sum(value*weight) / sum(weight). Every rank gets it."""
-    v = float(value.detach().float().sum()) if isinstance(value, torch.Tensor) else float(value)
-    if not world.distributed:
-        return v
-    t = torch.tensor([v * weight, weight], dtype=torch.float64, device=_comm_device(world))
-    dist.all_reduce(t)
-    return float(t[0] / t[1]) if float(t[1]) != 0 else math.nan
+    """The mean of every element of `value` on every rank; every rank gets it.
+
+    A tensor contributes its elements (a rank with 5 elements counts 5 times as much as a rank
+    with 1: the mean of all elements, not a mean of per-rank means); a number is one element.
+    `weight` scales this rank's elements: sum(weight * elements) / sum(weight * count).
+    NaN when there are no elements anywhere."""
+    if isinstance(value, torch.Tensor):
+        v = value.detach()
+        total, count = float(v.double().sum()), float(v.numel())
+    else:
+        total, count = float(value), 1.0
+    t = torch.tensor([total * weight, count * weight], dtype=torch.float64,
+                     device=_comm_device(world))
+    if world.distributed:
+        dist.all_reduce(t)
+    num, den = t.tolist()
+    return num / den if den != 0 else math.nan
 
 
 def reduce_dict(values: Mapping[str, float | torch.Tensor], world: World, *,
@@ -62,12 +76,25 @@ def reduce_dict(values: Mapping[str, float | torch.Tensor], world: World, *,
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    """`loss` = total of values / total of weights over the whole set; `count` = real samples."""
+    """`loss` = total of values / total of weights over the whole set; `count` = real samples.
+
+    `exact` is False when the loader repeats or leaves out samples that could not be removed
+    or added back; `note` then says why (the same text as the warning)."""
 
     loss: float
     count: int
     total: float
     weight: float
+    exact: bool = True
+    note: str = ""
+
+
+class InexactEvaluationWarning(UserWarning):
+    """evaluate() could not make the result exact; the message says why and what to change."""
+
+
+class InexactEvaluationError(RuntimeError):
+    """Raised on every rank by evaluate(..., exact=True) instead of InexactEvaluationWarning."""
 
 
 def split_loss(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,34 +118,85 @@ def split_loss(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return values, weights
 
 
-def _num_real(loader: Any) -> int | None:
-    for attr in ("sampler", "batch_sampler"):
-        s = getattr(loader, attr, None)
-        n = getattr(s, "num_real", None)
-        if n is not None:
-            return int(n)
-    return None
+def _agree(cov: Coverage, world: World) -> tuple[int, int, bool, bool]:
+    """(left out over all ranks, of which by batching, any rank unknown, the whole dataset
+    on every rank), the same on every rank: two tiny collectives, before the loop."""
+    unknown = (bool(cov.unknown) and world.distributed) or bool(cov.mismatch(world.rank,
+                                                                          world.world_size))
+    whole = cov.whole_dataset
+    if not world.distributed:
+        return cov.left_out + cov.left_out_local, cov.left_out_local, unknown, False
+    dev = _comm_device(world)
+    summed = torch.tensor([cov.left_out_local, int(unknown), int(whole >= 0)],
+                          dtype=torch.float64, device=dev)
+    maxed = torch.tensor([cov.left_out, whole, -whole], dtype=torch.float64, device=dev)
+    dist.all_reduce(summed)
+    dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+    local_lost, unknown_ranks, whole_ranks = (int(round(x)) for x in summed.tolist())
+    left_out, longest, neg_shortest = (int(round(x)) for x in maxed.tolist())
+    everywhere = whole_ranks == world.world_size and longest == -neg_shortest
+    return left_out + local_lost, local_lost, unknown_ranks > 0, everywhere
+
+
+def _inexact_reason(cov: Coverage, world: World, lost: int, unknown: bool,
+                    everywhere: bool) -> str:
+    w = world.world_size
+    if everywhere:
+        n = cov.whole_dataset
+        return (
+            f"every one of the {w} ranks evaluated the whole dataset ({n} samples through "
+            f"{cov.kind}): each sample is counted {w} times (count {w * n} instead of {n}). "
+            "Shard the evaluation loader with sampler=ddpguard.DistributedSampler(dataset, "
+            "shuffle=False); if each rank holds a different part of equal size, pass "
+            "num_real=len(dataset) to say so"
+        )
+    if lost:
+        why = cov.why_left_out or "another rank's loader leaves samples out"
+        return f"{lost} sample{'s' if lost != 1 else ''} never evaluated: {why}"
+    mismatch = cov.mismatch(world.rank, w)
+    if unknown and mismatch:
+        return mismatch
+    if unknown:
+        what = cov.unknown or "another rank's loader uses a sampler whose padding is unknown"
+        return (
+            f"cannot tell which evaluated samples are padded duplicates or which are left out: "
+            f"{what}, so the result may count some samples twice or miss some. Use "
+            "ddpguard.DistributedSampler (or torch's, or EvenSampler / TokenBatchSampler), or "
+            "pass num_real=<this rank's real samples>; exact=True turns this into an error"
+        )
+    return ""
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World, *,
-             num_real: int | None = None) -> EvalResult:
-    """Exact evaluation over the whole set, the same result on every rank.
+             num_real: int | None = None, exact: bool = False) -> EvalResult:
+    """Exact evaluation over the whole set, the same result on every rank, or a loud refusal.
 
     Runs through the unwrapped module, so no DDP collective happens inside (a DDP forward with
-    broadcast_buffers is a collective: evaluating on rank 0 only hangs, seed 000). The sampler's
-    padding duplicates (a suffix of each rank's positions; `num_real` real samples on this rank,
-    read from the loader's sampler when not given) are dropped. Per-rank sums and counts are
-    all-reduced once at the end in one small tensor. With TokenBatchSampler, batches it marks
-    as padding (`is_padding_batch`) are skipped. `loss_fn(module, batch)` returns per-sample
-    values, or (values, weights): see `split_loss`.
+    broadcast_buffers is a collective: evaluating on rank 0 only hangs, seed 000). Padded
+    duplicates are dropped: those of ddpguard's samplers, of torch's DistributedSampler (it
+    repeats the epoch's first indices) and TokenBatchSampler's padding batches, also under
+    `batch_size=` / `batch_sampler=` loaders (see `ddpguard.sampling.coverage`). Per-rank sums
+    and counts are all-reduced in one small tensor at the end (two more tiny all-reduces before
+    the loop agree on what the loaders cover); no prediction is gathered.
+
+    When the loader cannot give an exact result (drop_last=True leaves samples out, every rank
+    walks the whole dataset, or a sampler's padding is unknown) rank 0 warns once
+    (InexactEvaluationWarning, naming the count or the sampler class and the fix) and the
+    result has exact=False; with `exact=True` every rank raises InexactEvaluationError before
+    evaluating instead. `num_real` (this rank's real samples, a prefix of what the loader
+    yields) overrides the inspection. `loss_fn(module, batch)` returns per-sample values, or
+    (values, weights): see `split_loss`.
     """
+    cov = describe_loader(loader) if num_real is None else Coverage("num_real", real=num_real)
+    lost, _, unknown, everywhere = _agree(cov, world)
+    reason = _inexact_reason(cov, world, lost, unknown, everywhere)
+    if reason and exact:
+        raise InexactEvaluationError(f"rank {world.rank}: evaluate(exact=True) refused: {reason}")
     module = unwrap(model)
     was_training = module.training
     module.eval()
-    limit = _num_real(loader) if num_real is None else num_real
-    # Token batching repeats whole batches only when a rank would otherwise get none.
-    padding_batch = getattr(getattr(loader, "batch_sampler", None), "is_padding_batch", None)
+    limit, padding_batch = cov.real, cov.padding_batch
     seen = 0
     total = torch.zeros((), dtype=torch.float64)
     weight = torch.zeros((), dtype=torch.float64)
@@ -142,7 +220,11 @@ def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World
         t = t.to(_comm_device(world))
         dist.all_reduce(t)
     tot, w, c = t.tolist()
-    return EvalResult(loss=tot / w if w else math.nan, count=int(round(c)), total=tot, weight=w)
+    if reason and world.is_main:  # once per job, not once per rank
+        warnings.warn(f"evaluate() is not exact: {reason}", InexactEvaluationWarning,
+                      stacklevel=3)
+    return EvalResult(loss=tot / w if w else math.nan, count=int(round(c)), total=tot, weight=w,
+                      exact=not reason, note=reason)
 
 
 class NonFiniteLossError(FloatingPointError):

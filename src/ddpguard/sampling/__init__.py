@@ -1,10 +1,12 @@
 """Samplers that keep every rank in step (layer: sampling -> world).
 
 EvenSampler: same count on every rank, O(1)-memory Feistel shuffle, self-advancing epoch,
-resume by global position on any world size. TokenBatchSampler: token-budget batches with an
-equal batch count per rank and no duplicated samples.
+resume by global position on any world size. DistributedSampler: the same with
+torch's constructor, counts and padding (a one-line drop-in). TokenBatchSampler:
+token-budget batches with an equal batch count per rank and no duplicated samples.
 """
 
+from .distributed import DistributedSampler
 from .even import EvenSampler
 from .permutation import feistel_keys, permute
 from .plan import (
@@ -19,6 +21,7 @@ from .plan import (
 from .tokens import TokenBatchSampler, TokenPlan, check_lengths, plan_token_batches
 
 __all__ = [
+    "DistributedSampler",
     "EvenSampler",
     "TokenBatchSampler",
     "TokenPlan",

@@ -10,7 +10,8 @@ STATE_VERSION = 1
 
 
 def resolve_world(num_replicas: object, rank: object) -> tuple[int, int]:
-    """(num_replicas, rank): explicit ints, a World-like object, or the process group / (1, 0)."""
+    """(num_replicas, rank): explicit ints, a World-like object, else the process group, else
+    the launcher's environment (torchrun / SLURM variables), else (1, 0)."""
     if num_replicas is not None and hasattr(num_replicas, "world_size"):
         world: Any = num_replicas
         num_replicas = world.world_size
@@ -19,11 +20,20 @@ def resolve_world(num_replicas: object, rank: object) -> tuple[int, int]:
     if num_replicas is None or rank is None:
         import torch.distributed as dist
 
-        initialized = dist.is_available() and dist.is_initialized()
+        if dist.is_available() and dist.is_initialized():
+            default = (dist.get_world_size(), dist.get_rank())
+        else:
+            # Not initialized yet (a script that builds its loaders before init_process_group)
+            # or not launched at all: the launcher's variables (torchrun, SLURM) say where this
+            # process is; a plain `python script.py` is (1, 0). torch raises here instead.
+            from ..world import detect
+
+            found = detect()
+            default = (found.world_size, found.rank)
         if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialized else 1
+            num_replicas = default[0]
         if rank is None:
-            rank = dist.get_rank() if initialized else 0
+            rank = default[1]
     w = check_int("num_replicas", num_replicas, 1)
     r = check_int("rank", rank, 0)
     if r >= w:

@@ -17,6 +17,8 @@ from .plan import check_int
 __all__ = ["EvenSampler"]
 
 _CHUNK = 1 << 16
+# Both samplers store the same thing (a global position), so either loads the other's state.
+_KINDS = ("EvenSampler", "DistributedSampler")
 _EMPTY: tuple[int, int, Iterator[int]] = (0, 0, iter(()))
 
 
@@ -40,6 +42,8 @@ class EvenSampler(Sampler[int]):
     `load_state_dict`, where it is the remaining count of that pass (so DataLoader's len is
     right for it).
     """
+
+    _state_kind = "EvenSampler"
 
     def __init__(
         self,
@@ -79,6 +83,17 @@ class EvenSampler(Sampler[int]):
     def __len__(self) -> int:
         return plan.per_rank_count(self.length, self.num_replicas, self.tail, self._clock.start,
                                    self.global_batch_size)
+
+    def next_pass(self) -> tuple[int, int]:
+        """(real, left_out) for the pass the next __iter__ starts, for exact evaluation:
+        `real` = this rank's non-padding indices (a prefix of its pass), `left_out` = samples of
+        the epoch that no rank gets (tail="drop", or positions before a resume point)."""
+        start = 0 if self._clock.running else self._clock.start
+        g = self.global_batch_size
+        real = plan.num_real_for_rank(self.length, self.rank, self.num_replicas, self.tail,
+                                      start, g)
+        end = plan.epoch_end(self.length, self.num_replicas, self.tail, start, g)
+        return real, start + max(0, self.length - end)
 
     @property
     def num_real(self) -> int:
@@ -139,7 +154,7 @@ class EvenSampler(Sampler[int]):
                 epoch, position = epoch + 1, 0
         state: dict[str, Any] = {
             "version": STATE_VERSION,
-            "kind": "EvenSampler",
+            "kind": self._state_kind,
             "length": self.length,
             "seed": self.seed,
             "epoch": epoch,
@@ -153,10 +168,10 @@ class EvenSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved global position, on any number of replicas."""
-        if state.get("kind") != "EvenSampler" or state.get("version") != STATE_VERSION:
+        if state.get("kind") not in _KINDS or state.get("version") != STATE_VERSION:
             raise ValueError(
-                f"not an EvenSampler state (kind={state.get('kind')!r}, "
-                f"version={state.get('version')!r}); expected kind='EvenSampler', "
+                f"not a {self._state_kind} state (kind={state.get('kind')!r}, "
+                f"version={state.get('version')!r}); expected kind in {_KINDS}, "
                 f"version={STATE_VERSION}"
             )
         for key in ("length", "seed", "shuffle"):
