@@ -273,14 +273,18 @@ class LossWatch:
         return self._bad_step
 
     def flush(self) -> None:
-        first = torch.tensor(self._first_bad_local(), dtype=torch.float64, device=self._device)
-        me = torch.where(torch.isfinite(first), torch.tensor(float(self.world.rank),
-                         dtype=torch.float64, device=self._device),
-                         torch.tensor(math.inf, dtype=torch.float64, device=self._device))
-        t = torch.stack([first.reshape(()), me.reshape(())])
+        # One MIN over step * world_size + rank: the earliest bad step, and among the ranks that
+        # saw it first, the lowest. (A MIN of steps and a MIN of ranks taken separately would
+        # blame rank 0 for a NaN it only received from rank 1 through the gradient all-reduce.)
+        local = self._first_bad_local()
+        w = max(1, self.world.world_size)
+        key = local * w + self.world.rank if math.isfinite(local) else math.inf
+        t = torch.tensor([key], dtype=torch.float64, device=self._device)
         if self.world.distributed:
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        step, rank = t.tolist()
+        first = float(t.item())
+        step = first // w if math.isfinite(first) else math.inf
+        rank = first - step * w if math.isfinite(first) else math.inf
         if math.isfinite(step):
             raise NonFiniteLossError(
                 f"rank {self.world.rank}: stopping every rank together: the loss was not finite "

@@ -61,7 +61,7 @@ class Failure:
                 won = g.store_first("trigger", {"by": me, "cause": decision.cause,
                                                 "reason": decision.reason})
                 if won.get("by") != me:
-                    self.follow(won, peers)
+                    self._follow(won)
                     return
                 g.store_set(f"dump/{me}", self._dump())
                 dumps = self._collect(peers)
@@ -92,6 +92,9 @@ class Failure:
         if not self._once.acquire(blocking=False):
             time.sleep(3600)
         self.active = True
+        self._follow(trigger)
+
+    def _follow(self, trigger: dict[str, Any]) -> None:
         g = self.g
         try:
             g.store_set(f"dump/{g.rank}", self._dump())
