@@ -15,9 +15,14 @@ from ddpguard.guard.life import LifeSignals
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux /proc")
 
 
+_SPINNING = [True]
+
+
 def _spin(stop):
+    # No call inside the loop (stop.is_set() would be one): bytecode only, like `while True:`.
     n = 0
-    while not stop.is_set():
+    _SPINNING[0] = True
+    while _SPINNING[0]:
         n += 1
 
 
@@ -69,6 +74,7 @@ def _kinds(target, samples=6, interval=0.25):
             kinds.append(life.sample(progress=0))
     finally:
         stop.set()
+        _SPINNING[0] = False
         t.join(5)
     return kinds
 

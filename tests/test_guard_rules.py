@@ -3,6 +3,8 @@ ranks: when it must stop (proof, or no sign of life) and, above all, when it mus
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ddpguard.guard.diagnose import diagnose
@@ -175,3 +177,41 @@ def test_diagnosis_conditional_collective_and_peer_states():
     assert diagnose(recs, cause="peer_gone", culprits=[1])["cause"] == "left_early"
     recs[1]["state"] = "dead"
     assert diagnose(recs, cause="peer_gone", culprits=[1])["cause"] == "crashed_rank"
+
+
+def test_oom_killer_count_is_read_from_the_cgroup(tmp_path):
+    from ddpguard.guard.procs import oom_kills
+
+    v2 = tmp_path / "memory.events"
+    v2.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert oom_kills((str(v2),)) == 2
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert oom_kills((str(tmp_path / "absent"), str(v1))) == 5
+    assert oom_kills((str(tmp_path / "absent"),)) is None
+
+
+def test_descendants_and_kill_tree_touch_only_what_is_below(tmp_path):
+    import subprocess
+    import sys
+
+    from ddpguard.guard.procs import descendants, kill_tree, pid_alive
+
+    # A child that starts a grandchild, both sleeping: both are found and ended, by pid.
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 20
+        while len(descendants(p.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = descendants(p.pid)
+        assert len(below) == 1
+        killed = kill_tree(p.pid, include_self=True)
+        assert set(killed) == {p.pid, *below}
+        p.wait(10)
+        assert not any(pid_alive(x) for x in below)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

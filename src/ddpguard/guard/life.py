@@ -24,7 +24,8 @@ __all__ = ["LifeSignals", "stack_signature"]
 # Where a thread running pure Python bytecode stops for the guard thread (the interpreter
 # hands over the GIL at loop back-edges and function entries); a thread inside a call into C
 # sits on a call or operator instruction instead.
-_PYTHON_LOOP_OPS = {"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"}
+_PYTHON_LOOP_OPS = {"JUMP_ABSOLUTE", "RESUME"}  # plus every *BACKWARD* jump (3.11: also the
+# conditional POP_JUMP_BACKWARD_IF_TRUE that closes a `while cond:` loop)
 
 
 def _opname(frame: Any) -> str:
@@ -42,7 +43,8 @@ def stack_signature(frame: Any) -> tuple[tuple[tuple[str, str], ...], bool]:
     in_c = False
     f = frame
     if f is not None:
-        in_c = _opname(f) not in _PYTHON_LOOP_OPS
+        op = _opname(f)
+        in_c = op not in _PYTHON_LOOP_OPS and "BACKWARD" not in op
     while f is not None:
         funcs.append((f.f_code.co_filename, f.f_code.co_name))
         f = f.f_back

@@ -81,9 +81,13 @@ def kill_tree(pid: int, include_self: bool = False, wait: float = 2.0) -> list[i
     return victims
 
 
-def oom_kills() -> int | None:
-    """How many processes the OOM killer has killed in this cgroup so far (v2, then v1)."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def oom_kills(paths: tuple[str, ...] = OOM_FILES) -> int | None:
+    """How many processes the OOM killer has killed in this cgroup so far (v2, then v1);
+    None where the machine cannot tell."""
+    for path in paths:
         try:
             for line in Path(path).read_text().splitlines():
                 key, _, value = line.partition(" ")
