@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
 
 Hit = tuple[ast.AST, str, str]   # (node, code, message)
-_EVAL_HINTS = ("val", "test", "eval", "dev")
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
@@ -55,7 +54,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in info.samplers_of(node.iter):
+        for sampler in _shuffling(info.samplers_of(node.iter)):
             if id(epoch_loop) in reported:
                 continue
             if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
@@ -67,11 +66,22 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
             continue
         epoch_loop = rec.loops[-1]
         for arg in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
-            for sampler in info.samplers_of(arg):
+            for sampler in _shuffling(info.samplers_of(arg)):
                 if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
+
+
+def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:
+    """set_epoch only reseeds the shuffle: a `shuffle=False` (validation) sampler has the same
+    order every epoch whatever you call."""
+    out = []
+    for s in samplers:
+        sh = kwarg(s, "shuffle")
+        if not (isinstance(sh, ast.Constant) and sh.value is False):
+            out.append(s)
+    return out
 
 
 def _msg001(sampler: ast.Call) -> str:
@@ -92,30 +102,40 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls:
-        call = rec.node
-        if rec.last != "DataLoader" or is_true(kwarg(call, "drop_last")):
-            continue
-        if kwarg(call, "batch_sampler") is not None:
-            continue  # a BatchSampler decides drop_last itself; checked below
-        sampler_expr = kwarg(call, "sampler")
-        if sampler_expr is None:
-            continue
-        name = (dotted(sampler_expr) or "") + " " + _target_name(info, call)
-        if any(h in name.lower() for h in _EVAL_HINTS):
-            continue
-        for sampler in info.samplers_of(sampler_expr):
-            if not is_true(kwarg(sampler, "drop_last")):
-                yield call, "DDP003", ("training DataLoader over a DistributedSampler with "
-                                       "drop_last unset: the last batch differs across ranks")
-                break
+    """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every
+    rank gets the same number of samples; `data[rank::world_size]` and
+    `np.array_split(data, world_size)[rank]` do not when the length does not divide."""
+    for node in info.subscripts:
+        sl = node.slice
+        if isinstance(sl, ast.Slice):
+            if sl.lower is not None and sl.step is not None and info.rank_level(sl.lower) \
+                    and _world_size(info, sl.step):
+                yield node, "DDP003", _msg003(ast.unparse(node))
+        elif isinstance(node.value, ast.Call) and info.rank_level(sl) and \
+                info.callee_last(node.value) in _SPLITS and \
+                any(_world_size(info, a) for a in node.value.args[1:]):
+            yield node, "DDP003", _msg003(ast.unparse(node))
 
 
-def _target_name(info: ModuleInfo, value: ast.expr) -> str:
-    for name, entries in info.assigns.items():
-        if any(v is value for _, v in entries):
-            return name
-    return ""
+_SPLITS = {"array_split", "chunk", "split", "tensor_split"}
+_WORLD_HINTS = ("world", "num_replicas", "nproc", "ngpus", "num_gpus", "num_processes")
+
+
+def _world_size(info: ModuleInfo, node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("get_world_size", "int") and (last != "int" or node.args):
+            return last == "get_world_size" or _world_size(info, node.args[0])
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value in ("WORLD_SIZE", "SLURM_NTASKS")
+    name = (dotted(node) or "").rsplit(".", 1)[-1].lower()
+    return any(h in name for h in _WORLD_HINTS)
+
+
+def _msg003(expr: str) -> str:
+    return (f"manual shard `{expr}`: when the length is not a multiple of the world size the "
+            "ranks get different numbers of samples, so they run different numbers of steps "
+            "and the extra step's all-reduce hangs")
 
 
 def _returns_none_or_filters(fn: Func) -> ast.AST | None:
@@ -163,7 +183,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                                           "samples: ranks can end up with different step counts")
     for lrec in info.loops:
         node = lrec.node
-        if isinstance(node, ast.While):
+        if isinstance(node, ast.While) or not _batch_loop(info, node.iter):
             continue
         names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
         for s in node.body:
@@ -171,6 +191,18 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                                              for b in s.body) and _empty_test(s.test, names):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
+
+
+def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
+    """A loop over a DataLoader (or something named like one), not `kwargs.items()`."""
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args \
+            and it.func.id in ("enumerate", "tqdm", "iter", "zip"):
+        it = it.args[0]
+    if any(isinstance(v, ast.Call) and info.callee_last(v) == "DataLoader"
+           for v in info.values_of(it)):
+        return True
+    name = (dotted(it) or "").rsplit(".", 1)[-1].lower()
+    return "loader" in name or name in ("batches", "data_iter", "train_iter")
 
 
 RULES = {"DDP001": ddp001, "DDP002": ddp002, "DDP003": ddp003, "DDP004": ddp004}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .context import LOCAL, NONE, CallRec, ModuleInfo, dotted
+from .context import LOCAL, NONE, CallRec, Func, ModuleInfo, dotted, kwarg
 
-Hit = tuple[ast.AST, str, str]
+# (node, code, message[, severity]): see engine.RuleFn
+Hit = tuple[ast.AST, str, str] | tuple[ast.AST, str, str, str]
 
 _COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                         "gather", "scatter")
@@ -34,26 +35,61 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
     if not ddp:
         return
+    # Certain to hang only when the wrapper has buffers to broadcast: BatchNorm (or an
+    # explicit register_buffer) in this module, and broadcast_buffers not switched off.
+    quiet = any(isinstance(k.value, ast.Constant) and k.value.value is False
+                for r in info.calls if info.is_ddp_call(r.node)
+                for k in r.node.keywords if k.arg == "broadcast_buffers")
+    sev = "error" if (info.batchnorm or info.buffers) and not quiet else "warning"
+    why = ("DDP's buffer broadcast at the start of every forward waits for the other ranks "
+           "(a hang whenever the model has buffers, e.g. BatchNorm)")
     for rec in info.calls:
-        if not info.effective_guard(rec):
+        level = info.effective_guard(rec)
+        if not level:
             continue
         f = rec.node.func
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
             else dotted(f)
-        if target in ddp and rec.node.lineno > ddp[target]:
-            yield rec.node, "DDP006", (f"forward of the DDP model `{target}` inside a rank "
-                                       "branch: DDP's buffer broadcast waits for the other ranks")
+        if target in ddp:
+            if rec.guard and rec.node.lineno > ddp[target]:
+                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` inside a "
+                       f"rank branch: {why}", sev)
+                continue
+            site = _guarded_site(info, rec)
+            if not rec.guard and site is not None and site.node.lineno > ddp[target] \
+                    and rec.func is not None and _global_to(rec.func, target):
+                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` in "
+                       f"{rec.func.name}(), which is called only inside a rank branch (line "
+                       f"{site.node.lineno}): {why}", sev)
+                continue
+        if not rec.guard:
             continue
         # `if rank == 0: evaluate(model, ...)` with the DDP wrapper as an argument.
         args = [dotted(a) for a in rec.node.args] + [dotted(k.value) for k in rec.node.keywords]
         passed = [a for a in args if a in ddp and rec.node.lineno > ddp[a]]
         if passed and (info.local_callees(rec) and _forwards_a_param(info.local_callees(rec))
                        or any(h in rec.last.lower() for h in _EVAL_HINTS)):
-            yield rec.node, "DDP006", (f"{rec.last}() runs the DDP model `{passed[0]}` on the "
-                                       "ranks of this branch only (seed 000's epoch-2 hang)")
+            yield (rec.node, "DDP006", f"{rec.last}() runs the DDP model `{passed[0]}` on the "
+                   f"ranks of this branch only: {why}", sev)
 
 
-def _forwards_a_param(fns: list[ast.FunctionDef | ast.AsyncFunctionDef]) -> bool:
+def _guarded_site(info: ModuleInfo, rec: CallRec) -> CallRec | None:
+    """The rank-guarded call that makes `rec`'s function run on some ranks only."""
+    for site in info.calls:
+        if site.guard and rec.func in info.local_callees(site):
+            return site
+    return None
+
+
+def _global_to(fn: Func, name: str) -> bool:
+    """`name` inside `fn` is the module's (or the instance's) object, not a parameter."""
+    if name.startswith("self."):
+        return True
+    params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+    return name.split(".", 1)[0] not in params
+
+
+def _forwards_a_param(fns: list[Func]) -> bool:
     for fn in fns:
         params = {a.arg for a in fn.args.args} - {"self"}
         for node in ast.walk(fn):
@@ -67,9 +103,19 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed:
         return
     for rec in info.calls:
-        if rec.qual == "torch.save" and not info.effective_guard(rec):
+        if rec.qual == "torch.save" and not info.effective_guard(rec) \
+                and not _in_memory(info, rec.node):
             yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
                                        "file at once (torn or clobbered checkpoints)")
+
+
+def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
+    """`torch.save(obj, io.BytesIO())`: a buffer per process, nothing shared is written."""
+    dest = call.args[1] if len(call.args) > 1 else kwarg(call, "f")
+    if dest is None:
+        return False
+    return any(isinstance(v, ast.Call) and info.callee_last(v) == "BytesIO"
+               for v in [dest, *info.values_of(dest)])
 
 
 def ddp016(info: ModuleInfo) -> Iterator[Hit]:
@@ -119,12 +165,28 @@ def ddp017(info: ModuleInfo) -> Iterator[Hit]:
     if not info.multi_node:
         return
     for rec in info.calls:
-        if rec.guard != LOCAL or rec.last not in _LOG_CALLS:
+        if rec.guard != LOCAL:
             continue
-        if rec.last == "save" and rec.qual != "torch.save":
-            continue
-        yield rec.node, "DDP017", (f"{rec.last}() is guarded by the local rank in a multi-node "
-                                   "script: local rank 0 of every node runs it")
+        saved = _saves_in(info, info.local_callees(rec), 2)
+        if saved is not None:
+            yield rec.node, "DDP017", (
+                f"{rec.last}() writes a checkpoint (torch.save, line {saved}) under a "
+                "local-rank test in a multi-node script: local rank 0 of every node writes "
+                "the same file")
+        elif rec.last in _LOG_CALLS and (rec.last != "save" or rec.qual == "torch.save"):
+            yield rec.node, "DDP017", (f"{rec.last}() is guarded by the local rank in a "
+                                       "multi-node script: local rank 0 of every node runs it")
+
+
+def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
+    """Line of a torch.save that `fns` reach (through local calls, `depth` levels)."""
+    for rec in info.calls:
+        if rec.func in fns:
+            if rec.qual == "torch.save" and not _in_memory(info, rec.node):
+                return rec.node.lineno
+            if depth and (line := _saves_in(info, info.local_callees(rec), depth - 1)):
+                return line
+    return None
 
 
 def ddp018(info: ModuleInfo) -> Iterator[Hit]:
