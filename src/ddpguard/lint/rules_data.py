@@ -65,12 +65,45 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
             continue
         epoch_loop = rec.loops[-1]
-        for arg in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
-            for sampler in _shuffling(info.samplers_of(arg)):
+        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
+            continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
+        callees = info.local_callees(rec)
+        passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
+            (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+        for key, arg in passed:
+            samplers = _shuffling(info.samplers_of(arg))
+            if not samplers or not _iterates_param(info, callees, key):
+                continue  # the helper only reads `len(loader)`: it runs no epoch
+            for sampler in samplers:
                 if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
+
+
+def _iterates_param(info: ModuleInfo, fns: list[Func], key: int | str) -> bool:
+    """Some `fn` loops over the parameter at position (or named) `key` (`for b in loader`)."""
+    for fn in fns:
+        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        if isinstance(key, int) and key >= len(params):
+            continue
+        name = params[key] if isinstance(key, int) else key
+        if name in _loop_names(info, fn):
+            return True
+    return False
+
+
+def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
+    """Names in the iterables of `fn`'s for-loops (from the walker's loop records)."""
+    key = ("loop_names", id(fn))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = {n.id for lrec in info.loops if lrec.func is fn
+                                 and not isinstance(lrec.node, ast.While)
+                                 for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
+    return hit  # type: ignore[return-value]
 
 
 def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:

@@ -102,11 +102,30 @@ def _forwards_a_param(fns: list[Func]) -> bool:
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed:
         return
+    used = _referenced_names(info)
     for rec in info.calls:
+        # A helper nobody here calls (`utils.save_checkpoint`) runs under its caller's guard,
+        # which lives in another module: no claim about it can be true here.
+        if rec.func is not None and rec.func.name not in used:
+            continue
         if rec.qual == "torch.save" and not info.effective_guard(rec) \
                 and not _in_memory(info, rec.node):
             yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
                                        "file at once (torn or clobbered checkpoints)")
+
+
+def _referenced_names(info: ModuleInfo) -> set[str]:
+    """Function names this module calls or passes on (`mp.spawn(main_worker, ...)`)."""
+    out: set[str] = set()
+    for rec in info.calls:
+        f = rec.node.func
+        out.add(f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name)
+                else "")
+        for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
+            name = dotted(a)
+            if name is not None:
+                out.add(name.rsplit(".", 1)[-1])
+    return out
 
 
 def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
