@@ -389,6 +389,16 @@ def test_rank_provenance(setup: str, test: str, level: int) -> None:
     assert info.rank_level(ast.parse(test, mode="eval").body) == level
 
 
+def test_function_guard_level_follows_its_call_sites() -> None:
+    src = HEAD + ("def save(s):\n    torch.save(s, 'c.pt')\n"
+                  "def log(s):\n    print(s)\n"
+                  "if int(os.environ['LOCAL_RANK']) == 0:\n    save(1)\n    log(1)\n"
+                  "if dist.get_rank() == 0:\n    log(2)\n")
+    info = build(ast.parse(src))
+    levels = {fn.name: lv for fn, lv in info.guarded_funcs.items()}
+    assert levels == {"save": LOCAL, "log": LOCAL}  # one local-rank site is enough
+
+
 def test_truthful_messages() -> None:
     [dp] = [f for f in lint_source(HEAD + "m = torch.nn.DataParallel(net)\n")
             if f.code == "DDP014"]

@@ -117,8 +117,6 @@ def test_level(info: ModuleInfo, node: ast.AST | None) -> int:
     if isinstance(node, ast.UnaryOp):
         return test_level(info, node.operand)
     if isinstance(node, ast.Compare):
-        if any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
-            return NONE
         sides = [node.left, *node.comparators]
         levels = [value_level(info, s) for s in sides]
         consts = [s for s, lv in zip(sides, levels, strict=True) if not lv]
