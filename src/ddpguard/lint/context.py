@@ -18,7 +18,7 @@ Loop = ast.For | ast.AsyncFor | ast.While
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRec:
     node: ast.Call
     qual: str | None        # callee resolved through imports: torch.distributed.barrier
@@ -29,7 +29,7 @@ class CallRec:
     branch: tuple[tuple[int, int], ...] = ()   # (id(if), arm) from the function's top down
 
 
-@dataclass
+@dataclass(slots=True)
 class LoopRec:
     node: Loop
     loops: tuple[Loop, ...]  # enclosing loops, outermost first
@@ -51,16 +51,17 @@ class ModuleInfo:
     rank_names: dict[str, int] = field(default_factory=dict)   # name -> GLOBAL/LOCAL
     rank_funcs: dict[str, int] = field(default_factory=dict)
     guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
-    by_node: dict[int, CallRec] = field(default_factory=dict)      # id(call node) -> record
     no_sync: bool = False
     uses_cuda: bool = False
     distributed: bool = False
     multi_node: bool = False
     batchnorm: bool = False
     buffers: bool = False             # register_buffer in this module (DDP006's certainty)
+    wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
-    _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+    _last: dict[int, str] = field(default_factory=dict, repr=False)   # callee_last cache
 
     # -- name resolution -------------------------------------------------------------
     def qualify(self, node: ast.AST) -> str | None:
@@ -94,11 +95,10 @@ class ModuleInfo:
         return out
 
     def callee_last(self, call: ast.Call) -> str:
-        key = ("last", id(call))
-        hit = self._memo.get(key)
+        hit = self._last.get(id(call))
         if hit is None:
-            hit = self._memo[key] = self._callee_last(call)
-        return hit  # type: ignore[return-value]
+            hit = self._last[id(call)] = self._callee_last(call)
+        return hit
 
     def _callee_last(self, call: ast.Call) -> str:
         f = call.func
@@ -175,8 +175,12 @@ class ModuleInfo:
 
     def ddp_wraps(self, name: str) -> list[CallRec]:
         """The wrapping calls whose result is assigned to `name`."""
-        return [self.by_node[id(v)] for _, v in self.assigns.get(name, [])
-                if self.is_ddp_call(v) and id(v) in self.by_node]
+        key = ("by_node", 0)
+        by_node = self._memo.get(key)
+        if by_node is None:
+            by_node = self._memo[key] = {id(r.node): r for r in self.calls}
+        return [by_node[id(v)] for _, v in self.assigns.get(name, [])  # type: ignore[index]
+                if self.is_ddp_call(v) and id(v) in by_node]  # type: ignore[operator]
 
     def local_callees(self, rec: CallRec) -> list[Func]:
         f = rec.node.func

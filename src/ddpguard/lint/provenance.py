@@ -38,12 +38,16 @@ _PASS_THROUGH = {"int", "str", "bool"}
 
 def dotted(node: ast.AST) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
+    t = type(node)
+    if t is ast.Name:  # the common case, without building a list
+        return node.id  # type: ignore[attr-defined]
     parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
+    while t is ast.Attribute:
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+        t = type(node)
+    if t is ast.Name:
+        parts.append(node.id)  # type: ignore[attr-defined]
         return ".".join(reversed(parts))
     return None
 

@@ -11,15 +11,31 @@ Hit = tuple[ast.AST, str, str]   # (node, code, message)
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
-    if not hasattr(info, "_set_epoch_index"):
-        index = []
-        for rec in info.calls:
-            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute):
-                index.append((rec, info.samplers_of(rec.node.func.value)))
-        info._set_epoch_index = index  # type: ignore[attr-defined]
+    key = ("set_epoch_recs", id(sampler))
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    index = info._memo.get(("set_epoch_index", 0))
+    if index is None:
+        index = info._memo[("set_epoch_index", 0)] = [
+            (rec, {id(s) for s in info.samplers_of(rec.node.func.value)})
+            for rec in info.calls
+            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute)]
     # An unresolved receiver (a parameter, a helper's result) gets the benefit of the doubt.
-    return [rec for rec, found in info._set_epoch_index  # type: ignore[attr-defined]
-            if not found or sampler in found]
+    out = [rec for rec, found in index  # type: ignore[attr-defined]
+           if not found or id(sampler) in found]
+    info._memo[key] = out
+    return out
+
+
+def _reaches_cached(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
+    """`_reaches`, once per loop and target set: class-heavy modules resolve
+    `self.loader` to every class's sampler, all sharing one list of set_epoch calls."""
+    key = ("reaches", id(loop), *map(id, targets))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _reaches(info, loop, targets)
+    return hit  # type: ignore[return-value]
 
 
 def _reaches(info: ModuleInfo, loop: Loop, targets: list[CallRec], depth: int = 2) -> bool:
@@ -57,7 +73,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         for sampler in _shuffling(info.samplers_of(node.iter)):
             if id(epoch_loop) in reported:
                 continue
-            if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
     # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
@@ -75,7 +91,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
             if not samplers or not _iterates_param(info, callees, key):
                 continue  # the helper only reads `len(loader)`: it runs no epoch
             for sampler in samplers:
-                if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+                if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
@@ -216,12 +232,15 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                                           "samples: ranks can end up with different step counts")
     for lrec in info.loops:
         node = lrec.node
-        if isinstance(node, ast.While) or not _batch_loop(info, node.iter):
+        if isinstance(node, ast.While):
+            continue
+        skips = [s for s in node.body if isinstance(s, ast.If) and any(
+            isinstance(b, ast.Continue | ast.Break) for b in s.body)]
+        if not skips or not _batch_loop(info, node.iter):
             continue
         names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-        for s in node.body:
-            if isinstance(s, ast.If) and any(isinstance(b, ast.Continue | ast.Break)
-                                             for b in s.body) and _empty_test(s.test, names):
+        for s in skips:
+            if _empty_test(s.test, names):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
 

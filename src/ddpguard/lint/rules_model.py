@@ -115,7 +115,7 @@ def ddp011(info: ModuleInfo) -> Iterator[Hit]:
 def ddp012(info: ModuleInfo) -> Iterator[Hit]:
     # A helper module's `init_distributed_mode()` cannot tear down what its caller still
     # uses; the finding belongs in the script (a DDP wrap or a `__main__` block).
-    if not (info.has_main or any(info.is_ddp_call(r.node) for r in info.calls)):
+    if not (info.has_main or info.wraps_ddp):
         return
     inits = [r for r in info.calls if r.last == "init_process_group"]
     if inits and not any(r.last in ("destroy_process_group", "shutdown") for r in info.calls):
@@ -126,7 +126,7 @@ def ddp012(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def ddp013(info: ModuleInfo) -> Iterator[Hit]:
-    if info.no_sync or not any(info.is_ddp_call(r.node) for r in info.calls):
+    if info.no_sync or not info.wraps_ddp:
         return
     for lrec in info.loops:
         for node in ast.walk(lrec.node):
@@ -164,7 +164,7 @@ def _is_optimizer_step(call: ast.Call) -> bool:
 def ddp014(info: ModuleInfo) -> Iterator[Hit]:
     # In a script that also wraps in DDP, DataParallel is the single-process fallback branch
     # (pytorch/examples' imagenet, yolov5): a deliberate choice, not a finding.
-    if any(info.is_ddp_call(r.node) for r in info.calls):
+    if info.wraps_ddp:
         return
     for rec in info.calls:
         if rec.last == "DataParallel":

@@ -37,10 +37,10 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
         return
     # Certain to hang only when the wrapper has buffers to broadcast: BatchNorm (or an
     # explicit register_buffer) in this module, and broadcast_buffers not switched off.
-    quiet = any(isinstance(k.value, ast.Constant) and k.value.value is False
-                for r in info.calls if info.is_ddp_call(r.node)
-                for k in r.node.keywords if k.arg == "broadcast_buffers")
-    sev = "error" if (info.batchnorm or info.buffers) and not quiet else "warning"
+    sev = "error" if (info.batchnorm or info.buffers) and not any(
+        isinstance(k.value, ast.Constant) and k.value.value is False
+        for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
+        for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
     why = ("DDP's buffer broadcast at the start of every forward waits for the other ranks "
            "(a hang whenever the model has buffers, e.g. BatchNorm)")
     for rec in info.calls:
@@ -102,16 +102,18 @@ def _forwards_a_param(fns: list[Func]) -> bool:
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed:
         return
-    used = _referenced_names(info)
+    used: set[str] | None = None
     for rec in info.calls:
+        if rec.qual != "torch.save" or info.effective_guard(rec) or _in_memory(info, rec.node):
+            continue
         # A helper nobody here calls (`utils.save_checkpoint`) runs under its caller's guard,
         # which lives in another module: no claim about it can be true here.
-        if rec.func is not None and rec.func.name not in used:
-            continue
-        if rec.qual == "torch.save" and not info.effective_guard(rec) \
-                and not _in_memory(info, rec.node):
-            yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
-                                       "file at once (torn or clobbered checkpoints)")
+        if rec.func is not None:
+            used = _referenced_names(info) if used is None else used
+            if rec.func.name not in used:
+                continue
+        yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
+                                   "file at once (torn or clobbered checkpoints)")
 
 
 def _referenced_names(info: ModuleInfo) -> set[str]:
@@ -145,8 +147,10 @@ def ddp016(info: ModuleInfo) -> Iterator[Hit]:
         if name is None:
             continue
         scope: list[ast.stmt] = list(rec.func.body) if rec.func is not None else info.tree.body
+        end = rec.node.end_lineno or rec.node.lineno
+        # Statements that end before the reduce cannot read its result: skip their subtrees.
+        scope = [st for st in scope if (st.end_lineno or st.lineno) > end]
         for node, guard in _guarded_nodes(info, scope):
-            end = rec.node.end_lineno or rec.node.lineno
             if guard or node.lineno <= end:
                 continue
             if isinstance(node, ast.Name | ast.Attribute) and dotted(node) == name \

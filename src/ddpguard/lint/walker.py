@@ -177,13 +177,14 @@ class Walker:
                 assert isinstance(node, ast.Call)
                 qual = info.qualify(node.func)
                 last = info.callee_last(node)
-                rec = CallRec(node, qual, last, self.guard, self.loops, self.func, self.branch)
-                info.calls.append(rec)
-                info.by_node[id(node)] = rec
+                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
+                                          self.branch))
                 if last in _DIST_NAMES or (qual or "").startswith("torch.distributed"):
                     info.distributed = True
                 if last == "no_sync":
                     info.no_sync = True
+                elif last == "DistributedDataParallel" or last.endswith("_DDP"):
+                    info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
                 elif last == "cuda":
                     info.uses_cuda = True
                 elif last.startswith("BatchNorm"):
@@ -215,7 +216,9 @@ class Walker:
                     info.batchnorm = True
                 elif attr == "cuda":
                     info.uses_cuda = True
-            fields = _CHILD_FIELDS.get(t) or _child_fields(t)
+            fields = _CHILD_FIELDS.get(t)
+            if fields is None:  # () is a valid entry (Name, Constant): test for None
+                fields = _child_fields(t)
             for f in fields:
                 v = getattr(node, f, None)
                 if type(v) is list:
