@@ -16,6 +16,12 @@ Loop = ast.For | ast.AsyncFor | ast.While
 # global rank, LOCAL = inside a branch on the local rank only (every node's local rank 0).
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
+COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                       "gather", "scatter")
+COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
+# The only callees whose fully qualified name a rule reads (CallRec.qual); for the rest the
+# walker skips resolving it once the module is known to be distributed.
+QUALIFIED = {"save", "load", "print", *COLLECTIVE_EXACT}
 
 
 @dataclass(slots=True)
@@ -123,13 +129,13 @@ class ModuleInfo:
 
     def samplers_of(self, node: ast.AST, depth: int = 0) -> list[ast.Call]:
         """Distributed samplers behind a loader/sampler expression (loop iterables unwrapped)."""
-        key = ("samplers", id(node))
-        if depth == 0 and key in self._memo:
-            return self._memo[key]  # type: ignore[return-value]
-        result = self._samplers_of(node, depth)
-        if depth == 0:
-            self._memo[key] = result
-        return result
+        # Memoized at every depth: `self.loader` in a module of many classes resolves to every
+        # class's loader, each to every class's sampler (quadratic without the memo).
+        key = ("samplers", id(node), depth)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._samplers_of(node, depth)
+        return hit  # type: ignore[return-value]
 
     def _samplers_of(self, node: ast.AST, depth: int) -> list[ast.Call]:
         while isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \

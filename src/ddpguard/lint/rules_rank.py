@@ -5,21 +5,28 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .context import LOCAL, NONE, CallRec, Func, ModuleInfo, dotted, kwarg
+from .context import (
+    COLLECTIVE_EXACT,
+    COLLECTIVE_PREFIXES,
+    LOCAL,
+    NONE,
+    CallRec,
+    Func,
+    ModuleInfo,
+    dotted,
+    kwarg,
+)
 
 # (node, code, message[, severity]): see engine.RuleFn
 Hit = tuple[ast.AST, str, str] | tuple[ast.AST, str, str, str]
 
-_COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                        "gather", "scatter")
-_COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
 _EVAL_HINTS = ("eval", "valid", "test", "predict", "infer")
 _LOG_CALLS = {"print", "info", "warning", "log", "add_scalar", "add_scalars", "write",
               "log_metrics", "save", "save_checkpoint", "dump"}
 
 
 def is_collective(rec: CallRec) -> bool:
-    if not (rec.last in _COLLECTIVE_EXACT or rec.last.startswith(_COLLECTIVE_PREFIXES)):
+    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
         return False
     return (rec.qual or "").startswith("torch.distributed.")
 

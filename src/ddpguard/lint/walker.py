@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import ast
 
-from .context import GLOBAL, NONE, CallRec, Func, Loop, LoopRec, ModuleInfo, dotted
+from .context import (
+    COLLECTIVE_PREFIXES,
+    GLOBAL,
+    NONE,
+    QUALIFIED,
+    CallRec,
+    Func,
+    Loop,
+    LoopRec,
+    ModuleInfo,
+    dotted,
+)
 
-_AST = ast.AST
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
 _MULTI_NODE_STRINGS = {"RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NODEID", "GROUP_RANK",
                        "nnodes", "node_rank", "--nnodes"}
@@ -168,18 +178,22 @@ class Walker:
 
     def expr(self, root: ast.AST) -> None:
         info = self.info
-        stack = [root]
-        pop, push = stack.pop, stack.append
+        stack: list[ast.AST | None] = [root]
+        pop, push, extend = stack.pop, stack.append, stack.extend
         while stack:
             node = pop()
+            if node is None:  # Dict keys for `**x`, absent Slice bounds, kw_defaults
+                continue
             t = type(node)
             if t is ast.Call:
                 assert isinstance(node, ast.Call)
-                qual = info.qualify(node.func)
                 last = info.callee_last(node)
+                qual = info.qualify(node.func) if not info.distributed or last in QUALIFIED \
+                    or last.startswith(COLLECTIVE_PREFIXES) else None
                 info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
                                           self.branch))
-                if last in _DIST_NAMES or (qual or "").startswith("torch.distributed"):
+                if not info.distributed and (
+                        last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
                 if last == "no_sync":
                     info.no_sync = True
@@ -212,18 +226,18 @@ class Walker:
                     info.subscripts.append(node)  # type: ignore[arg-type]
             elif t is ast.Attribute:
                 attr = node.attr  # type: ignore[attr-defined]
-                if attr.startswith("BatchNorm"):
-                    info.batchnorm = True
-                elif attr == "cuda":
+                if attr == "cuda":
                     info.uses_cuda = True
+                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
+                    info.batchnorm = True
             fields = _CHILD_FIELDS.get(t)
             if fields is None:  # () is a valid entry (Name, Constant): test for None
                 fields = _child_fields(t)
+            # Past the leaf fields and Constant (handled above), a child field of an
+            # expression holds a node, a list of nodes, or None: no isinstance needed.
             for f in fields:
                 v = getattr(node, f, None)
                 if type(v) is list:
-                    for x in v:
-                        if isinstance(x, _AST):
-                            push(x)
-                elif isinstance(v, _AST):
+                    extend(v)
+                elif v is not None:
                     push(v)
