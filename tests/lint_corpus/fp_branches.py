@@ -37,7 +37,7 @@ def main_worker(gpu, ngpus_per_node, args, model, train_set, val_set):
         train_sampler.set_epoch(epoch)
         for x, y in train_loader:
             torch.nn.functional.cross_entropy(model(x), y).backward()
-        for x, y in val_loader:
+        for x, _ in val_loader:
             model(x)
         if args.rank == 0:
             sanity_check(model.state_dict())

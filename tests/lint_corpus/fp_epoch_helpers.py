@@ -29,11 +29,11 @@ def main(model, dataset, val_set, optimizer, epochs):
     val_loader = torch.utils.data.DataLoader(val_set, batch_size=8, sampler=val_sampler)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        for step, (x, y) in enumerate(loader, start=epoch * len(loader)):
+        for step, (x, _y) in enumerate(loader, start=epoch * len(loader)):
             adjust_learning_rate(optimizer, loader, step)
             model(x).sum().backward()
             if step % 1000 == 0:  # a mid-epoch evaluation inside the batch loop
                 train_one_epoch(model, val_loader, optimizer)
-    for epoch in range(epochs):  # expect: DDP001
+    for _epoch in range(epochs):  # expect: DDP001
         train_one_epoch(model, data_loader=loader, optimizer=optimizer)
     dist.destroy_process_group()
