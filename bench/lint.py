@@ -2,7 +2,9 @@
 
 Generates N scripts of about 300 lines (DDP training code in several styles, with and
 without the seeds' bugs), then times, in one run: reading + ast.parse only, and the full lint
-(parse + rules) in one process, and with --jobs N processes. Target: lint <= 2x parse.
+(parse + rules) in one process, and with --jobs N processes, in interleaved rounds.
+Target: lint <= 2x parse, on the CPU time of this process (the VM is shared, wall time is
+printed beside it).
 
     python bench/lint.py [--files 1000] [--jobs 2]
 """
@@ -137,30 +139,45 @@ def main() -> None:
         def lint_jobs() -> int:
             return len(lint_paths([root], sel, jobs=args.jobs))
 
-        timings: dict[str, float] = {}
+        # Rounds interleave parse and lint so both meet the same machine load (the VM is
+        # shared); the ratio uses CPU time of this process, which other jobs' load moves
+        # least. --jobs runs afterwards (its worker processes would load the next round),
+        # and only its wall time means anything.
+        runs = [("ast.parse (floor)", parse_all), ("lint, 1 process", lint_all)]
+        timings: dict[str, float] = {name: float("inf") for name, _ in runs}
+        cpu: dict[str, float] = dict(timings)
         findings = 0
-        for name, fn in [("ast.parse (floor)", parse_all), ("lint, 1 process", lint_all),
-                         (f"lint, --jobs {args.jobs}", lint_jobs)]:
-            best = float("inf")
-            for _ in range(args.repeat):
-                t0 = time.perf_counter()
+        for _ in range(args.repeat):
+            for name, fn in runs:
+                t0, c0 = time.perf_counter(), time.process_time()
                 out = fn()
-                best = min(best, time.perf_counter() - t0)
+                timings[name] = min(timings[name], time.perf_counter() - t0)
+                cpu[name] = min(cpu[name], time.process_time() - c0)
                 if isinstance(out, int):
                     findings = out
-            timings[name] = best
+        jobs_name = f"lint, --jobs {args.jobs}"
+        timings[jobs_name] = float("inf")
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            lint_jobs()
+            timings[jobs_name] = min(timings[jobs_name], time.perf_counter() - t0)
     floor = timings["ast.parse (floor)"]
     print(f"{args.files} files, {lines} lines ({lines / args.files:.0f}/file), "
-          f"{findings} findings, best of {args.repeat}")
-    print(f"{'run':<22}{'seconds':>10}{'files/s':>10}{'x parse':>10}")
+          f"{findings} findings, best of {args.repeat} interleaved rounds")
+    print(f"{'run':<22}{'wall s':>10}{'files/s':>10}{'x parse':>10}{'cpu s':>10}{'x parse':>10}")
     rows = []
     for name, sec in timings.items():
         ratio = sec / floor
-        print(f"{name:<22}{sec:>10.3f}{args.files / sec:>10.0f}{ratio:>10.2f}")
+        c = cpu.get(name)
+        cpu_cols = f"{c:>10.3f}{c / cpu['ast.parse (floor)']:>10.2f}" if c is not None else \
+            f"{'-':>10}{'-':>10}"
+        print(f"{name:<22}{sec:>10.3f}{args.files / sec:>10.0f}{ratio:>10.2f}{cpu_cols}")
         rows.append({"run": name, "seconds": sec, "files_per_s": args.files / sec,
-                     "ratio_to_parse": ratio})
-    ratio1 = timings["lint, 1 process"] / floor
-    print(f"target lint <= 2.0x parse: {'MET' if ratio1 <= 2.0 else 'MISSED'} ({ratio1:.2f}x)")
+                     "ratio_to_parse": ratio, "cpu_seconds": c})
+    print(f"wall x parse, 1 process: {timings['lint, 1 process'] / floor:.2f}")
+    ratio1 = cpu["lint, 1 process"] / cpu["ast.parse (floor)"]
+    print(f"target lint <= 2.0x parse (cpu): {'MET' if ratio1 <= 2.0 else 'MISSED'} "
+          f"({ratio1:.2f}x)")
     out = Path(__file__).resolve().parent / "results" / "lint.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"files": args.files, "lines": lines, "findings": findings,

@@ -33,7 +33,7 @@ def test_json_and_sarif(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     results = doc["runs"][0]["results"]
     assert doc["version"] == "2.1.0"
-    assert {x["ruleId"] for x in results} == {"DDP001", "DDP002", "DDP003"}
+    assert {x["ruleId"] for x in results} == {"DDP001", "DDP002"}
     assert results[0]["locations"][0]["physicalLocation"]["region"]["startLine"] > 0
 
 

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 from .engine import Selection
-
-
-def _toml_loads(text: str) -> dict[str, Any] | None:
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib.loads(text)
-    try:  # pragma: no cover - Python 3.10 only
-        import tomli
-    except ImportError:  # pragma: no cover
-        warnings.warn("pyproject.toml settings ignored: install `tomli` on Python 3.10",
-                      stacklevel=2)
-        return None
-    return tomli.loads(text)  # pragma: no cover
-
-
-def find_pyproject(start: Path) -> Path | None:
-    start = start.resolve()
-    for d in [start, *start.parents] if start.is_dir() else list(start.parents):
-        candidate = d / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
+from .project import find_pyproject, toml_loads
 
 
 def _codes(table: dict[str, Any], key: str, source: Path) -> tuple[str, ...]:
@@ -49,7 +25,7 @@ def load_selection(start: Path, select: tuple[str, ...] = (), ignore: tuple[str,
     table: dict[str, Any] = {}
     path = find_pyproject(start)
     if path is not None:
-        data = _toml_loads(path.read_text(encoding="utf-8")) or {}
+        data = toml_loads(path.read_text(encoding="utf-8")) or {}
         table = data.get("tool", {}).get("ddpguard", {}).get("lint", {})
     if not isinstance(table, dict):
         raise ValueError(f"{path}: [tool.ddpguard.lint] must be a table")

@@ -7,35 +7,24 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .provenance import GLOBAL, LOCAL, NONE, dotted, test_level
+
 Func = ast.FunctionDef | ast.AsyncFunctionDef
 Loop = ast.For | ast.AsyncFor | ast.While
 
-# Guard levels: 0 = runs on every rank, 1 = inside a branch on the global rank,
-# 2 = inside a branch on the local rank only (every node's local rank 0 takes it).
-NONE, GLOBAL, LOCAL = 0, 1, 2
+# Guard levels (provenance.py): NONE = runs on every rank, GLOBAL = inside a branch on the
+# global rank, LOCAL = inside a branch on the local rank only (every node's local rank 0).
 
-_RANK_ATTRS = {"rank", "global_rank", "local_rank", "node_rank", "process_index",
-               "local_process_index", "gpu"}
-_RANK_PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_rank0",
-                    "is_global_zero", "is_local_main", "is_local_main_process",
-                    "is_local_master", "is_world_process_zero", "is_local_process_zero"}
-_LOCAL_HINTS = ("local",)
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
+COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                       "gather", "scatter")
+COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
+# The only callees whose fully qualified name a rule reads (CallRec.qual); for the rest the
+# walker skips resolving it once the module is known to be distributed.
+QUALIFIED = {"save", "load", "print", *COLLECTIVE_EXACT}
 
 
-def dotted(node: ast.AST) -> str | None:
-    """`a.b.c` for a Name/Attribute chain, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
-@dataclass
+@dataclass(slots=True)
 class CallRec:
     node: ast.Call
     qual: str | None        # callee resolved through imports: torch.distributed.barrier
@@ -43,9 +32,10 @@ class CallRec:
     guard: int
     loops: tuple[Loop, ...]
     func: Func | None
+    branch: tuple[tuple[int, int], ...] = ()   # (id(if), arm) from the function's top down
 
 
-@dataclass
+@dataclass(slots=True)
 class LoopRec:
     node: Loop
     loops: tuple[Loop, ...]  # enclosing loops, outermost first
@@ -63,15 +53,21 @@ class ModuleInfo:
     funcs: dict[str, list[Func]] = field(default_factory=dict)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     nccl_strings: list[ast.Constant] = field(default_factory=list)
+    subscripts: list[ast.Subscript] = field(default_factory=list)  # x[a:b:c], f(...)[i]
     rank_names: dict[str, int] = field(default_factory=dict)   # name -> GLOBAL/LOCAL
     rank_funcs: dict[str, int] = field(default_factory=dict)
-    guarded_funcs: set[Func] = field(default_factory=set)
+    guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
     no_sync: bool = False
     uses_cuda: bool = False
     distributed: bool = False
     multi_node: bool = False
     batchnorm: bool = False
-    _memo: dict[tuple[str, int], object] = field(default_factory=dict, repr=False)
+    buffers: bool = False             # register_buffer in this module (DDP006's certainty)
+    wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
+    has_main: bool = False            # an `if __name__ == "__main__":` block: a script
+    torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
+    _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+    _last: dict[int, str] = field(default_factory=dict, repr=False)   # callee_last cache
 
     # -- name resolution -------------------------------------------------------------
     def qualify(self, node: ast.AST) -> str | None:
@@ -105,11 +101,10 @@ class ModuleInfo:
         return out
 
     def callee_last(self, call: ast.Call) -> str:
-        key = ("last", id(call))
-        hit = self._memo.get(key)
+        hit = self._last.get(id(call))
         if hit is None:
-            hit = self._memo[key] = self._callee_last(call)
-        return hit  # type: ignore[return-value]
+            hit = self._last[id(call)] = self._callee_last(call)
+        return hit
 
     def _callee_last(self, call: ast.Call) -> str:
         f = call.func
@@ -134,13 +129,13 @@ class ModuleInfo:
 
     def samplers_of(self, node: ast.AST, depth: int = 0) -> list[ast.Call]:
         """Distributed samplers behind a loader/sampler expression (loop iterables unwrapped)."""
-        key = ("samplers", id(node))
-        if depth == 0 and key in self._memo:
-            return self._memo[key]  # type: ignore[return-value]
-        result = self._samplers_of(node, depth)
-        if depth == 0:
-            self._memo[key] = result
-        return result
+        # Memoized at every depth: `self.loader` in a module of many classes resolves to every
+        # class's loader, each to every class's sampler (quadratic without the memo).
+        key = ("samplers", id(node), depth)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._samplers_of(node, depth)
+        return hit  # type: ignore[return-value]
 
     def _samplers_of(self, node: ast.AST, depth: int) -> list[ast.Call]:
         while isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
@@ -160,19 +155,38 @@ class ModuleInfo:
                 found.append(v)
         return found
 
+    def is_ddp_call(self, node: ast.AST) -> bool:
+        """`DistributedDataParallel(...)` under any alias, or a wrapper helper such as
+        yolov5's `smart_DDP(model)`."""
+        if not isinstance(node, ast.Call):
+            return False
+        last = self.callee_last(node)
+        return last == "DistributedDataParallel" or last.endswith("_DDP")
+
     def is_ddp_value(self, node: ast.AST) -> bool:
-        return any(isinstance(v, ast.Call) and self.callee_last(v) == "DistributedDataParallel"
-                   for v in self.values_of(node))
+        return any(self.is_ddp_call(v) for v in self.values_of(node))
 
     def ddp_names(self) -> dict[str, int]:
         """Names holding a DDP wrapper -> line where it was wrapped."""
-        out: dict[str, int] = {}
-        for name, entries in self.assigns.items():
-            for line, value in entries:
-                if isinstance(value, ast.Call) and \
-                        self.callee_last(value) == "DistributedDataParallel":
-                    out[name] = min(out.get(name, line), line)
-        return out
+        key = ("ddp_names", 0)
+        hit = self._memo.get(key)
+        if hit is None:
+            out: dict[str, int] = {}
+            for name, entries in self.assigns.items():
+                for line, value in entries:
+                    if self.is_ddp_call(value):
+                        out[name] = min(out.get(name, line), line)
+            hit = self._memo[key] = out
+        return hit  # type: ignore[return-value]
+
+    def ddp_wraps(self, name: str) -> list[CallRec]:
+        """The wrapping calls whose result is assigned to `name`."""
+        key = ("by_node", 0)
+        by_node = self._memo.get(key)
+        if by_node is None:
+            by_node = self._memo[key] = {id(r.node): r for r in self.calls}
+        return [by_node[id(v)] for _, v in self.assigns.get(name, [])  # type: ignore[index]
+                if self.is_ddp_call(v) and id(v) in by_node]  # type: ignore[operator]
 
     def local_callees(self, rec: CallRec) -> list[Func]:
         f = rec.node.func
@@ -186,67 +200,30 @@ class ModuleInfo:
     def effective_guard(self, rec: CallRec | LoopRec) -> int:
         if rec.guard:
             return rec.guard
-        return GLOBAL if rec.func is not None and rec.func in self.guarded_funcs else NONE
+        return self.guarded_funcs.get(rec.func, NONE) if rec.func is not None else NONE
 
     # -- rank conditions --------------------------------------------------------------
     def rank_level(self, node: ast.AST | None) -> int:
         """GLOBAL/LOCAL when `node` (an if-test) depends on the rank, else NONE."""
-        if node is None:
-            return NONE
-        if isinstance(node, ast.BoolOp):
-            levels = [self.rank_level(v) for v in node.values]
-            return GLOBAL if GLOBAL in levels else max(levels)
-        if isinstance(node, ast.UnaryOp):
-            return self.rank_level(node.operand)
-        if isinstance(node, ast.Compare):
-            consts = [c for c in [node.left, *node.comparators] if not _rank_expr(self, c)]
-            # `local_rank != -1` tells distributed from not; it does not split the ranks.
-            if all(_is_minus_one(c) for c in consts) and consts:
-                return NONE
-            levels = [_rank_expr(self, c) for c in [node.left, *node.comparators]]
-            return GLOBAL if GLOBAL in levels else max(levels)
-        return _rank_expr(self, node)
+        return test_level(self, node)
 
 
-def _is_minus_one(node: ast.AST) -> bool:
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return isinstance(node.operand, ast.Constant) and node.operand.value == 1
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return bool(node.elts) and all(_is_minus_one(e) for e in node.elts)
+def dominates(first: CallRec, later: CallRec) -> bool:
+    """`first` runs before `later` on every path that reaches `later`: same function, an
+    enclosing (or the same) branch, earlier line. Sibling `if`/`else` arms never dominate."""
+    n = len(first.branch)
+    return first.func is later.func and later.branch[:n] == first.branch \
+        and first.node.lineno < later.node.lineno
+
+
+def exclusive(a: CallRec, b: CallRec) -> bool:
+    """`a` and `b` sit in different arms of the same `if`: one run takes only one of them."""
+    if a.func is not b.func:
+        return False
+    for x, y in zip(a.branch, b.branch, strict=False):
+        if x != y:
+            return x[0] == y[0]
     return False
-
-
-def _rank_expr(info: ModuleInfo, node: ast.AST) -> int:
-    if isinstance(node, ast.Call):
-        last = info.callee_last(node)
-        if last in ("get_rank", "get_global_rank", "get_node_local_rank"):
-            return LOCAL if "local" in last else GLOBAL
-        if last in _RANK_PREDICATES or last in info.rank_funcs:
-            return LOCAL if "local" in last else info.rank_funcs.get(last, GLOBAL)
-        if last == "int" and node.args:
-            return _rank_expr(info, node.args[0])
-        if last in ("get", "getenv") and node.args and isinstance(node.args[0], ast.Constant):
-            return _env_rank(node.args[0].value)
-        return NONE
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        return _env_rank(node.slice.value)
-    d = dotted(node)
-    if d is None:
-        return NONE
-    if d in info.rank_names:
-        return info.rank_names[d]
-    last = d.rsplit(".", 1)[-1]
-    if last in _RANK_ATTRS or last in _RANK_PREDICATES:
-        return LOCAL if last.startswith(_LOCAL_HINTS) or last == "gpu" else GLOBAL
-    return NONE
-
-
-def _env_rank(key: object) -> int:
-    if key in ("RANK", "SLURM_PROCID"):
-        return GLOBAL
-    if key in ("LOCAL_RANK", "SLURM_LOCALID"):
-        return LOCAL
-    return NONE
 
 
 def loader_samplers(call: ast.Call, first_arg: bool = False) -> list[ast.expr]:
@@ -286,12 +263,16 @@ def _guard_functions(info: ModuleInfo) -> None:
         for fn in fns:
             if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
                    for d in fn.decorator_list):
-                info.guarded_funcs.add(fn)
+                info.guarded_funcs[fn] = GLOBAL
     for _ in range(3):
         changed = False
         for fn, recs in sites.items():
-            if fn not in info.guarded_funcs and all(info.effective_guard(r) for r in recs):
-                info.guarded_funcs.add(fn)
+            if fn in info.guarded_funcs:
+                continue
+            levels = [info.effective_guard(r) for r in recs]
+            if all(levels):
+                # One local-rank site is enough for every node's local rank 0 to run it.
+                info.guarded_funcs[fn] = LOCAL if LOCAL in levels else GLOBAL
                 changed = True
         if not changed:
             break

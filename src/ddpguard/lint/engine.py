@@ -8,12 +8,16 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import rules_data, rules_model, rules_rank
 from .context import build
 from .findings import RULES, SEVERITIES, Finding
+from .project import Version, project_torch_floor
 
-RuleFn = Callable[..., Iterator[tuple[ast.AST, str, str]]]
+# A rule yields (node, code, message) or, where its certainty varies per finding,
+# (node, code, message, severity); a severity set in the configuration wins over both.
+RuleFn = Callable[..., Iterator[tuple[Any, ...]]]
 RULE_FUNCS: dict[str, RuleFn] = {**rules_data.RULES, **rules_rank.RULES, **rules_model.RULES}
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
@@ -53,9 +57,10 @@ class Selection:
         return self.severity.get(code, RULES[code].severity)
 
 
-def lint_source(source: str, path: str = "<string>",
-                selection: Selection | None = None) -> list[Finding]:
-    """Findings for one module's source, sorted by position; never imports or runs it."""
+def lint_source(source: str, path: str = "<string>", selection: Selection | None = None,
+                torch_floor: Version | None = None) -> list[Finding]:
+    """Findings for one module's source, sorted by position; never imports or runs it.
+    `torch_floor`: the oldest torch the project supports, when known (DDP010)."""
     selection = selection or Selection()
     try:
         tree = ast.parse(source, filename=path)
@@ -66,17 +71,19 @@ def lint_source(source: str, path: str = "<string>",
         return [Finding(path, 1, 1, "DDP000", "error", f"cannot parse: {exc}",
                         RULES["DDP000"].fix)]
     info = build(tree)
+    info.torch_floor = torch_floor
     lines = source.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
     for code in selection.codes():
-        for node, hit_code, message in RULE_FUNCS[code](info):
+        for node, hit_code, message, *sev in RULE_FUNCS[code](info):
             line = getattr(node, "lineno", 1)
             col = getattr(node, "col_offset", 0) + 1
             if _suppressed(lines, line, hit_code):
                 continue
             key = (line, col, hit_code)
-            found.setdefault(key, Finding(path, line, col, hit_code,
-                                          selection.severity_of(hit_code), message,
+            severity = selection.severity.get(hit_code) or (sev[0] if sev else
+                                                             RULES[hit_code].severity)
+            found.setdefault(key, Finding(path, line, col, hit_code, severity, message,
                                           RULES[hit_code].fix))
     return [found[k] for k in sorted(found)]
 
@@ -98,7 +105,7 @@ def lint_file(path: str | Path, selection: Selection | None = None) -> list[Find
     except (OSError, UnicodeDecodeError) as exc:
         return [Finding(str(p), 1, 1, "DDP000", "error", f"cannot read: {exc}",
                         "check the file's path and encoding (UTF-8)")]
-    return lint_source(source, str(p), selection)
+    return lint_source(source, str(p), selection, project_torch_floor(p))
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:

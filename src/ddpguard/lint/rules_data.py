@@ -8,19 +8,34 @@ from collections.abc import Iterator
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
 
 Hit = tuple[ast.AST, str, str]   # (node, code, message)
-_EVAL_HINTS = ("val", "test", "eval", "dev")
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
-    if not hasattr(info, "_set_epoch_index"):
-        index = []
-        for rec in info.calls:
-            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute):
-                index.append((rec, info.samplers_of(rec.node.func.value)))
-        info._set_epoch_index = index  # type: ignore[attr-defined]
+    key = ("set_epoch_recs", id(sampler))
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    index = info._memo.get(("set_epoch_index", 0))
+    if index is None:
+        index = info._memo[("set_epoch_index", 0)] = [
+            (rec, {id(s) for s in info.samplers_of(rec.node.func.value)})
+            for rec in info.calls
+            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute)]
     # An unresolved receiver (a parameter, a helper's result) gets the benefit of the doubt.
-    return [rec for rec, found in info._set_epoch_index  # type: ignore[attr-defined]
-            if not found or sampler in found]
+    out = [rec for rec, found in index  # type: ignore[attr-defined]
+           if not found or id(sampler) in found]
+    info._memo[key] = out
+    return out
+
+
+def _reaches_cached(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
+    """`_reaches`, once per loop and target set: class-heavy modules resolve
+    `self.loader` to every class's sampler, all sharing one list of set_epoch calls."""
+    key = ("reaches", id(loop), *map(id, targets))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _reaches(info, loop, targets)
+    return hit  # type: ignore[return-value]
 
 
 def _reaches(info: ModuleInfo, loop: Loop, targets: list[CallRec], depth: int = 2) -> bool:
@@ -55,10 +70,10 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in info.samplers_of(node.iter):
+        for sampler in _shuffling(info.samplers_of(node.iter)):
             if id(epoch_loop) in reported:
                 continue
-            if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
     # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
@@ -66,12 +81,56 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
             continue
         epoch_loop = rec.loops[-1]
-        for arg in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
-            for sampler in info.samplers_of(arg):
-                if not _reaches(info, epoch_loop, _set_epoch_recs(info, sampler)):
+        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
+            continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
+        callees = info.local_callees(rec)
+        passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
+            (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+        for key, arg in passed:
+            samplers = _shuffling(info.samplers_of(arg))
+            if not samplers or not _iterates_param(info, callees, key):
+                continue  # the helper only reads `len(loader)`: it runs no epoch
+            for sampler in samplers:
+                if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
+
+
+def _iterates_param(info: ModuleInfo, fns: list[Func], key: int | str) -> bool:
+    """Some `fn` loops over the parameter at position (or named) `key` (`for b in loader`)."""
+    for fn in fns:
+        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        if isinstance(key, int) and key >= len(params):
+            continue
+        name = params[key] if isinstance(key, int) else key
+        if name in _loop_names(info, fn):
+            return True
+    return False
+
+
+def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
+    """Names in the iterables of `fn`'s for-loops (from the walker's loop records)."""
+    key = ("loop_names", id(fn))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = {n.id for lrec in info.loops if lrec.func is fn
+                                 and not isinstance(lrec.node, ast.While)
+                                 for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
+    return hit  # type: ignore[return-value]
+
+
+def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:
+    """set_epoch only reseeds the shuffle: a `shuffle=False` (validation) sampler has the same
+    order every epoch whatever you call."""
+    out = []
+    for s in samplers:
+        sh = kwarg(s, "shuffle")
+        if not (isinstance(sh, ast.Constant) and sh.value is False):
+            out.append(s)
+    return out
 
 
 def _msg001(sampler: ast.Call) -> str:
@@ -92,30 +151,40 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls:
-        call = rec.node
-        if rec.last != "DataLoader" or is_true(kwarg(call, "drop_last")):
-            continue
-        if kwarg(call, "batch_sampler") is not None:
-            continue  # a BatchSampler decides drop_last itself; checked below
-        sampler_expr = kwarg(call, "sampler")
-        if sampler_expr is None:
-            continue
-        name = (dotted(sampler_expr) or "") + " " + _target_name(info, call)
-        if any(h in name.lower() for h in _EVAL_HINTS):
-            continue
-        for sampler in info.samplers_of(sampler_expr):
-            if not is_true(kwarg(sampler, "drop_last")):
-                yield call, "DDP003", ("training DataLoader over a DistributedSampler with "
-                                       "drop_last unset: the last batch differs across ranks")
-                break
+    """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every
+    rank gets the same number of samples; `data[rank::world_size]` and
+    `np.array_split(data, world_size)[rank]` do not when the length does not divide."""
+    for node in info.subscripts:
+        sl = node.slice
+        if isinstance(sl, ast.Slice):
+            if sl.lower is not None and sl.step is not None and info.rank_level(sl.lower) \
+                    and _world_size(info, sl.step):
+                yield node, "DDP003", _msg003(ast.unparse(node))
+        elif isinstance(node.value, ast.Call) and info.rank_level(sl) and \
+                info.callee_last(node.value) in _SPLITS and \
+                any(_world_size(info, a) for a in node.value.args[1:]):
+            yield node, "DDP003", _msg003(ast.unparse(node))
 
 
-def _target_name(info: ModuleInfo, value: ast.expr) -> str:
-    for name, entries in info.assigns.items():
-        if any(v is value for _, v in entries):
-            return name
-    return ""
+_SPLITS = {"array_split", "chunk", "split", "tensor_split"}
+_WORLD_HINTS = ("world", "num_replicas", "nproc", "ngpus", "num_gpus", "num_processes")
+
+
+def _world_size(info: ModuleInfo, node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("get_world_size", "int") and (last != "int" or node.args):
+            return last == "get_world_size" or _world_size(info, node.args[0])
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value in ("WORLD_SIZE", "SLURM_NTASKS")
+    name = (dotted(node) or "").rsplit(".", 1)[-1].lower()
+    return any(h in name for h in _WORLD_HINTS)
+
+
+def _msg003(expr: str) -> str:
+    return (f"manual shard `{expr}`: when the length is not a multiple of the world size the "
+            "ranks get different numbers of samples, so they run different numbers of steps "
+            "and the extra step's all-reduce hangs")
 
 
 def _returns_none_or_filters(fn: Func) -> ast.AST | None:
@@ -165,12 +234,27 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         node = lrec.node
         if isinstance(node, ast.While):
             continue
+        skips = [s for s in node.body if isinstance(s, ast.If) and any(
+            isinstance(b, ast.Continue | ast.Break) for b in s.body)]
+        if not skips or not _batch_loop(info, node.iter):
+            continue
         names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-        for s in node.body:
-            if isinstance(s, ast.If) and any(isinstance(b, ast.Continue | ast.Break)
-                                             for b in s.body) and _empty_test(s.test, names):
+        for s in skips:
+            if _empty_test(s.test, names):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
+
+
+def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
+    """A loop over a DataLoader (or something named like one), not `kwargs.items()`."""
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args \
+            and it.func.id in ("enumerate", "tqdm", "iter", "zip"):
+        it = it.args[0]
+    if any(isinstance(v, ast.Call) and info.callee_last(v) == "DataLoader"
+           for v in info.values_of(it)):
+        return True
+    name = (dotted(it) or "").rsplit(".", 1)[-1].lower()
+    return "loader" in name or name in ("batches", "data_iter", "train_iter")
 
 
 RULES = {"DDP001": ddp001, "DDP002": ddp002, "DDP003": ddp003, "DDP004": ddp004}

@@ -6,7 +6,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from .context import ModuleInfo, dotted, is_true, kwarg
+from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
 
 Hit = tuple[ast.AST, str, str]
 
@@ -20,17 +20,30 @@ _NCCL_FIX = {
 
 
 def ddp008(info: ModuleInfo) -> Iterator[Hit]:
+    """Only a state_dict that is saved: `sanity_check(model.state_dict())` is no checkpoint."""
     ddp = info.ddp_names()
     if not ddp:
         return
+    seen: set[int] = set()
     for rec in info.calls:
-        f = rec.node.func
-        if rec.last != "state_dict" or not isinstance(f, ast.Attribute):
+        if "save" not in rec.last.lower():
             continue
-        owner = dotted(f.value)
-        if owner in ddp and rec.node.lineno > ddp[owner]:
-            yield rec.node, "DDP008", (f"`{owner}.state_dict()` is the DDP wrapper's: every key "
-                                       "gets a `module.` prefix and a plain model cannot load it")
+        roots: list[ast.AST] = [*rec.node.args, *(k.value for k in rec.node.keywords)]
+        for arg in list(roots):  # `ckpt = {...}; save(ckpt)`: the dict it was built from
+            if isinstance(arg, ast.Name):
+                roots.extend(v for _, v in info.assigns.get(arg.id, []))
+        for root in roots:
+            for node in ast.walk(root):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "state_dict") or id(node) in seen:
+                    continue
+                owner = dotted(node.func.value)
+                if owner in ddp and node.lineno > ddp[owner]:
+                    seen.add(id(node))
+                    yield node, "DDP008", (
+                        f"`{owner}.state_dict()` of the DDP wrapper is saved: every key gets a "
+                        "`module.` prefix, so an unwrapped model (evaluation, fine-tuning, a "
+                        "single-GPU resume) cannot load it without renaming")
 
 
 def ddp009(info: ModuleInfo) -> Iterator[Hit]:
@@ -49,17 +62,47 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def ddp010(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls:
-        if rec.qual != "torch.load":
-            continue
-        missing = []
-        if not is_true(kwarg(rec.node, "weights_only")):
-            missing.append("weights_only=True (unpickling runs arbitrary code)")
-        if info.distributed and kwarg(rec.node, "map_location") is None \
-                and len(rec.node.args) < 2:
-            missing.append("map_location (every rank loads onto the saving GPU)")
-        if missing:
-            yield rec.node, "DDP010", "torch.load without " + " and without ".join(missing)
+    """Advice that is true for the torch versions the project supports: since torch 2.6
+    `weights_only` defaults to True, so only an explicit False, or a project that still
+    supports older torch, unpickles arbitrary objects."""
+    loads = [r for r in info.calls if r.qual == "torch.load"]
+    for rec in loads:
+        call = rec.node
+        if any(k.arg is None for k in call.keywords):
+            continue  # `**kwargs`: the caller decides; nothing to see here
+        path = call.args[0] if call.args else kwarg(call, "f")
+        external = path is not None and not _constant_path(path)
+        wo = kwarg(call, "weights_only")
+        src = f"`{ast.unparse(path)}`" if path is not None else "the file"
+        if isinstance(wo, ast.Constant) and wo.value is False and external:
+            yield call, "DDP010", (f"torch.load(weights_only=False) unpickles whatever {src} "
+                                   "holds: a crafted file runs code on every rank that loads it")
+        elif wo is None and external and info.torch_floor is not None \
+                and info.torch_floor < (2, 6):
+            floor = "< 2.6" if info.torch_floor == (0, 0) else \
+                f">= {info.torch_floor[0]}.{info.torch_floor[1]}"
+            yield call, "DDP010", (f"the project allows torch {floor} (pyproject.toml), where "
+                                   "torch.load defaults to weights_only=False (before 2.6): "
+                                   f"loading {src} unpickles arbitrary objects")
+        elif info.distributed and info.uses_cuda and kwarg(call, "map_location") is None \
+                and len(call.args) < 2 and not _sibling_maps(rec, loads):
+            yield call, "DDP010", ("torch.load without map_location in a CUDA DDP script: every "
+                                   "rank restores the tensors onto the GPU that saved them "
+                                   "(usually cuda:0), which costs that GPU memory or OOMs")
+
+
+def _constant_path(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    return isinstance(node, ast.JoinedStr) and all(
+        isinstance(v, ast.Constant) for v in node.values)
+
+
+def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
+    """`if gpu is None: torch.load(p) else: torch.load(p, map_location=loc)`: the author
+    chose per branch (the first serves the one-process-per-node / CPU launch)."""
+    return any(o is not rec and kwarg(o.node, "map_location") is not None and exclusive(rec, o)
+               for o in loads)
 
 
 def ddp011(info: ModuleInfo) -> Iterator[Hit]:
@@ -70,54 +113,105 @@ def ddp011(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def ddp012(info: ModuleInfo) -> Iterator[Hit]:
+    # A helper module's `init_distributed_mode()` cannot tear down what its caller still
+    # uses; the finding belongs in the script (a DDP wrap or a `__main__` block).
+    if not (info.has_main or info.wraps_ddp):
+        return
     inits = [r for r in info.calls if r.last == "init_process_group"]
     if inits and not any(r.last in ("destroy_process_group", "shutdown") for r in info.calls):
-        yield inits[0].node, "DDP012", ("init_process_group without destroy_process_group: "
-                                        "ranks can exit while others still wait on them")
+        yield inits[0].node, "DDP012", (
+            "the process group is never destroyed: torch (2.4+) warns at exit that pending "
+            "NCCL work may not have finished, and a rank that exits first can leave a peer "
+            "blocked in a collective")
 
 
 def ddp013(info: ModuleInfo) -> Iterator[Hit]:
-    if info.no_sync or not info.ddp_names():
+    if info.no_sync or not info.wraps_ddp:
         return
     for lrec in info.loops:
         for node in ast.walk(lrec.node):
-            if not isinstance(node, ast.If) or not _has_modulo(node.test):
+            if not isinstance(node, ast.If) or not _accumulates(node.test):
                 continue
             for sub in node.body:
                 for call in ast.walk(sub):
-                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
-                            and call.func.attr == "step" and "opt" in (
-                                dotted(call.func.value) or "").lower():
-                        yield call, "DDP013", ("optimizer steps every k iterations but the "
-                                               "micro-steps all-reduce gradients anyway: use "
-                                               "model.no_sync()")
+                    if isinstance(call, ast.Call) and _is_optimizer_step(call):
+                        yield call, "DDP013", (
+                            "the optimizer steps once every few iterations but every "
+                            "micro-step's backward all-reduces the gradients anyway: wrap the "
+                            "micro-steps in model.no_sync()")
                         return
 
 
-def _has_modulo(test: ast.expr) -> bool:
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
+def _accumulates(test: ast.expr) -> bool:
+    """`(i + 1) % k == 0`, or a counter such as `ni - last_opt_step >= accumulate`."""
+    for n in ast.walk(test):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
+            return True
+        if isinstance(n, ast.Compare) and any(isinstance(op, ast.GtE | ast.Gt) for op in n.ops) \
+                and any("accum" in (dotted(x) or "").lower() for x in [n.left, *n.comparators]):
+            return True
+    return False
+
+
+def _is_optimizer_step(call: ast.Call) -> bool:
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "step"):
+        return False
+    # `optimizer.step()`, or AMP's `scaler.step(optimizer)`
+    return any("opt" in (dotted(x) or "").lower() for x in [f.value, *call.args])
 
 
 def ddp014(info: ModuleInfo) -> Iterator[Hit]:
+    # In a script that also wraps in DDP, DataParallel is the single-process fallback branch
+    # (pytorch/examples' imagenet, yolov5): a deliberate choice, not a finding.
+    if info.wraps_ddp:
+        return
     for rec in info.calls:
         if rec.last == "DataParallel":
-            yield rec.node, "DDP014", ("nn.DataParallel: single-process, slower than DDP and "
-                                       "deprecated for multi-GPU training")
+            yield rec.node, "DDP014", (
+                "nn.DataParallel runs every GPU from one process: threads bound by the GIL, "
+                "the model replicated and outputs gathered on the first GPU each step, "
+                "markedly slower than DistributedDataParallel")
 
 
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
+    set_devices = [r for r in info.calls if r.last == "set_device"]
     for rec in info.calls:
         f = rec.node.func
         if rec.last in ("to", "cuda") and isinstance(f, ast.Attribute):
             owner = dotted(f.value)
-            if owner in ddp and rec.node.lineno > ddp[owner]:
+            # Only a wrap on every path to this call counts: a `.cuda()` in the sibling
+            # `else` (or in the DataParallel / CPU branch) never meets that wrapper.
+            if owner in ddp and any(dominates(w, rec) for w in info.ddp_wraps(owner)):
                 yield rec.node, "DDP015", (f"`{owner}.{rec.last}()` after DDP wrapping: DDP "
                                            "already placed its buckets; move the model first")
         elif rec.last == "DistributedDataParallel" and info.uses_cuda and \
-                kwarg(rec.node, "device_ids") is None and len(rec.node.args) < 2:
-            yield rec.node, "DDP015", ("CUDA DDP without device_ids: pass "
-                                       "device_ids=[local_rank] so each rank uses its own GPU")
+                kwarg(rec.node, "device_ids") is None and len(rec.node.args) < 2 and \
+                not _placed_per_rank(info, rec, set_devices):
+            yield rec.node, "DDP015", (
+                "DDP without device_ids on a model placed with a bare .cuda() and no "
+                "torch.cuda.set_device on this path: every process of a node uses the current "
+                "device (cuda:0); DDP has not spread one process over several GPUs since "
+                "torch 1.9")
+
+
+def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]) -> bool:
+    if any(not exclusive(s, wrap) for s in set_devices):
+        return True
+    # `DDP(model.to(local_rank))`, or `model.cuda(gpu)` on the way: placed on a chosen device
+    arg = wrap.node.args[0] if wrap.node.args else kwarg(wrap.node, "module")
+    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
+        return arg.func.attr in ("to", "cuda") and bool(arg.args or arg.keywords)
+    name = dotted(arg) if arg is not None else None
+    for rec in info.calls:
+        f = rec.node.func
+        if rec.last in ("to", "cuda") and isinstance(f, ast.Attribute) \
+                and dotted(f.value) == name and (rec.node.args or rec.node.keywords) \
+                and rec.func is wrap.func and not exclusive(rec, wrap) \
+                and rec.node.lineno <= wrap.node.lineno:
+            return True
+    return False
 
 
 RULES = {"DDP008": ddp008, "DDP009": ddp009, "DDP010": ddp010, "DDP011": ddp011,

@@ -5,20 +5,28 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .context import LOCAL, NONE, CallRec, ModuleInfo, dotted
+from .context import (
+    COLLECTIVE_EXACT,
+    COLLECTIVE_PREFIXES,
+    LOCAL,
+    NONE,
+    CallRec,
+    Func,
+    ModuleInfo,
+    dotted,
+    kwarg,
+)
 
-Hit = tuple[ast.AST, str, str]
+# (node, code, message[, severity]): see engine.RuleFn
+Hit = tuple[ast.AST, str, str] | tuple[ast.AST, str, str, str]
 
-_COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                        "gather", "scatter")
-_COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
 _EVAL_HINTS = ("eval", "valid", "test", "predict", "infer")
 _LOG_CALLS = {"print", "info", "warning", "log", "add_scalar", "add_scalars", "write",
               "log_metrics", "save", "save_checkpoint", "dump"}
 
 
 def is_collective(rec: CallRec) -> bool:
-    if not (rec.last in _COLLECTIVE_EXACT or rec.last.startswith(_COLLECTIVE_PREFIXES)):
+    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
         return False
     return (rec.qual or "").startswith("torch.distributed.")
 
@@ -34,26 +42,61 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
     if not ddp:
         return
+    # Certain to hang only when the wrapper has buffers to broadcast: BatchNorm (or an
+    # explicit register_buffer) in this module, and broadcast_buffers not switched off.
+    sev = "error" if (info.batchnorm or info.buffers) and not any(
+        isinstance(k.value, ast.Constant) and k.value.value is False
+        for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
+        for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
+    why = ("DDP's buffer broadcast at the start of every forward waits for the other ranks "
+           "(a hang whenever the model has buffers, e.g. BatchNorm)")
     for rec in info.calls:
-        if not info.effective_guard(rec):
+        level = info.effective_guard(rec)
+        if not level:
             continue
         f = rec.node.func
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
             else dotted(f)
-        if target in ddp and rec.node.lineno > ddp[target]:
-            yield rec.node, "DDP006", (f"forward of the DDP model `{target}` inside a rank "
-                                       "branch: DDP's buffer broadcast waits for the other ranks")
+        if target in ddp:
+            if rec.guard and rec.node.lineno > ddp[target]:
+                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` inside a "
+                       f"rank branch: {why}", sev)
+                continue
+            site = _guarded_site(info, rec)
+            if not rec.guard and site is not None and site.node.lineno > ddp[target] \
+                    and rec.func is not None and _global_to(rec.func, target):
+                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` in "
+                       f"{rec.func.name}(), which is called only inside a rank branch (line "
+                       f"{site.node.lineno}): {why}", sev)
+                continue
+        if not rec.guard:
             continue
         # `if rank == 0: evaluate(model, ...)` with the DDP wrapper as an argument.
         args = [dotted(a) for a in rec.node.args] + [dotted(k.value) for k in rec.node.keywords]
         passed = [a for a in args if a in ddp and rec.node.lineno > ddp[a]]
         if passed and (info.local_callees(rec) and _forwards_a_param(info.local_callees(rec))
                        or any(h in rec.last.lower() for h in _EVAL_HINTS)):
-            yield rec.node, "DDP006", (f"{rec.last}() runs the DDP model `{passed[0]}` on the "
-                                       "ranks of this branch only (seed 000's epoch-2 hang)")
+            yield (rec.node, "DDP006", f"{rec.last}() runs the DDP model `{passed[0]}` on the "
+                   f"ranks of this branch only: {why}", sev)
 
 
-def _forwards_a_param(fns: list[ast.FunctionDef | ast.AsyncFunctionDef]) -> bool:
+def _guarded_site(info: ModuleInfo, rec: CallRec) -> CallRec | None:
+    """The rank-guarded call that makes `rec`'s function run on some ranks only."""
+    for site in info.calls:
+        if site.guard and rec.func in info.local_callees(site):
+            return site
+    return None
+
+
+def _global_to(fn: Func, name: str) -> bool:
+    """`name` inside `fn` is the module's (or the instance's) object, not a parameter."""
+    if name.startswith("self."):
+        return True
+    params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+    return name.split(".", 1)[0] not in params
+
+
+def _forwards_a_param(fns: list[Func]) -> bool:
     for fn in fns:
         params = {a.arg for a in fn.args.args} - {"self"}
         for node in ast.walk(fn):
@@ -66,10 +109,41 @@ def _forwards_a_param(fns: list[ast.FunctionDef | ast.AsyncFunctionDef]) -> bool
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed:
         return
+    used: set[str] | None = None
     for rec in info.calls:
-        if rec.qual == "torch.save" and not info.effective_guard(rec):
-            yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
-                                       "file at once (torn or clobbered checkpoints)")
+        if rec.qual != "torch.save" or info.effective_guard(rec) or _in_memory(info, rec.node):
+            continue
+        # A helper nobody here calls (`utils.save_checkpoint`) runs under its caller's guard,
+        # which lives in another module: no claim about it can be true here.
+        if rec.func is not None:
+            used = _referenced_names(info) if used is None else used
+            if rec.func.name not in used:
+                continue
+        yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
+                                   "file at once (torn or clobbered checkpoints)")
+
+
+def _referenced_names(info: ModuleInfo) -> set[str]:
+    """Function names this module calls or passes on (`mp.spawn(main_worker, ...)`)."""
+    out: set[str] = set()
+    for rec in info.calls:
+        f = rec.node.func
+        out.add(f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name)
+                else "")
+        for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
+            name = dotted(a)
+            if name is not None:
+                out.add(name.rsplit(".", 1)[-1])
+    return out
+
+
+def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
+    """`torch.save(obj, io.BytesIO())`: a buffer per process, nothing shared is written."""
+    dest = call.args[1] if len(call.args) > 1 else kwarg(call, "f")
+    if dest is None:
+        return False
+    return any(isinstance(v, ast.Call) and info.callee_last(v) == "BytesIO"
+               for v in [dest, *info.values_of(dest)])
 
 
 def ddp016(info: ModuleInfo) -> Iterator[Hit]:
@@ -80,8 +154,10 @@ def ddp016(info: ModuleInfo) -> Iterator[Hit]:
         if name is None:
             continue
         scope: list[ast.stmt] = list(rec.func.body) if rec.func is not None else info.tree.body
+        end = rec.node.end_lineno or rec.node.lineno
+        # Statements that end before the reduce cannot read its result: skip their subtrees.
+        scope = [st for st in scope if (st.end_lineno or st.lineno) > end]
         for node, guard in _guarded_nodes(info, scope):
-            end = rec.node.end_lineno or rec.node.lineno
             if guard or node.lineno <= end:
                 continue
             if isinstance(node, ast.Name | ast.Attribute) and dotted(node) == name \
@@ -119,12 +195,28 @@ def ddp017(info: ModuleInfo) -> Iterator[Hit]:
     if not info.multi_node:
         return
     for rec in info.calls:
-        if rec.guard != LOCAL or rec.last not in _LOG_CALLS:
+        if rec.guard != LOCAL:
             continue
-        if rec.last == "save" and rec.qual != "torch.save":
-            continue
-        yield rec.node, "DDP017", (f"{rec.last}() is guarded by the local rank in a multi-node "
-                                   "script: local rank 0 of every node runs it")
+        saved = _saves_in(info, info.local_callees(rec), 2)
+        if saved is not None:
+            yield rec.node, "DDP017", (
+                f"{rec.last}() writes a checkpoint (torch.save, line {saved}) under a "
+                "local-rank test in a multi-node script: local rank 0 of every node writes "
+                "the same file")
+        elif rec.last in _LOG_CALLS and (rec.last != "save" or rec.qual == "torch.save"):
+            yield rec.node, "DDP017", (f"{rec.last}() is guarded by the local rank in a "
+                                       "multi-node script: local rank 0 of every node runs it")
+
+
+def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
+    """Line of a torch.save that `fns` reach (through local calls, `depth` levels)."""
+    for rec in info.calls:
+        if rec.func in fns:
+            if rec.qual == "torch.save" and not _in_memory(info, rec.node):
+                return rec.node.lineno
+            if depth and (line := _saves_in(info, info.local_callees(rec), depth - 1)):
+                return line
+    return None
 
 
 def ddp018(info: ModuleInfo) -> Iterator[Hit]:

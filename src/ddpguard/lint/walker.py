@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import ast
 
-from .context import GLOBAL, NONE, CallRec, Func, Loop, LoopRec, ModuleInfo, dotted
+from .context import (
+    COLLECTIVE_PREFIXES,
+    GLOBAL,
+    NONE,
+    QUALIFIED,
+    CallRec,
+    Func,
+    Loop,
+    LoopRec,
+    ModuleInfo,
+    dotted,
+)
 
-_AST = ast.AST
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
 _MULTI_NODE_STRINGS = {"RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NODEID", "GROUP_RANK",
-                       "nnodes", "node_rank", "--nnodes", "MASTER_ADDR"}
+                       "nnodes", "node_rank", "--nnodes"}
+# (MASTER_ADDR is not among them: single-node scripts set it to localhost.)
 _DIST_NAMES = {"DistributedDataParallel", "DistributedSampler", "init_process_group"}
 # Fields that never hold child expressions (contexts, operators, identifiers): skipping them
 # halves the nodes the expression walk touches.
@@ -34,6 +45,11 @@ def _combine(outer: int, inner: int) -> int:
     return GLOBAL if GLOBAL in (outer, inner) else inner
 
 
+def _is_main_guard(test: ast.expr) -> bool:
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) \
+        and test.left.id == "__name__"
+
+
 class Walker:
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
@@ -41,6 +57,7 @@ class Walker:
         self.loops: tuple[Loop, ...] = ()
         self.func: Func | None = None
         self.in_class = False
+        self.branch: tuple[tuple[int, int], ...] = ()
 
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
@@ -60,9 +77,14 @@ class Walker:
             self.expr(s.test)
             saved = self.guard
             self.guard = _combine(saved, info.rank_level(s.test))
+            saved_branch = self.branch
+            self.branch = saved_branch + ((id(s), 0),)
             self.block(s.body)
+            self.branch = saved_branch + ((id(s), 1),)
             self.block(s.orelse)
-            self.guard = saved
+            self.guard, self.branch = saved, saved_branch
+            if not self.func and _is_main_guard(s.test):
+                info.has_main = True
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
             assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
             if isinstance(s, ast.While):
@@ -86,10 +108,10 @@ class Walker:
                     level = info.rank_level(last.value)
                     if level:
                         info.rank_funcs[s.name] = level
-            outer = (self.guard, self.loops, self.func, self.in_class)
-            self.guard, self.loops, self.func, self.in_class = NONE, (), s, False
+            outer = (self.guard, self.loops, self.func, self.in_class, self.branch)
+            self.guard, self.loops, self.func, self.in_class, self.branch = NONE, (), s, False, ()
             self.block(s.body)
-            self.guard, self.loops, self.func, self.in_class = outer
+            self.guard, self.loops, self.func, self.in_class, self.branch = outer
         elif t is ast.ClassDef:
             assert isinstance(s, ast.ClassDef)
             info.classes[s.name] = s
@@ -111,8 +133,10 @@ class Walker:
                 name = dotted(tgt)
                 if name is not None:
                     info.assigns.setdefault(name, []).append((s.lineno, value))
-                    if level and not isinstance(value, ast.Call | ast.Subscript):
+                    if level:
                         info.rank_names[name] = level
+                    if name.endswith(".require_backward_grad_sync"):
+                        info.no_sync = True  # nanoGPT's spelling of no_sync
                 else:
                     self.expr(tgt)
         elif t is ast.Import:
@@ -154,24 +178,33 @@ class Walker:
 
     def expr(self, root: ast.AST) -> None:
         info = self.info
-        stack = [root]
-        pop, push = stack.pop, stack.append
+        stack: list[ast.AST | None] = [root]
+        pop, push, extend = stack.pop, stack.append, stack.extend
         while stack:
             node = pop()
+            if node is None:  # Dict keys for `**x`, absent Slice bounds, kw_defaults
+                continue
             t = type(node)
             if t is ast.Call:
                 assert isinstance(node, ast.Call)
-                qual = info.qualify(node.func)
                 last = info.callee_last(node)
-                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func))
-                if last in _DIST_NAMES or (qual or "").startswith("torch.distributed"):
+                qual = info.qualify(node.func) if not info.distributed or last in QUALIFIED \
+                    or last.startswith(COLLECTIVE_PREFIXES) else None
+                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
+                                          self.branch))
+                if not info.distributed and (
+                        last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
                 if last == "no_sync":
                     info.no_sync = True
+                elif last == "DistributedDataParallel" or last.endswith("_DDP"):
+                    info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
                 elif last == "cuda":
                     info.uses_cuda = True
                 elif last.startswith("BatchNorm"):
                     info.batchnorm = True
+                elif last == "register_buffer":
+                    info.buffers = True
                 elif last in ("get_rank", "get_node_local_rank"):
                     info.multi_node = True
             elif t is ast.Constant:
@@ -186,18 +219,25 @@ class Walker:
                     elif v == "LOCAL_RANK":
                         info.distributed = True
                 continue
+            elif t is ast.Subscript:
+                sl = node.slice  # type: ignore[attr-defined]
+                if (type(sl) is ast.Slice and sl.step is not None) \
+                        or type(node.value) is ast.Call:  # type: ignore[attr-defined]
+                    info.subscripts.append(node)  # type: ignore[arg-type]
             elif t is ast.Attribute:
                 attr = node.attr  # type: ignore[attr-defined]
-                if attr.startswith("BatchNorm"):
-                    info.batchnorm = True
-                elif attr == "cuda":
+                if attr == "cuda":
                     info.uses_cuda = True
-            fields = _CHILD_FIELDS.get(t) or _child_fields(t)
+                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
+                    info.batchnorm = True
+            fields = _CHILD_FIELDS.get(t)
+            if fields is None:  # () is a valid entry (Name, Constant): test for None
+                fields = _child_fields(t)
+            # Past the leaf fields and Constant (handled above), a child field of an
+            # expression holds a node, a list of nodes, or None: no isinstance needed.
             for f in fields:
                 v = getattr(node, f, None)
                 if type(v) is list:
-                    for x in v:
-                        if isinstance(x, _AST):
-                            push(x)
-                elif isinstance(v, _AST):
+                    extend(v)
+                elif v is not None:
                     push(v)

@@ -1,0 +1,140 @@
+"""Rank provenance: does an expression depend on the process's rank, and on which kind?
+
+GLOBAL: a value or test derived from the global rank (`RANK`, `dist.get_rank()`,
+`SLURM_PROCID`, `accelerator.process_index`, ...). LOCAL: derived from the rank within a node
+(`LOCAL_RANK`, `SLURM_LOCALID`, `args.gpu`, and `rank % ngpus_per_node`). Values flow through
+assignments (`ddp_rank = int(os.environ["RANK"])`, `master_process = ddp_rank == 0`,
+`self.gpu_id = int(os.environ["LOCAL_RANK"])`), which the walker records in
+`ModuleInfo.rank_names` keyed by dotted name, so `self.` attributes set in one method are seen in
+the others. Pure functions of the node and that table.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .context import ModuleInfo
+
+NONE, GLOBAL, LOCAL = 0, 1, 2
+
+# Names that hold a rank even when the assignment is out of sight (a parameter, another module).
+_GLOBAL_NAMES = {"rank", "global_rank", "ddp_rank", "world_rank", "dist_rank", "node_rank",
+                 "process_index", "process_rank", "proc_rank", "rank_id", "global_rank_id"}
+_LOCAL_NAMES = {"local_rank", "ddp_local_rank", "local_process_index", "gpu", "gpu_id",
+                "local_rank_id", "local_gpu_id"}
+_PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_rank0",
+               "is_global_zero", "is_world_process_zero", "is_primary", "is_global_primary",
+               "is_master_process", "is_local_main", "is_local_main_process",
+               "is_local_master", "is_local_process_zero", "is_local_primary"}
+_RANK_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
+               "get_node_local_rank": LOCAL}
+_ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,
+        "PMI_RANK": GLOBAL, "LOCAL_RANK": LOCAL, "SLURM_LOCALID": LOCAL,
+        "OMPI_COMM_WORLD_LOCAL_RANK": LOCAL, "MPI_LOCALRANKID": LOCAL}
+_PASS_THROUGH = {"int", "str", "bool"}
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    t = type(node)
+    if t is ast.Name:  # the common case, without building a list
+        return node.id  # type: ignore[attr-defined]
+    parts = []
+    while t is ast.Attribute:
+        parts.append(node.attr)  # type: ignore[attr-defined]
+        node = node.value  # type: ignore[attr-defined]
+        t = type(node)
+    if t is ast.Name:
+        parts.append(node.id)  # type: ignore[attr-defined]
+        return ".".join(reversed(parts))
+    return None
+
+
+def combine(*levels: int) -> int:
+    """GLOBAL wins over LOCAL: `local_rank == 0 and rank == 0` is a global-rank test."""
+    return GLOBAL if GLOBAL in levels else max(levels, default=NONE)
+
+
+def name_level(name: str) -> int:
+    """Level implied by the last component of a dotted name, case-insensitively (`RANK`)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    if last in _LOCAL_NAMES or last in ("is_local_main_process", "is_local_process_zero",
+                                        "is_local_master", "is_local_primary", "is_local_main"):
+        return LOCAL
+    if last in _GLOBAL_NAMES or last in _PREDICATES:
+        return GLOBAL
+    return NONE
+
+
+def env_level(key: object) -> int:
+    return _ENV.get(key, NONE) if isinstance(key, str) else NONE
+
+
+def value_level(info: ModuleInfo, node: ast.AST) -> int:
+    """Level of a value: the rank itself, or anything computed from it."""
+    t = type(node)
+    if t is ast.Name or t is ast.Attribute:
+        d = dotted(node)
+        if d is None:
+            return value_level(info, node.value) if isinstance(node, ast.Attribute) else NONE
+        hit = info.rank_names.get(d)
+        return hit if hit is not None else name_level(d)
+    if t is ast.Call:
+        assert isinstance(node, ast.Call)
+        last = info.callee_last(node)
+        if last in _RANK_CALLS:
+            return _RANK_CALLS[last]
+        if last in _PREDICATES or last in info.rank_funcs:
+            return info.rank_funcs.get(last) or name_level(last)
+        if last in _PASS_THROUGH and node.args:
+            return value_level(info, node.args[0])
+        if last in ("get", "getenv") and node.args and isinstance(node.args[0], ast.Constant):
+            return env_level(node.args[0].value)
+        return NONE
+    if t is ast.Subscript:
+        assert isinstance(node, ast.Subscript)
+        if isinstance(node.slice, ast.Constant):
+            return env_level(node.slice.value)
+        return NONE
+    if t is ast.BinOp:
+        assert isinstance(node, ast.BinOp)
+        left = value_level(info, node.left)
+        if isinstance(node.op, ast.Mod) and left == GLOBAL:
+            return LOCAL  # `rank % ngpus_per_node` is the rank within the node
+        return combine(left, value_level(info, node.right))
+    if t is ast.IfExp:
+        assert isinstance(node, ast.IfExp)
+        return combine(value_level(info, node.body), value_level(info, node.orelse))
+    return test_level(info, node) if t in (ast.Compare, ast.BoolOp, ast.UnaryOp) else NONE
+
+
+def test_level(info: ModuleInfo, node: ast.AST | None) -> int:
+    """GLOBAL/LOCAL when `node`, used as a condition, takes different values on different
+    ranks; NONE for tests that only tell distributed from not (`local_rank != -1`,
+    `args.gpu is not None`)."""
+    if node is None:
+        return NONE
+    if isinstance(node, ast.BoolOp):
+        return combine(*(test_level(info, v) for v in node.values))
+    if isinstance(node, ast.UnaryOp):
+        return test_level(info, node.operand)
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        levels = [value_level(info, s) for s in sides]
+        consts = [s for s, lv in zip(sides, levels, strict=True) if not lv]
+        if consts and all(_is_minus_one_or_none(c) for c in consts):
+            return NONE
+        return combine(*levels)
+    return value_level(info, node)
+
+
+def _is_minus_one_or_none(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant) and node.value is None:
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return isinstance(node.operand, ast.Constant) and node.operand.value == 1
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return bool(node.elts) and all(_is_minus_one_or_none(e) for e in node.elts)
+    return False

@@ -1,0 +1,29 @@
+# Our fixture (issue 13): rank-0-only evaluation through the DDP wrapper, hidden in a helper
+# that reads the module-level model (nanoGPT's estimate_loss pattern).
+import os
+
+import torch
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+init_process_group(backend="nccl")
+ddp_rank = int(os.environ["RANK"])
+ddp_local_rank = int(os.environ["LOCAL_RANK"])
+master_process = ddp_rank == 0
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to(ddp_local_rank)
+model = DDP(model, device_ids=[ddp_local_rank])
+
+
+@torch.no_grad()
+def estimate_loss():
+    model.eval()
+    out = model(torch.randn(4, 8)).mean()  # expect: DDP006
+    model.train()
+    return out
+
+
+for it in range(1000):
+    if it % 100 == 0 and master_process:
+        print(estimate_loss())
+    model(torch.randn(4, 8)).sum().backward()
+destroy_process_group()
