@@ -69,6 +69,7 @@ def _crashed(exc: BaseException) -> int:
     import time
 
     from ddpguard import guard
+    from ddpguard.guard import crash
 
     g = guard.active()
     if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
@@ -82,8 +83,8 @@ def _crashed(exc: BaseException) -> int:
     text = f"{type(exc).__name__}: {exc}{place}"
     rank = os.environ.get("RANK", "?")
     traceback.print_exc()
-    waiting = g.waiting_on() if g is not None else ""
-    others = g.peer_failures() if g is not None and _peer_error(exc) else []
+    waiting = crash.waiting_on(g) if g is not None else ""
+    others = crash.peer_failures(g) if g is not None and _peer_error(exc) else []
     cause = g.exchange.on_crash() if g is not None and not others else None
     if others:
         text = f"{type(exc).__name__} because {'; '.join(others)}"
@@ -96,6 +97,8 @@ def _crashed(exc: BaseException) -> int:
     else:
         print(f"ddpguard: rank {rank} crashed: {text}", file=sys.stderr, flush=True)
     guard.stop("crashed", text)
+    if g is not None and not others:
+        crash.await_report(g, g.config.grace + 3.0)
     return 1
 
 

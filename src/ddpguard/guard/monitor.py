@@ -25,8 +25,9 @@ from .exchange import Exchange
 from .failing import Failure
 from .lanes import Lanes
 from .ledger import Ledger, describe_entry, first_pending
+from .lengths import LengthCheck
 from .life import LifeSignals
-from .progress import LoaderState, Progress, UnevenBatchesError, install_hooks, uninstall_hooks
+from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide, notice_due
 from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
 
@@ -34,8 +35,6 @@ __all__ = ["Guard", "where_now"]
 
 log = logging.getLogger("ddpguard.guard")
 PREFIX = "ddpguard/guard/"
-# Batches of a pass during which the training thread itself compares loader lengths.
-WATCH_BATCHES = 16
 LIFE_WORDS = {"progress": "last sign of life: batches, steps or collectives",
               "io": "last sign of life: reading or writing data",
               "stack": "last sign of life: its code moving between functions",
@@ -71,8 +70,8 @@ class Guard:
         self.ledger = Ledger(self.config.ledger)
         self.life = LifeSignals(main.ident, getattr(main, "native_id", None))
         self.lanes = Lanes()
-        self._status: dict[str, tuple[int, int]] = {}
-        self._status_since = time.monotonic()
+        self.status: dict[str, tuple[int, int]] = {}
+        self.status_since = time.monotonic()
         self._pending: list[list[Any]] = []
         self._pending_key: Any = None
         self._blocked_since: float | None = None
@@ -82,10 +81,8 @@ class Guard:
         self._peer_seq: dict[int, tuple[int, float]] = {}
         self._notices = 0
         self._oom0 = procs.oom_kills()
-        self._new_lengths: list[tuple[str, int, int, str]] = []
-        self._watch: dict[str, list[Any]] = {}
-        self._lengths: dict[str, tuple[int, int, str]] = {}
         self.exchange = Exchange(self)
+        self.lengths = LengthCheck(self)
         self.failure = Failure(self)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -99,8 +96,8 @@ class Guard:
 
     def start(self) -> Guard:
         self._store = self.client()
-        self.progress.on_epoch = self._on_loader_pass
-        self.progress.on_batch = self._on_batch
+        self.progress.on_epoch = self.lengths.on_pass
+        self.progress.on_batch = self.lengths.on_batch
         install_hooks(self.progress)
         self._publish()
         self._await_peers()
@@ -189,7 +186,7 @@ class Guard:
         snap.update(
             rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq, state=self.state,
             error=self.error, mismatch=self.mismatch, t=time.time(),
-            ledger=self._status if self.ledger.available else None,
+            ledger=self.status if self.ledger.available else None,
             blocked=self._blocked_since is not None,
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
             pending=self._pending if self._blocked_since is not None else [],
@@ -220,22 +217,22 @@ class Guard:
                 log.debug("flight recorder read failed: %s", exc)
                 self.ledger.available = False
                 status = {}
-            if status != self._status:
-                self._status, self._status_since = status, now
+            if status != self.status:
+                self.status, self.status_since = status, now
             completed = sum(c for _, c in status.values())
         self.life.sample(self.progress.total() + completed, now)
         settle = self.config.settle
         quiet = self.life.quiet_for(now) >= settle
         if self.ledger.available:
-            pending = any(q > c for q, c in self._status.values())
-            blocked = pending and now - self._status_since >= settle and quiet
+            pending = any(q > c for q, c in self.status.values())
+            blocked = pending and now - self.status_since >= settle and quiet
         else:
             blocked = is_blocked(frames) and quiet
         if blocked:
             if self._blocked_since is None:
                 self._blocked_since = now - settle
-            if self.ledger.available and self._pending_key != self._status:
-                self._pending_key = self._status
+            if self.ledger.available and self._pending_key != self.status:
+                self._pending_key = self.status
                 self._pending = self._read_pending()
         else:
             self._blocked_since = None
@@ -249,7 +246,7 @@ class Guard:
             log.debug("flight recorder entries unreadable: %s", exc)
             return []
         out = [e for e in entries
-               if e[0] in self._status and self._status[e[0]][1] < e[1] <= self._status[e[0]][0]]
+               if e[0] in self.status and self.status[e[0]][1] < e[1] <= self.status[e[0]][0]]
         return out[:8]
 
     def _record_lane(self) -> None:
@@ -262,92 +259,6 @@ class Guard:
             self.lanes.add(t, "loader", f"waiting for a batch at {self._where}")
         else:
             self.lanes.add(t, "computing", f"{self._doing[1]} at {self._where}")
-
-    # -- loader lengths: the training thread hands them over, this thread compares ------------
-
-    def _on_loader_pass(self, st: LoaderState, loader: Any) -> None:
-        """Training thread, at __iter__: publish this pass's length (one store write)."""
-        if not (self.config.check_lengths and st.key is not None and st.length is not None):
-            return
-        try:
-            self.store_set(f"len/{st.key}/{self.rank}", st.length)
-        except Exception as exc:  # the guard never breaks training by itself
-            log.debug("loader length not published: %s", exc)
-            return
-        self._watch[st.key] = [st.length, self._enqueued(fresh=True), st.site, WATCH_BATCHES]
-        st.watch = True
-
-    def _on_batch(self, st: LoaderState) -> None:
-        """Training thread, on the first batches of a pass: compare lengths without waiting;
-        raise before the hang once the ranks differ and collectives run in this pass."""
-        w = self._watch.get(st.key or "")
-        if w is None:
-            st.watch = False
-            return
-        length, q0, site, left = w
-        try:
-            got = self.store_get_many([f"len/{st.key}/{r}" for r in range(self.world_size)])
-        except Exception:
-            got = {}
-        if len(got) == self.world_size:
-            lengths = [int(got[f"len/{st.key}/{r}"]) for r in range(self.world_size)]
-            if len(set(lengths)) == 1:
-                self._watch.pop(st.key or "", None)
-                st.watch = False
-                return
-            if self._enqueued(fresh=True) > q0:
-                self._watch.pop(st.key or "", None)
-                st.watch = False
-                decision = self._uneven(lengths, site)
-                err, self.progress.abort = self.progress.abort, None
-                raise err or UnevenBatchesError(decision.reason)
-        w[3] = left - 1
-        if w[3] <= 0:
-            # Hand over to the guard thread, which keeps comparing at its own pace.
-            self._watch.pop(st.key or "", None)
-            st.watch = False
-            self._new_lengths.append((st.key or "", length, q0, site))
-
-    def _enqueued(self, fresh: bool = False) -> int:
-        status = self._status
-        if fresh and self.ledger.available:
-            try:
-                status = self.ledger.status()
-            except Exception:
-                status = self._status
-        return sum(q for q, _ in status.values()) if status else self.progress.steps
-
-    def _check_lengths(self) -> Decision | None:
-        while self._new_lengths:
-            key, length, q0, site = self._new_lengths.pop(0)
-            self._lengths[key] = (length, q0, site)
-        for key, (_, q0, site) in list(self._lengths.items()):
-            got = self.store_get_many([f"len/{key}/{r}" for r in range(self.world_size)])
-            if len(got) < self.world_size:
-                continue
-            lengths = [int(got[f"len/{key}/{r}"]) for r in range(self.world_size)]
-            if len(set(lengths)) == 1:
-                del self._lengths[key]
-                continue
-            # Different lengths alone can be fine (a loop with no collective in it); once this
-            # rank has issued a collective during the pass, the pass will end in a hang.
-            if self._enqueued() <= q0:
-                continue
-            del self._lengths[key]
-            return self._uneven(lengths, site)
-        return None
-
-    def _uneven(self, lengths: list[int], site: str) -> Decision:
-        counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
-        self.mismatch = (f"the DataLoader iterated at {site} has a different number of batches "
-                         f"on each rank ({counts}); the ranks already issue collectives in this "
-                         "pass, so the one with fewer batches will leave it while the others "
-                         "wait in their next collective.")
-        self.progress.abort = UnevenBatchesError(
-            f"ddpguard, rank {self.rank}: ranks have different numbers of batches: {counts} "
-            f"(DataLoader iterated at {site}). Use drop_last=True in the sampler and the "
-            "DataLoader, filter before sharding, or ddpguard.EvenSampler.")
-        return Decision("uneven_batches", self.mismatch)
 
     # -- the monitor loop ---------------------------------------------------------------------
 
@@ -379,7 +290,7 @@ class Guard:
             self.failure.follow(trigger, peers)
             return
         self.exchange.serve(peers)
-        decision = self._check_lengths()
+        decision = self.lengths.check()
         if decision is None:
             decision = self.exchange.check(peers)
         if decision is None:
@@ -439,12 +350,12 @@ class Guard:
         if hb.get("host") == self.host:
             if procs.pid_alive(int(hb.get("pid", 0))):
                 return False, ""
-            return True, f"died (process {hb.get('pid')} is gone{self._oom_text()})"
+            return True, f"died (process {hb.get('pid')} is gone{self.oom_text()})"
         if silent > self.config.dead_after:
             return True, f"stopped answering {silent:.0f} s ago (host {hb.get('host')})"
         return False, ""
 
-    def _oom_text(self) -> str:
+    def oom_text(self) -> str:
         now = procs.oom_kills()
         if now is not None and self._oom0 is not None and now > self._oom0:
             return (f"; the kernel's OOM killer killed {now - self._oom0} process(es) in this "
@@ -475,46 +386,6 @@ class Guard:
               f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
               f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
               "without any).", file=sys.stderr, flush=True)
-
-    # -- used by the bootstrap when this rank's own code raised ---------------------------------
-
-    def waiting_on(self) -> str:
-        """' while in all_reduce #57 (group 0) ...': the collective this rank had pending, or
-        its latest one (a collective that failed counts as completed)."""
-        try:
-            status = self.ledger.status() if self.ledger.available else {}
-            entries = self.ledger.entries() if status else []
-        except Exception:
-            return ""
-        pend = [e for e in entries if e[0] in status
-                and status[e[0]][1] < e[1] <= status[e[0]][0]]
-        last = [e for e in entries if e[0] in status and e[1] == status[e[0]][0]]
-        first = first_pending(pend) or (max(last, key=lambda e: e[1]) if last else None)
-        return f" in {describe_entry(first)}" if first else ""
-
-    def peer_failures(self, wait: float = 1.5) -> list[str]:
-        """Which other ranks crashed or died, for a rank whose own collective just failed
-        with a connection error that blames nobody in particular."""
-        deadline = time.monotonic() + wait
-        while True:
-            found = []
-            try:
-                peers = self.read_peers()
-            except Exception:
-                peers = {}
-            now = time.monotonic()
-            for r, hb in sorted(peers.items()):
-                if r == self.rank:
-                    continue
-                if hb.get("state") == "crashed":
-                    found.append(f"rank {r} crashed ({hb.get('error')})")
-                elif hb.get("host") == self.host and not procs.pid_alive(int(hb.get("pid", 0))):
-                    found.append(f"rank {r} died (process {hb.get('pid')} is gone"
-                                 f"{self._oom_text()})")
-            if found or now > deadline:
-                return found
-            time.sleep(0.1)
-
 
 def where_now() -> str:
     """file:line of the user's code on the calling thread (for crash messages)."""
