@@ -1,7 +1,7 @@
 """Hang-guard benchmark, with the guard's DEFAULT settings: `python bench/guard.py`.
 
 1. Healthy programs (tests/guard_scripts/scenarios.py) whose long work lasts --dur seconds
-   (default 50, past the 45 s no-sign-of-life limit): how many the guard leaves running.
+   (default 70, past the 45 s no-sign-of-life limit and the 60 s first notice): how many the guard leaves running.
 2. Broken programs: for proven deadlocks, seconds from the last rank blocking to the report
    (target <= 5 s); for stalls with no sign of life, seconds from the waiting rank blocking to
    the report (target <= 60 s). Each is also run under plain torchrun (`--no-guard`) on the
@@ -76,11 +76,17 @@ def healthy(dur: float) -> list[dict[str, object]]:
             code, took, out, err = launch(["--nproc-per-node", "2", SCRIPT, "--case", case,
                                            "--dur", str(dur)], dur * 3 + 120,
                                           {"DDPGUARD_REPORT_DIR": rep})
-            reports = list(Path(rep).glob("*.json"))
+            reports = sorted(Path(rep).glob("*.json"))
+            why = None
+            if reports:  # a false alarm: keep the evidence
+                keep = ROOT / "bench" / "results" / f"guard-false-alarm-{case}.json"
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                keep.write_text(reports[0].read_text())
+                why = json.loads(reports[0].read_text())["reason"]
         ok = code == 0 and not reports
         notices = err.count("has waited")
         rows.append({"case": case, "left_running": ok, "exit": code, "seconds": round(took, 1),
-                     "notices": notices})
+                     "notices": notices, "stopped_because": why})
         print(f"  healthy {case:24s} {'left running' if ok else 'STOPPED':12s} exit={code} "
               f"{took:6.1f} s, {notices} notice(s)", flush=True)
     return rows
@@ -192,7 +198,9 @@ def overhead(steps: int, width: int, pairs: int) -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dur", type=float, default=50.0, help="long work of healthy cases (s)")
+    ap.add_argument("--dur", type=float, default=70.0,
+                    help="long work of healthy cases (s): past the 45 s no-life limit and the "
+                         "60 s first notice")
     ap.add_argument("--plain-cap", type=float, default=120.0)
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--steps", type=int, default=300)

@@ -85,6 +85,10 @@ except (AttributeError, ValueError, OSError):  # not POSIX
     _TICKS = 100.0
 
 
+LOOKS = 5
+LOOK_GAP = 0.002
+
+
 class LifeSignals:
     """Call `sample(progress)` once per guard tick. It returns the kind of life seen since the
     previous sample, or None; `last_life` is the monotonic time of the latest sign."""
@@ -111,10 +115,20 @@ class LifeSignals:
         if io is not None and self._io is not None and io > self._io:
             kind = kind or "io"
         self._io = io
-        frame = sys._current_frames().get(self.ident) if self.ident is not None else None
-        sig, in_c = stack_signature(frame) if frame is not None else ((), False)
+        # A few looks, a couple of milliseconds apart (the GIL is let go in between): a loop of
+        # small tensor ops is caught inside one of them at least once in a while; a loop of
+        # bare bytecode never is.
+        sigs, in_c = [], False
+        for i in range(LOOKS):
+            if i:
+                time.sleep(LOOK_GAP)
+            frame = sys._current_frames().get(self.ident) if self.ident is not None else None
+            sig, c = stack_signature(frame) if frame is not None else ((), False)
+            sigs.append(sig)
+            in_c = in_c or c
+        sig = sigs[-1]
         cpu = _thread_cpu(self.native_id)
-        moved = self._sig is not None and sig != self._sig
+        moved = self._sig is not None and any(s != self._sig for s in sigs)
         if moved:
             kind = kind or "stack"
         elif (self._sig is not None and in_c and cpu is not None
