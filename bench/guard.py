@@ -1,7 +1,8 @@
 """Hang-guard benchmark, with the guard's DEFAULT settings: `python bench/guard.py`.
 
 1. Healthy programs (tests/guard_scripts/scenarios.py) whose long work lasts --dur seconds
-   (default 70, past the 45 s no-sign-of-life limit and the 60 s first notice): how many the guard leaves running.
+   (default 70, past the 45 s no-sign-of-life limit and the 60 s first notice): how many
+   the guard leaves running.
 2. Broken programs: for proven deadlocks, seconds from the last rank blocking to the report
    (target <= 5 s); for stalls with no sign of life, seconds from the waiting rank blocking to
    the report (target <= 60 s). Each is also run under plain torchrun (`--no-guard`) on the
