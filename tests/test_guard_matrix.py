@@ -19,8 +19,9 @@ import pytest
 from helpers import ROOT, child_env, run_cli
 
 SCRIPT = "tests/guard_scripts/scenarios.py"
-DUR = 5.0
-SHORT = {"DDPGUARD_NO_LIFE": "2.5", "DDPGUARD_NOTICE_AFTER": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
+DUR = 4.0
+SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DIGEST_INTERVAL": "1",
+         "DDPGUARD_DUMP_WAIT": "2"}
 pytestmark = pytest.mark.slow
 
 
@@ -109,7 +110,7 @@ def _report(tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("case, cause, texts, culprits", BROKEN, ids=[b[0] for b in BROKEN])
 def test_broken_program_is_stopped_and_explained(case, cause, texts, culprits, tmp_path):
-    res, took = run_case(case, tmp_path, dur=4.0)
+    res, took = run_case(case, tmp_path, dur=3.0)
     assert res.returncode == 17, (res.returncode, res.stderr[-4000:])
     assert took < 90, f"{case} took {took:.0f} s"
     rep = _report(tmp_path)

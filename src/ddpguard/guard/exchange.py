@@ -145,6 +145,19 @@ class Exchange:
                 "neither (a DDP buffer broadcast on some ranks only, or a collective inside a "
                 "rank-conditional branch).")
 
+    def _gather(self, base: str, wait: float) -> dict[int, list[Any]]:
+        """The other ranks' entries under `base/<rank>`, as many as arrive within `wait` s."""
+        g = self.g
+        others = [r for r in range(g.world_size) if r != g.rank]
+        deadline = time.monotonic() + wait
+        got: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            got = g.store_get_many([f"{base}/{r}" for r in others])
+            if len(got) == len(others):
+                break
+            time.sleep(0.02)
+        return {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
+
     def at_exit(self, wait: float = 2.0) -> str | None:
         """Every rank leaving cleanly publishes its last entries and compares with the ranks
         that left within `wait` seconds of it."""
@@ -153,15 +166,7 @@ class Exchange:
             return None
         mine = g.ledger.entries()[-WINDOW:]
         g.store_set(f"dig/final/{g.rank}", {"entries": mine})
-        others = [r for r in range(g.world_size) if r != g.rank]
-        deadline = time.monotonic() + wait
-        got: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            got = g.store_get_many([f"dig/final/{r}" for r in others])
-            if len(got) == len(others):
-                break
-            time.sleep(0.02)
-        digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
+        digests = self._gather("dig/final", wait)
         digests[g.rank] = mine
         found = desync(digests)
         if found is None or g.rank not in found[:2]:
@@ -186,15 +191,7 @@ class Exchange:
                 return None
             rid = f"c{g.rank}-{time.monotonic_ns()}"
             g.store_set("dig/creq", {"id": rid, "win": win})
-            others = [r for r in range(g.world_size) if r != g.rank]
-            deadline = time.monotonic() + wait
-            got: dict[str, Any] = {}
-            while time.monotonic() < deadline:
-                got = g.store_get_many([f"dig/{rid}/{r}" for r in others])
-                if len(got) == len(others):
-                    break
-                time.sleep(0.05)
-            digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
+            digests = self._gather(f"dig/{rid}", wait)
             digests[g.rank] = [e for e in mine if e[0] in win and win[e[0]][0] <= e[1]]
             found = desync(digests)
             if found is None:

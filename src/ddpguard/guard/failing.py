@@ -34,6 +34,7 @@ class Failure:
         # Set once this rank is stopping the job: its training thread must not report a
         # connection error caused by the stop as a crash of its own.
         self.active = False
+        self._answered: list[int] = []
 
     def _dump(self) -> dict[str, Any]:
         g = self.g
@@ -66,6 +67,7 @@ class Failure:
                 g.store_set(f"dump/{me}", self._dump())
                 dumps = self._collect(peers)
                 peers = g.read_peers()
+                self._answered = sorted(dumps)
             except Exception as exc:
                 log.debug("store failed while collecting stacks: %s", exc)
         dumps[me] = self._dump()
@@ -117,7 +119,8 @@ class Failure:
         """The reporting rank leaves last, so a launcher that stops every rank once one has
         exited does not cut the others off before they ended their own workers."""
         g = self.g
-        want = [r for r, hb in peers.items() if r != g.rank and hb.get("state") == "running"]
+        # Only ranks that answered with their stacks will also leave: a frozen one cannot.
+        want = [r for r in self._answered if r != g.rank and r in peers]
         deadline = time.monotonic() + 5.0
         while want and time.monotonic() < deadline:
             got = g.store_get_many([f"left/{r}" for r in want])

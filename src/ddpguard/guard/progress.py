@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ class UnevenBatchesError(RuntimeError):
 
 
 class LoaderState:
-    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_id",
+    __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_ref",
                  "key", "watch")
 
     def __init__(self, site: str) -> None:
@@ -46,7 +47,8 @@ class LoaderState:
         self.batches = 0  # batches drawn in the current iteration
         self.total = 0
         self.sampler_epoch: int | None = None
-        self.sampler_id: int | None = None
+        # A weak reference, not id(): a new sampler can be given a freed one's id.
+        self.sampler_ref: Callable[[], Any] | None = None
 
 
 class Progress:
@@ -176,8 +178,8 @@ def _check_set_epoch(progress: Progress, st: LoaderState, loader: Any, site: str
         return
     seen = st.sampler_epoch
     # A loader re-created at the same line brings a fresh sampler: that is not a repeat.
-    same_sampler = st.sampler_id == id(sampler)
-    st.sampler_epoch, st.sampler_id = sampler.epoch, id(sampler)
+    same_sampler = st.sampler_ref is not None and st.sampler_ref() is sampler
+    st.sampler_epoch, st.sampler_ref = sampler.epoch, weakref.ref(sampler)
     if (st.epoch > 0 and same_sampler and seen == sampler.epoch
             and site not in progress.warned_set_epoch):
         progress.warned_set_epoch.add(site)
