@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddpguard.guard.procs import kill_tree
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = "tests/guard_scripts/scenarios.py"
 HEALTHY = ["ckpt_barrier", "slow_first_step", "slow_first_backward", "rank0_eval_tensors",
@@ -46,16 +48,18 @@ def env(**extra: str) -> dict[str, str]:
 
 def launch(args: list[str], cap: float, extra_env: dict[str, str]) -> tuple[int | None, float,
                                                                                str, str]:
-    """Run `ddpguard run ARGS`; kill the whole job (its own session) after `cap` seconds."""
+    """Run `ddpguard run ARGS`; end the whole job after `cap` seconds."""
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "ddpguard", "run", *args], cwd=ROOT,
                          env=env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True)
     try:
         out, err = p.communicate(timeout=cap)
         code: int | None = p.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)  # the session we started: launcher, ranks and their workers
+        # torchrun starts each rank in a session of its own: end the launcher's whole tree, by
+        # pid, while the launcher is still there to find it by (ranks hold our pipes open).
+        kill_tree(p.pid, include_self=True)
         out, err = p.communicate()
         code = None
     return code, time.monotonic() - t0, out, err
@@ -162,6 +166,12 @@ for xb, yb in loader:
     opt.zero_grad(); torch.nn.functional.mse_loss(model(xb), yb).backward(); opt.step(); n += 1
 dt = time.perf_counter() - t0
 if dist.get_rank() == 0: print(f"STEPS_PER_S {(n - 10) / dt:.4f}", flush=True)
+import threading, os
+for t in threading.enumerate():
+    if t.name == "ddpguard-guard" and dist.get_rank() == 0:
+        f = open(f"/proc/self/task/{t.native_id}/stat").read().rsplit(")", 1)[1].split()
+        cpu = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        print(f"GUARD_CPU_S {cpu:.3f} OVER {dt:.3f}", flush=True)
 dist.destroy_process_group()
 '''
 
@@ -170,7 +180,7 @@ def overhead(steps: int, width: int, pairs: int) -> dict[str, object]:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as fh:
         fh.write(TRAIN)
         script = fh.name
-    ratios, on_all, off_all = [], [], []
+    ratios, on_all, off_all, shares = [], [], [], []
     try:
         for i in range(pairs):
             order = [True, False] if i % 2 == 0 else [False, True]
@@ -183,6 +193,11 @@ def overhead(steps: int, width: int, pairs: int) -> dict[str, object]:
                 if code != 0 or not m:
                     raise RuntimeError(f"overhead run failed:\n{err[-2000:]}")
                 got[guard] = float(m.group(1))
+                g = re.search(r"GUARD_CPU_S ([0-9.]+) OVER ([0-9.]+)", out)
+                if guard and g:
+                    # The guard thread's own CPU over the timed part (it also ran during
+                    # start-up, so this is an upper bound), as a share of one core.
+                    shares.append(float(g.group(1)) / float(g.group(2)))
             on_all.append(got[True])
             off_all.append(got[False])
             ratios.append(got[True] / got[False])
@@ -194,6 +209,7 @@ def overhead(steps: int, width: int, pairs: int) -> dict[str, object]:
     return {"step_ms": round(step_ms, 1), "median_ratio": round(statistics.median(ratios), 4),
             "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4),
             "overhead_pct": round(100 * (1 - statistics.median(ratios)), 2),
+            "guard_thread_cpu_share_pct": [round(100 * x, 3) for x in shares],
             "guard_steps_per_s": on_all, "plain_steps_per_s": off_all}
 
 
@@ -234,11 +250,17 @@ def main() -> None:
         ov = overhead(a.steps, a.width, a.pairs)
         result["overhead"] = ov
         print(f"=> step {ov['step_ms']} ms: guard/plain steps/s median {ov['median_ratio']} "
-              f"(spread {ov['min_ratio']}-{ov['max_ratio']}), overhead {ov['overhead_pct']} %")
+              f"(spread {ov['min_ratio']}-{ov['max_ratio']}), overhead {ov['overhead_pct']} %; "
+              f"guard thread CPU per rank: {ov['guard_thread_cpu_share_pct']} % of a core")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "guard.json").write_text(json.dumps(result, indent=1))
-    print(f"wrote {out / 'guard.json'}")
+    # Parts run separately (--only) are merged into one file; each part keeps its own date.
+    path = out / "guard.json"
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update({k: v for k, v in result.items() if k in parts or k not in merged})
+    merged.setdefault("dates", {}).update({k: result["date"] for k in parts})
+    path.write_text(json.dumps(merged, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -138,6 +138,12 @@ def test_notices_grow_and_lanes_stay_bounded():
         lanes.add(float(i), "computing" if i % 2 else "collective", f"all_reduce #{i}")
     assert len(lanes.segments) <= MAX_SEGMENTS
     assert lanes.segments[-1][1] == float(3 * MAX_SEGMENTS - 1)
+    # A wait recognised at 12.0 that began at 11.0 is drawn from 11.0.
+    lanes = Lanes()
+    lanes.add(10.0, "computing", "x")
+    lanes.add(12.0, "collective", "all_reduce #3", since=11.0)
+    assert lanes.segments == [[10.0, 11.0, "computing", "x"],
+                              [11.0, 12.0, "collective", "all_reduce #3"]]
 
 
 def _rec(rank, frames, pending=(), state="running", blocked=True):

@@ -16,14 +16,20 @@ class Lanes:
     def __init__(self) -> None:
         self.segments: list[list[object]] = []
 
-    def add(self, t: float, kind: str, label: str) -> None:
+    def add(self, t: float, kind: str, label: str, since: float | None = None) -> None:
+        """Extend the lane to `t`; a new segment starts at `since` when known (a wait is
+        recognised `settle` seconds after it began), else at `t`."""
         if self.segments:
             last = self.segments[-1]
             same = last[2] == kind and (kind in ("computing", "loader") or last[3] == label)
-            last[1] = t
             if same:
+                last[1] = t
                 return
-        self.segments.append([t, t, kind, label])
+            start = t if since is None else max(float(last[0]), min(since, t))  # type: ignore[arg-type]
+            last[1] = start
+            self.segments.append([start, t, kind, label])
+        else:
+            self.segments.append([t if since is None else min(since, t), t, kind, label])
         if len(self.segments) > MAX_SEGMENTS:
             # Keep the recent past: the end of a run is what a hang report is about.
             del self.segments[: MAX_SEGMENTS // 4]

@@ -254,7 +254,8 @@ class Guard:
         if self._blocked_since is not None:
             first = first_pending(self._pending)
             label = (f"in {describe_entry(first)}" if first else self._doing[1])
-            self.lanes.add(t, "collective", f"{label} at {self._where}")
+            since = t - (time.monotonic() - self._blocked_since)
+            self.lanes.add(t, "collective", f"{label} at {self._where}", since=since)
         elif self._doing[0] == "dataloader":
             self.lanes.add(t, "loader", f"waiting for a batch at {self._where}")
         else:
