@@ -20,20 +20,14 @@ log = logging.getLogger("ddpguard.guard")
 
 
 def await_report(g: Guard, wait: float) -> None:
-    """After this rank crashed: give the ranks that wait for it `wait` seconds to notice
-    and write the report (where everyone was), before this process exits and the
-    launcher or the transport cuts them off."""
+    """After this rank crashed: give the ranks that wait for it up to `wait` seconds to
+    notice and write the report (where everyone was), before this process exits and the
+    launcher or the transport cuts them off. Returns as soon as the report is written."""
     deadline = time.monotonic() + wait
     try:
         while time.monotonic() < deadline:
-            got = g.store_get_many(["trigger", "reported"])
-            if "reported" in got:
+            if "reported" in g.store_get_many(["reported"]):
                 return
-            waited_on = "trigger" in got or any(
-                hb.get("blocked") for r, hb in g.read_peers().items()
-                if r != g.rank and hb.get("state") == "running")
-            if not waited_on and time.monotonic() > deadline - wait / 2:
-                return  # nobody waits for this rank: no report will come
             time.sleep(0.1)
     except Exception as exc:  # the store may be gone: leave
         log.debug("no report awaited: %s", exc)

@@ -167,6 +167,11 @@ class Failure:
             state = (hb or {}).get("state", "missing")
             if hb is None:
                 state = "missing"
+            elif r != g.rank and not dump and g.stale_for(r, now) > 3 * g.config.heartbeat_interval:
+                # Its guard stopped answering: what it last said it was doing is stale.
+                hb = {**hb, "kind": "unknown", "blocked": False, "pending": [],
+                      "doing": f"not answering for {g.stale_for(r, now):.0f} s "
+                               "(process stopped or frozen?)"}
             elif state == "running" and r != g.rank:
                 gone, _ = g.peer_gone(r, hb, now)
                 if gone:
