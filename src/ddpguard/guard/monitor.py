@@ -31,7 +31,7 @@ from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide, notice_due
 from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
 
-__all__ = ["Guard", "where_now"]
+__all__ = ["Guard"]
 
 log = logging.getLogger("ddpguard.guard")
 PREFIX = "ddpguard/guard/"
@@ -387,8 +387,3 @@ class Guard:
               f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
               f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
               "without any).", file=sys.stderr, flush=True)
-
-def where_now() -> str:
-    """file:line of the user's code on the calling thread (for crash messages)."""
-    frames = capture_thread(threading.current_thread().ident or 0)
-    return fmt_frame(user_frame(frames)) + " (" + activity(frames)[1] + ")"

@@ -13,7 +13,6 @@ import functools
 import logging
 import sys
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -61,14 +60,9 @@ class Progress:
         self.forwards = 0
         # Set by the guard thread on proof that the loaders differ; raised on the next batch.
         self.abort: BaseException | None = None
-        self.last_progress = time.monotonic()
-        self.last_progress_wall = time.time()
-        self.started = False
-        self.max_step_s = 0.0
         self.epoch = 0
         self.steps_epoch = 0
         self._epoch_site: str | None = None
-        self.steps_per_epoch: list[int] = []
         # Called from __iter__ with (state, loader); returns nothing or raises.
         self.on_epoch: Callable[[LoaderState, Any], None] | None = None
         self.on_batch: Callable[[LoaderState], None] | None = None
@@ -81,16 +75,6 @@ class Progress:
         n = self.created.get(chain, 0)
         self.created[chain] = n + 1
         return f"{chain}#{n}"
-
-    def touch(self) -> None:
-        now = time.monotonic()
-        if self.started:
-            dt = now - self.last_progress
-            if dt > self.max_step_s:
-                self.max_step_s = dt
-        self.started = True
-        self.last_progress = now
-        self.last_progress_wall = time.time()
 
     def loader_iter(self, site: str, loader: Any) -> LoaderState:
         st = self.loaders.get(site)
@@ -107,8 +91,6 @@ class Progress:
         if self._epoch_site is None:
             self._epoch_site = site
         if site == self._epoch_site:
-            if st.epoch > 0:
-                self.steps_per_epoch.append(self.steps_epoch)
             self.epoch = st.epoch
             self.steps_epoch = 0
         created = getattr(loader, "_ddpguard_created", None)
@@ -133,12 +115,10 @@ class Progress:
         st.batches += 1
         st.total += 1
         self.batches += 1
-        self.touch()
 
     def step(self) -> None:
         self.steps += 1
         self.steps_epoch += 1
-        self.touch()
 
     def forward(self) -> None:
         self.forwards += 1
@@ -155,9 +135,6 @@ class Progress:
             "steps_epoch": self.steps_epoch,
             "batches": self.batches,
             "forwards": self.forwards,
-            "max_step_s": round(self.max_step_s, 4),
-            "steps_per_epoch": list(self.steps_per_epoch[-50:]),
-            "epoch_offset": max(0, len(self.steps_per_epoch) - 50),
             "epoch_batches": ep.batches if ep else 0,
             "epoch_len": ep.length if ep else None,
             "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length,
