@@ -38,10 +38,14 @@ class Exchange:
 
     # -- answering (every rank, guard thread) --------------------------------------------------
 
-    def serve(self, peers: dict[int, dict[str, Any]] | None = None) -> None:
+    def serve(self, control: dict[str, Any]) -> None:
+        """Answer the desync requests found in this tick's control keys."""
         if not self.g.ledger.available:
             return
-        for slot, req in self.g.store_get_many(list(SLOTS)).items():
+        for slot in SLOTS:
+            req = control.get(slot)
+            if not isinstance(req, dict):
+                continue
             rid = req.get("id")
             if not rid or rid in self._served:
                 continue
@@ -66,8 +70,9 @@ class Exchange:
     # -- asking (rank 0 periodically, guard thread) ----------------------------------------------
 
     def check(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
+        """The judge's periodic comparison of every rank's recent collectives."""
         g = self.g
-        if g.rank != 0 or not g.ledger.available:
+        if not g.ledger.available:
             return None
         if self._open is not None:
             return self._collect_periodic(peers)
@@ -96,7 +101,8 @@ class Exchange:
     def _collect_periodic(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
         req = self._open
         assert req is not None  # guarded by the caller
-        got = self.g.store_get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]])
+        got = self.g.store_get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]],
+                                    partial=False)
         if len(got) < len(req["ranks"]):
             if time.monotonic() - req["at"] > 10 * self.g.config.heartbeat_interval:
                 self._open = None  # a rank is busy or gone; the next round will tell
@@ -146,34 +152,62 @@ class Exchange:
                 "rank-conditional branch).")
 
     def _gather(self, base: str, wait: float) -> dict[int, list[Any]]:
-        """The other ranks' entries under `base/<rank>`, as many as arrive within `wait` s."""
+        """The other ranks' entries under `base/<rank>`, as many as arrive within `wait` s
+        (the failure path only)."""
         g = self.g
         others = [r for r in range(g.world_size) if r != g.rank]
         deadline = time.monotonic() + wait
         got: dict[str, Any] = {}
+        pause = 0.02
         while time.monotonic() < deadline:
             got = g.store_get_many([f"{base}/{r}" for r in others])
             if len(got) == len(others):
                 break
-            time.sleep(0.02)
+            time.sleep(pause)
+            pause = min(0.25, pause * 2)
         return {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()}
 
     def at_exit(self, wait: float = 2.0) -> str | None:
-        """Every rank leaving cleanly publishes its last entries and compares with the ranks
-        that left within `wait` seconds of it."""
+        """Every rank leaving cleanly publishes its last entries; rank 0 compares them (one
+        read of W keys, not W reads each) and says what it found. A rank named in a desync
+        stays until the report is written, so its guard thread can say where it issued its
+        collective."""
         g = self.g
         if not g.ledger.available:
             return None
         mine = g.ledger.entries()[-WINDOW:]
         g.store_set(f"dig/final/{g.rank}", {"entries": mine})
-        digests = self._gather("dig/final", wait)
-        digests[g.rank] = mine
-        found = desync(digests)
-        if found is None or g.rank not in found[:2]:
-            return None  # one of the two ranks involved reports it
-        if g.rank != min(found[:2]):
+        n = g.store_add("dig/final/count", 1)
+        deadline = time.monotonic() + wait
+        if g.rank != 0:
+            verdict = self._await_key("dig/final/verdict", deadline + 1.0)
+            found = (verdict or {}).get("found")
+            if found and g.rank in found:
+                self._await_key("reported", time.monotonic() + 8.0)
             return None
-        return self.describe(found, self.frames(found, wait=4.0))
+        pause = 0.02
+        while n < g.world_size and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(0.2, pause * 2)
+            n = g.store_add("dig/final/count", 0)
+        digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in g.store_get_many(
+            [f"dig/final/{r}" for r in range(g.world_size)]).items()}
+        digests[g.rank] = mine
+        result = desync(digests)
+        g.store_set("dig/final/verdict", {"found": list(result[:2]) if result else None})
+        if result is None:
+            return None
+        return self.describe(result, self.frames(result, wait=4.0))
+
+    def _await_key(self, key: str, deadline: float) -> Any:
+        pause = 0.02
+        while time.monotonic() < deadline:
+            got = self.g.store_get_many([key]).get(key)
+            if got is not None:
+                return got
+            time.sleep(pause)
+            pause = min(0.2, pause * 2)
+        return None
 
     def on_crash(self, wait: float = 3.0) -> str | None:
         """From the training thread of a rank whose code raised: did the ranks desync just

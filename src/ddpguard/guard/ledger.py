@@ -76,6 +76,8 @@ def signature(entry: Sequence[Any]) -> tuple[Any, ...]:
 
 def describe_entry(entry: Sequence[Any]) -> str:
     """'all_reduce #57 (group 0) [12] Float' for reports."""
+    if entry[0] == "set-up":  # waiting.SETUP_GROUP: a wait the flight recorder does not list
+        return f"{entry[2]} (process-group set-up)"
     sizes = entry[3]
     dt = entry[4]
     shape = ""

@@ -9,7 +9,6 @@ happen on this thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -20,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import procs
+from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
@@ -30,6 +30,8 @@ from .life import LifeSignals
 from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide, notice_due
 from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
+from .store import GuardStore
+from .waiting import setup_entry, setup_wait, waits_now
 
 __all__ = ["Guard"]
 
@@ -63,8 +65,8 @@ class Guard:
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._store: Any = None
-        self._lock = threading.Lock()
+        self.store: GuardStore | None = None
+        self.board: Board | None = None
         main = threading.main_thread()
         self._main_ident = main.ident
         self.ledger = Ledger(self.config.ledger)
@@ -78,6 +80,9 @@ class Guard:
         self._frames: list[dict[str, Any]] = []
         self._doing = ("running", "starting")
         self._where = "?"
+        self._waiting: str | None = None
+        self._setup: str | None = None
+        self._waiting_since: float | None = None
         self._peer_seq: dict[int, tuple[int, float]] = {}
         self._notices = 0
         self._oom0 = procs.oom_kills()
@@ -95,7 +100,10 @@ class Guard:
                              wait_for_workers=False)
 
     def start(self) -> Guard:
-        self._store = self.client()
+        self.store = GuardStore(self.client(), self.prefix)
+        self.board = Board(self.store, self.rank, self.world_size,
+                           self.config.heartbeat_interval)
+        self.board.create()
         self.progress.on_epoch = self.lengths.on_pass
         self.progress.on_batch = self.lengths.on_batch
         install_hooks(self.progress)
@@ -109,13 +117,17 @@ class Guard:
         """Return once every rank's guard holds its store connection. Without this, a rank
         that finishes a short script could take the store (hosted by rank 0 outside torchrun)
         down while a slower peer is still connecting, and that peer would fail at start-up."""
-        key = f"{self.prefix}started"
+        key = "started"
         limit = max(30.0, self.config.dead_after)
-        n = self._store.add(key, 1)
+        assert self.store is not None  # set by start()
+        n = self.store.add(key, 1)
         deadline = time.monotonic() + limit
+        pause = 0.005
         while n < self.world_size and time.monotonic() < deadline:
-            time.sleep(0.01)
-            n = self._store.add(key, 0)
+            # Backing off keeps a thousand starting ranks from flooding the store.
+            pause = min(0.25, pause * 2)
+            time.sleep(pause)
+            n = self.store.add(key, 0)
         if n < self.world_size:
             log.warning("guard on rank %d: only %d of %d ranks started a guard within %.0f s; "
                         "start every rank with the same guard setting", self.rank, n,
@@ -124,6 +136,13 @@ class Guard:
     def stop(self, state: str = "exited", error: str | None = None) -> None:
         """Publish the final state (peers then know this rank left on purpose) and join."""
         if self.state == "running" and state == "exited" and self._thread is not None:
+            # Peers learn at once that this rank left on purpose (a rank waiting for it has
+            # proof), before the final comparison below takes its few seconds.
+            self.state = "exited"
+            try:
+                self._publish()
+            except Exception as exc:
+                log.debug("exit heartbeat not written: %s", exc)
             self._final_desync_check()
         if self.state == "running":
             self.state, self.error = state, error
@@ -155,28 +174,27 @@ class Guard:
 
     # -- store access (guard thread, and the failure path) -------------------------------------
 
-    def store_set(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._store.set(self.prefix + key, json.dumps(value, default=str))
+    def _st(self) -> GuardStore:
+        if self.store is None:
+            raise RuntimeError("the guard has not started: no store connection")
+        return self.store
 
-    def store_get_many(self, keys: list[str]) -> dict[str, Any]:
-        """The keys that exist, decoded; missing ones left out."""
-        full = [self.prefix + k for k in keys]
-        with self._lock:
-            present = [k for k in full if self._store.check([k])]
-            vals = self._store.multi_get(present) if present else []
-        n = len(self.prefix)
-        return {k[n:]: json.loads(bytes(v).decode()) for k, v in zip(present, vals, strict=True)}
+    def store_set(self, key: str, value: Any) -> None:
+        self._st().set(key, value)
+
+    def store_get_many(self, keys: list[str], partial: bool = True) -> dict[str, Any]:
+        """The keys that are set, decoded; missing ones left out."""
+        return self._st().get_many(keys, partial=partial)
 
     def store_first(self, key: str, value: Any) -> Any:
         """Set `key` unless another rank did first; returns the value that won."""
-        with self._lock:
-            won = self._store.compare_set(self.prefix + key, "", json.dumps(value, default=str))
-        return json.loads(bytes(won).decode())
+        return self._st().first(key, value)
+
+    def store_add(self, key: str, n: int) -> int:
+        return self._st().add(key, n)
 
     def store_delete(self, key: str) -> None:
-        with self._lock:
-            self._store.delete_key(self.prefix + key)
+        self._st().delete(key)
 
     # -- heartbeats -------------------------------------------------------------------------
 
@@ -190,17 +208,28 @@ class Guard:
             blocked=self._blocked_since is not None,
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
             pending=self._pending if self._blocked_since is not None else [],
-            quiet=self.life.quiet_for(now), life=self.life.last_kind,
+            quiet=self.quiet_for(now), life=self.life.last_kind,
             doing=self._doing[1], kind=self._doing[0], where=self._where)
         return snap
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds without a sign of life; time spent waiting for an issued collective is
+        quiet time even when the wait spins a core."""
+        quiet = self.life.quiet_for(now)
+        if self._waiting_since is not None:
+            quiet = max(quiet, now - self._waiting_since)
+        return quiet
 
     def _publish(self) -> None:
         self._seq += 1
         self.store_set(f"hb/{self.rank}", self.heartbeat())
 
     def read_peers(self) -> dict[int, dict[str, Any]]:
-        got = self.store_get_many([f"hb/{r}" for r in range(self.world_size)])
-        return {int(k.rsplit("/", 1)[1]): v for k, v in got.items()}
+        """Every rank's heartbeat (the judge every tick; other ranks only on the failure
+        path)."""
+        if self.board is None:
+            raise RuntimeError("the guard has not started: no store connection")
+        return self.board.heartbeats()
 
     # -- observing this rank ----------------------------------------------------------------
 
@@ -223,17 +252,33 @@ class Guard:
         self.life.sample(self.progress.total() + completed, now)
         settle = self.config.settle
         quiet = self.life.quiet_for(now) >= settle
+        # Forming a group or a store-based barrier: a wait the recorder does not list.
+        self._setup = setup_wait(frames) if frames else None
         if self.ledger.available:
-            pending = any(q > c for q, c in self.status.values())
-            blocked = pending and now - self.status_since >= settle and quiet
+            pending = any(q > c for q, c in self.status.values()) or self._setup is not None
+            # Standing in a wait for an issued collective (Work.wait, a poll on
+            # is_completed, a device synchronise) is waiting, however much CPU it spins.
+            self._waiting = waits_now(self._main_ident) if pending else None
+            if self._waiting is None:
+                self._waiting_since = None
+            elif self._waiting_since is None:
+                self._waiting_since = now
+            blocked = (pending and now - self.status_since >= settle
+                       and (quiet or self._waiting is not None))
+            if self._waiting is not None and self._doing[0] == "running":
+                self._doing = ("collective:wait", f"waiting in {self._waiting}() for a "
+                               "collective it issued")
         else:
             blocked = is_blocked(frames) and quiet
         if blocked:
             if self._blocked_since is None:
                 self._blocked_since = now - settle
-            if self.ledger.available and self._pending_key != self.status:
-                self._pending_key = self.status
+            key = (self.status, self._setup)
+            if self.ledger.available and self._pending_key != key:
+                self._pending_key = key
                 self._pending = self._read_pending()
+                if self._setup is not None:
+                    self._pending.insert(0, setup_entry(self._setup))
         else:
             self._blocked_since = None
             self._pending, self._pending_key = [], None
@@ -285,29 +330,38 @@ class Guard:
         now = time.monotonic()
         self._observe(now)
         self._publish()
-        peers = self.read_peers()
-        trigger = self.store_get_many(["trigger"]).get("trigger")
+        assert self.board is not None  # set by start()
+        control = self.board.poll(now)
+        trigger = control.get("trigger")
         if trigger:
-            self.failure.follow(trigger, peers)
+            self.failure.follow(trigger, {})
             return
-        self.exchange.serve(peers)
+        self.exchange.serve(control)
         decision = self.lengths.check()
-        if decision is None:
-            decision = self.exchange.check(peers)
-        if decision is None:
-            decision = decide(self._views(peers, now), self.world_size,
-                              grace=self.config.grace, no_life=self.config.no_life,
-                              hard_limit=self.config.stall_timeout,
-                              fallback_deadlock=self.config.fallback_deadlock)
+        peers: dict[int, dict[str, Any]] = {}
+        if self.board.judging(now):
+            # Only the judge reads every heartbeat: traffic per tick stays linear in W.
+            peers = self.read_peers()
+            self.board.publish()
+            if decision is None:
+                decision = self.exchange.check(peers)
+            views = self._views(peers, now)
+            if decision is None:
+                decision = decide(views, self.world_size,
+                                  grace=self.config.grace, no_life=self.config.no_life,
+                                  hard_limit=self.config.stall_timeout,
+                                  fallback_deadlock=self.config.fallback_deadlock)
+            if decision is None:
+                self._maybe_notice(views)
         if decision is not None:
+            if not peers:
+                peers = self.read_peers()
             if decision.cause == "uneven_batches" and self._blocked_since is None:
                 # The training thread raises UnevenBatchesError at its next batch; the
                 # failure path below runs only if it does not get there in time.
                 self.failure.soon(decision, peers, wait=max(2.0, self.config.grace))
                 return
             self.failure.fail(decision, peers)
-            return
-        self._maybe_notice(peers)
 
     def _views(self, peers: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:
         views = {}
@@ -363,27 +417,27 @@ class Guard:
                     "job's cgroup since it started: out of host memory")
         return ""
 
-    def _maybe_notice(self, peers: dict[int, dict[str, Any]]) -> None:
-        """One line when others have waited long for a rank that is still working."""
-        if self._blocked_since is None:
-            if self._notices:
-                self._notices = 0
+    def _maybe_notice(self, views: dict[int, dict[str, Any]]) -> None:
+        """The judge's one line when ranks have waited long for a rank that is still
+        working: about the lowest waiting rank, then after 2x, 4x, ... as long."""
+        waiting = sorted(r for r, v in views.items() if v.get("blocked") and not v.get("gone"))
+        if not waiting:
+            self._notices = 0
             return
-        waited = time.monotonic() - self._blocked_since
-        blocked_ranks = [r for r, hb in peers.items() if hb.get("blocked")]
-        if not blocked_ranks or min(blocked_ranks) != self.rank:
-            return  # one rank speaks for the waiting ones
+        r0 = waiting[0]
+        v0 = views[r0]
+        waited = float(v0.get("blocked_for", 0.0))
         if not notice_due(waited, self.config.notice_after, self._notices):
             return
         self._notices += 1
         busy = [f"rank {r} is at {hb.get('where')} ("
                 f"{LIFE_WORDS.get(hb.get('life', ''), hb.get('life'))}, "
                 f"{hb.get('quiet', 0.0):.1f} s ago)"
-                for r, hb in sorted(peers.items()) if not hb.get("blocked")
-                and hb.get("state") == "running"]
-        first = first_pending(self._pending)
-        what = f"in {describe_entry(first)}" if first else self._doing[1]
-        print(f"ddpguard: rank {self.rank} has waited {waited:.0f} s {what} at {self._where}; "
+                for r, hb in sorted(views.items()) if not hb.get("blocked")
+                and hb.get("state") == "running" and not hb.get("gone")]
+        first = first_pending(v0.get("pending") or [])
+        what = f"in {describe_entry(first)}" if first else v0.get("doing", "waiting")
+        print(f"ddpguard: rank {r0} has waited {waited:.0f} s {what} at {v0.get('where')}; "
               f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
               f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
               "without any).", file=sys.stderr, flush=True)
