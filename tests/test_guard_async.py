@@ -48,8 +48,6 @@ BROKEN = [
     # A wait the flight recorder does not list: forming a group on one rank only.
     ("new_group", "wait", None, ["new_group (process-group set-up)", "all_reduce #",
                                  line_of("new_group on rank 0 only")], None),
-    ("peer_gone", "future", "crashed_rank", ["rank 1 died", "rank 0 waits in all_reduce #"],
-     [1]),
     ("early_exit", "poll", "left_early", ["rank 1 exited", "rank 0 waits in all_reduce #"],
      [1]),
 ]
@@ -76,6 +74,15 @@ def test_async_broken_program_is_stopped_with_the_cause(case, wait, cause, texts
                      if s[2] == "collective")
     assert rep["created"] - blocked_at < 5.0, rep["created"] - blocked_at
     assert took < 60, took
+
+
+def test_killed_peer_while_waiting_on_a_future_is_named(tmp_path):
+    # gloo notices the closed connection and the survivor's future raises; its guard names
+    # the dead peer and the collective it waited for, instead of "Connection closed by peer".
+    res, took = run_case("peer_gone", "future", tmp_path)
+    assert res.returncode != 0 and took < 60, res.stderr[-3000:]
+    assert "rank 1 died" in res.stderr and "all_reduce #" in res.stderr, res.stderr[-3000:]
+    assert "ddpguard: rank 0 stopped at" in res.stderr, res.stderr[-3000:]
 
 
 def test_a_rank_polling_while_its_peer_computes_is_left_running(tmp_path):

@@ -92,6 +92,15 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
     uf = user_frame(main) if main else None
     where = fmt_frame(uf) if uf else hb.get("where", "?")
     first = first_pending(hb.get("pending") or [])
+    issued = (rec.get("issued") or {}).get(f"{first[0]}/{first[1]}") if first else None
+    if issued:
+        # It waits somewhere else (Work.wait, a poll, a synchronise) for a collective issued
+        # here: the issuing line is the one the user must look at.
+        m = re.match(r"(.+):(\d+) in (.+)$", issued)
+        if m:
+            uf = {"file": m.group(1), "line": int(m.group(2)), "func": m.group(3),
+                  "code": (rec.get("issued_code") or {}).get(issued, "")}
+            where = f"{fmt_frame(uf)} (waits for it at {where})"
     if rec.get("state") not in (None, "running"):
         doing = {"exited": "exited", "crashed": "crashed", "dead": "died",
                  "missing": "never answered"}.get(rec["state"], rec["state"])
@@ -130,7 +139,12 @@ def _in_conditional(source: list[str] | None, line: int) -> bool:
 def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
             culprits: list[int], sources: dict[str, list[str]]) -> str:
     """A more specific cause, only where the evidence shows it."""
-    if cause in ("mismatch", "deadlock", "desync", "peer_gone", "no_life", "hard_limit"):
+    if cause == "peer_gone":
+        # A peer that left or died is the strongest evidence: it outranks any guess from
+        # what the waiting ranks were doing.
+        states = {r["state"] for r in records if r["rank"] in culprits}
+        return "left_early" if states <= {"exited"} else "crashed_rank"
+    if cause in ("mismatch", "deadlock", "desync", "no_life", "hard_limit"):
         for r in records:
             p = pos[r["rank"]]
             pend = p.get("pending") or ""
@@ -145,9 +159,6 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
                     others = [o for o in records if pos[o["rank"]]["user_line"] == p["user_line"]]
                     if len(others) < len(records):
                         return "conditional_collective"
-    if cause == "peer_gone":
-        states = {r["state"] for r in records if r["rank"] in culprits}
-        return "left_early" if states <= {"exited"} else "crashed_rank"
     if cause == "no_life" and any(pos[r]["kind"] == "dataloader" for r in culprits if r in pos):
         return "loader_stall"
     return cause

@@ -39,7 +39,28 @@ class Failure:
     def _dump(self) -> dict[str, Any]:
         g = self.g
         stacks = capture_all(skip_ident=threading.current_thread().ident)
-        return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat()}
+        return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat(),
+                "issued": self._issued()}
+
+    def _issued(self) -> dict[str, str]:
+        """Where this rank issued the collectives it waits for, when it waits for them
+        somewhere else (Work.wait, a poll, a synchronise): matched by creation time to the
+        asynchronous calls the guard saw (issued.py)."""
+        g = self.g
+        wanted = {(str(e[0]), int(e[1])) for e in g.pending_entries() if e[1] >= 0}
+        if not wanted or not g.waiting_call():
+            return {}
+        try:
+            created = g.ledger.created_ns(wanted)
+        except Exception as exc:
+            log.debug("no recorder creation times: %s", exc)
+            return {}
+        out = {}
+        for (group, seq), ns in created.items():
+            site = g.issue_sites.site_for(ns)
+            if site is not None:
+                out[f"{group}/{seq}"] = site
+        return out
 
     def soon(self, decision: Decision, peers: dict[int, dict[str, Any]], wait: float) -> None:
         """Give the training thread `wait` seconds to raise on its own, then stop the job."""
@@ -57,6 +78,7 @@ class Failure:
         g = self.g
         me = g.rank
         dumps: dict[int, dict[str, Any]] = {}
+        mine: dict[str, Any] | None = None
         if not store_lost:
             try:
                 won = g.store_first("trigger", {"by": me, "cause": decision.cause,
@@ -64,13 +86,14 @@ class Failure:
                 if won.get("by") != me:
                     self._follow(won)
                     return
-                g.store_set(f"dump/{me}", self._dump())
+                mine = self._dump()
+                g.store_set(f"dump/{me}", mine)
                 dumps = self._collect(peers)
                 peers = g.read_peers()
                 self._answered = sorted(dumps)
             except Exception as exc:
                 log.debug("store failed while collecting stacks: %s", exc)
-        dumps[me] = self._dump()
+        dumps[me] = mine if mine is not None else self._dump()
         rep = self.build(decision, peers, dumps)
         path = None
         try:
@@ -178,6 +201,7 @@ class Failure:
                     state = "dead"
             records.append({"rank": r, "state": state, "hb": hb or {},
                             "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
+                            "issued": dump.get("issued") or {},
                             "lanes": dump.get("lanes") or []})
         sources: dict[str, list[str]] = {}
         for rec in records:
@@ -185,6 +209,9 @@ class Failure:
             uf = user_frame(main)
             if uf is not None:
                 sources[uf["file"]] = linecache.getlines(uf["file"])
+            for where in rec["issued"].values():
+                path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
+                sources.setdefault(path, linecache.getlines(path))
         diag = diagnose(records, sources, decision.cause, decision.reason,
                         list(decision.culprits))
         starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]

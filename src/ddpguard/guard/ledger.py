@@ -25,6 +25,7 @@ __all__ = [
     "compact",
     "signature",
     "first_pending",
+    "waiting_on_peers",
     "pending_mismatch",
     "cross_wait",
     "desync",
@@ -61,9 +62,15 @@ def compact(raw: Mapping[str, Any]) -> Entry | None:
         return None
     pg = raw.get("process_group") or ("?", "")
     name = str(pg[0]) if isinstance(pg, list | tuple) else str(pg)
-    return [name, int(raw.get("collective_seq_id", -1)), _op_name(raw.get("profiling_name", "")),
-            [list(s) for s in raw.get("input_sizes") or []],
-            list(raw.get("input_dtypes") or []), bool(raw.get("retired"))]
+    prof = str(raw.get("profiling_name", ""))
+    entry = [name, int(raw.get("collective_seq_id", -1)), _op_name(prof),
+             [list(s) for s in raw.get("input_sizes") or []],
+             list(raw.get("input_dtypes") or []), bool(raw.get("retired"))]
+    if not prof.startswith("gloo:") and raw.get("state"):
+        # NCCL tracks each entry on the device: scheduled (queued behind earlier work),
+        # started (running, waiting for the peers), completed. gloo leaves it 'scheduled'.
+        entry.append(str(raw["state"]))
+    return entry
 
 
 def signature(entry: Sequence[Any]) -> tuple[Any, ...]:
@@ -78,6 +85,7 @@ def describe_entry(entry: Sequence[Any]) -> str:
     """'all_reduce #57 (group 0) [12] Float' for reports."""
     if entry[0] == "set-up":  # waiting.SETUP_GROUP: a wait the flight recorder does not list
         return f"{entry[2]} (process-group set-up)"
+    state = f" [{entry[6]}]" if len(entry) > 6 and entry[6] else ""
     sizes = entry[3]
     dt = entry[4]
     shape = ""
@@ -87,7 +95,7 @@ def describe_entry(entry: Sequence[Any]) -> str:
             shape += f",+{len(sizes) - 3}"
         if dt:
             shape += f" {dt[0]}"
-    return f"{entry[2]} #{entry[1]} (group {entry[0]}){shape}"
+    return f"{entry[2]} #{entry[1]} (group {entry[0]}){shape}{state}"
 
 
 class Ledger:
@@ -105,6 +113,7 @@ class Ledger:
             except ImportError:
                 pass
         self.available = False
+        self.started: dict[str, int] = {}
         if self._dump is not None or self._dump_json is not None:
             try:
                 self.status()
@@ -120,22 +129,30 @@ class Ledger:
         return json.loads(self._dump_json(entries, False))
 
     def status(self) -> Status:
+        """Per group, the last enqueued and completed sequence numbers. As a side result,
+        `started` holds the last one the device started, where the backend tracks it (NCCL
+        with timing on; -1 elsewhere)."""
         data = self._read(False)
         out: Status = {}
+        started: dict[str, int] = {}
         for name, st in (data.get("pg_status") or {}).items():
             q = int(st.get("last_enqueued_collective", -1))
             c = int(st.get("last_completed_collective", -1))
             out[str(name)] = (q, c)
+            started[str(name)] = int(st.get("last_started_collective", -1))
+        self.started = started
         return out
 
-    def frames_for(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    def frames_for(self, wanted: set[tuple[str, int]], only_active: bool = False
+                   ) -> dict[tuple[str, int], str]:
         """The user's file:line that issued each wanted (group, seq), from the recorder's own
-        stack traces. Symbolizing is slow (seconds): only for a report."""
+        stack traces. Symbolizing every entry is slow (a second or more): only for a report;
+        `only_active` symbolizes just the collectives not completed yet (milliseconds)."""
         from .stacks import is_library_file
 
         if self._dump is None:
             return {}
-        data = pickle.loads(self._dump(True, True, False))  # noqa: S301 (our process)
+        data = pickle.loads(self._dump(True, True, only_active))  # noqa: S301 (our process)
         out = {}
         for raw in data.get("entries") or []:
             e = compact(raw)
@@ -147,6 +164,15 @@ class Ledger:
             if user is not None:
                 out[(e[0], e[1])] = (f"{user.get('filename')}:{user.get('line')} in "
                                      f"{user.get('name')}")
+        return out
+
+    def created_ns(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """When the recorder created each wanted (group, seq) entry (wall-clock ns)."""
+        out = {}
+        for raw in self._read(True).get("entries") or []:
+            e = compact(raw)
+            if e is not None and (e[0], e[1]) in wanted and raw.get("time_created_ns"):
+                out[(e[0], e[1])] = int(raw["time_created_ns"])
         return out
 
     def entries(self) -> list[Entry]:
@@ -166,10 +192,24 @@ def ensure_recorder_env(env: dict[str, str] | os._Environ[str] | None = None) ->
     env = os.environ if env is None else env
     if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
         env["TORCH_FR_BUFFER_SIZE"] = FR_DEFAULT_SIZE
+    # NCCL records when the device starts a collective only with timing on: that is what
+    # tells a rank waiting for its peers from one whose device is still busy before it.
+    env.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
 
 
 # ---------------------------------------------------------------------------------------------
 # pure comparisons over several ranks' views
+
+
+def waiting_on_peers(status: Status, started: Mapping[str, int]) -> bool:
+    """A collective is pending that the device has started (or, where starts are not
+    tracked, that was enqueued): the rank waits for its peers. An enqueued collective the
+    device has not started means the device is still busy with earlier work."""
+    for group, (q, c) in status.items():
+        s = started.get(group, -1)
+        if q > c and (s < 0 or s > c):
+            return True
+    return False
 
 
 def first_pending(pending: Sequence[Entry]) -> Entry | None:

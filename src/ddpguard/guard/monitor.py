@@ -23,8 +23,9 @@ from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
+from .issued import IssueSites
 from .lanes import Lanes
-from .ledger import Ledger, describe_entry, first_pending
+from .ledger import Ledger, describe_entry, first_pending, waiting_on_peers
 from .lengths import LengthCheck
 from .life import LifeSignals
 from .progress import Progress, install_hooks, uninstall_hooks
@@ -72,6 +73,7 @@ class Guard:
         self.ledger = Ledger(self.config.ledger)
         self.life = LifeSignals(main.ident, getattr(main, "native_id", None))
         self.lanes = Lanes()
+        self.issue_sites = IssueSites()
         self.status: dict[str, tuple[int, int]] = {}
         self.status_since = time.monotonic()
         self._pending: list[list[Any]] = []
@@ -107,6 +109,7 @@ class Guard:
         self.progress.on_epoch = self.lengths.on_pass
         self.progress.on_batch = self.lengths.on_batch
         install_hooks(self.progress)
+        self.issue_sites.install()
         self._publish()
         self._await_peers()
         self._thread = threading.Thread(target=self._run, name="ddpguard-guard", daemon=True)
@@ -150,6 +153,7 @@ class Guard:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.config.heartbeat_interval + 5)
         uninstall_hooks(self.progress)
+        self.issue_sites.uninstall()
         self.lanes.add(time.time(), state, f"{state}" + (f": {error}" if error else ""))
         try:
             self._publish()
@@ -212,6 +216,14 @@ class Guard:
             doing=self._doing[1], kind=self._doing[0], where=self._where)
         return snap
 
+    def pending_entries(self) -> list[list[Any]]:
+        """The ledger entries this rank waits for (empty unless it is blocked)."""
+        return list(self._pending)
+
+    def waiting_call(self) -> str | None:
+        """The wait the training thread stands in for an issued collective, if any."""
+        return self._waiting
+
     def quiet_for(self, now: float) -> float:
         """Seconds without a sign of life; time spent waiting for an issued collective is
         quiet time even when the wait spins a core."""
@@ -255,7 +267,8 @@ class Guard:
         # Forming a group or a store-based barrier: a wait the recorder does not list.
         self._setup = setup_wait(frames) if frames else None
         if self.ledger.available:
-            pending = any(q > c for q, c in self.status.values()) or self._setup is not None
+            pending = (waiting_on_peers(self.status, self.ledger.started)
+                       or self._setup is not None)
             # Standing in a wait for an issued collective (Work.wait, a poll on
             # is_completed, a device synchronise) is waiting, however much CPU it spins.
             self._waiting = waits_now(self._main_ident) if pending else None

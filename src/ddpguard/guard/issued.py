@@ -1,0 +1,91 @@
+"""Where each asynchronous collective was issued.
+
+A rank that issues `all_reduce(..., async_op=True)` (or any collective on NCCL, whose host
+returns at once) waits for it somewhere else: `Work.wait()`, a poll, a synchronise. Its stack
+then shows the wait, not the line that issued the collective, and that line is the one a
+report must name (it is the one under `if rank == 0:`). The flight recorder can symbolize its
+own stack traces, but that takes seconds (far longer while the waiting thread spins on the
+GIL). So while the guard runs, the collectives of `torch.distributed` called with
+`async_op=True` note their caller's file:line and a time window; an entry of the recorder is
+matched to its call by the time it was created.
+
+Synchronous calls are left alone (one keyword lookup): their line is on the stack.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import time
+from typing import Any
+
+__all__ = ["IssueSites"]
+
+_NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
+          "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+          "gather", "scatter", "barrier", "all_reduce_coalesced", "all_gather_coalesced")
+
+
+def _caller(depth_limit: int = 12) -> str:
+    """The first frame outside torch: the user's line."""
+    f: Any = sys._getframe(2)
+    for _ in range(depth_limit):
+        if f is None:
+            break
+        name = f.f_code.co_filename
+        if "/torch/" not in name and "/ddpguard/guard/" not in name:
+            return f"{name}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return "?"
+
+
+class IssueSites:
+    def __init__(self, keep: int = 64) -> None:
+        self.sites: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=keep)
+        self._orig: dict[tuple[Any, str], Any] = {}
+
+    def _wrap(self, fn: Any) -> Any:
+        sites = self.sites
+
+        @functools.wraps(fn)
+        def issue(*args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("async_op"):
+                return fn(*args, **kwargs)
+            t0 = time.time_ns()
+            work = fn(*args, **kwargs)
+            sites.append((t0, time.time_ns(), _caller()))
+            return work
+
+        issue.__ddpguard_wrapped__ = fn  # type: ignore[attr-defined]
+        return issue
+
+    def install(self) -> None:
+        try:
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+        except ImportError:
+            return
+        for name in _NAMES:
+            fn = getattr(c10d, name, None)
+            if fn is None or hasattr(fn, "__ddpguard_wrapped__"):
+                continue
+            wrapped = self._wrap(fn)
+            for mod in (c10d, dist):
+                if getattr(mod, name, None) is fn:
+                    self._orig[(mod, name)] = fn
+                    setattr(mod, name, wrapped)
+
+    def uninstall(self) -> None:
+        for (mod, name), fn in self._orig.items():
+            current = getattr(mod, name, None)
+            if getattr(current, "__ddpguard_wrapped__", None) is fn:
+                setattr(mod, name, fn)
+        self._orig.clear()
+
+    def site_for(self, created_ns: int) -> str | None:
+        """The call whose time window holds the recorder's creation time of an entry."""
+        for t0, t1, where in reversed(self.sites):
+            if t0 <= created_ns <= t1:
+                return where
+        return None
