@@ -70,7 +70,7 @@ def old_tick(gs: Any, world: int) -> None:
     gs.counter.requests += len(keys) + 2
 
 
-def worker(ranks: list[int], world: int, port: int, t0: float, ticks: int, protocol: str,
+def worker(ranks: list[int], world: int, port: int, start_q: Any, ticks: int, protocol: str,
            mismatch_tick: int | None, out: Any) -> None:
     from ddpguard.guard.board import Board
     from ddpguard.guard.rules import decide
@@ -85,6 +85,10 @@ def worker(ranks: list[int], world: int, port: int, t0: float, ticks: int, proto
         members.append((r, gs, board))
     for r, gs, _ in members:
         gs.set(f"hb/{r}", heartbeat(r, 0, False))
+    out.put({"ready": len(ranks)})
+    t0 = start_q.get(timeout=600)
+    for _, _, board in members:
+        board.watch_from(time.monotonic() + (t0 - time.time()))
     tick_times: list[float] = []
     judge_cpu: list[float] = []
     requests: list[int] = []
@@ -147,14 +151,18 @@ def host(port_q: Any, stop: Any) -> None:
 def run(world: int, protocol: str, ticks: int, workers: int, mismatch: bool,
         port: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    t0 = time.time() + 3.0 + world / 200  # time for every connection to open
+    q, start_q = ctx.Queue(), ctx.Queue()
     per = [list(range(w, world, workers)) for w in range(workers)]
     mtick = 4 if mismatch else None
-    procs = [ctx.Process(target=worker, args=(rs, world, port, t0, ticks, protocol, mtick, q))
-             for rs in per]
+    procs = [ctx.Process(target=worker, args=(rs, world, port, start_q, ticks, protocol, mtick,
+                                              q)) for rs in per]
     for p in procs:
         p.start()
+    for _ in procs:  # every connection open and every heartbeat written
+        q.get(timeout=600)
+    t0 = time.time() + 0.5
+    for _ in procs:
+        start_q.put(t0)
     time.sleep(max(0.0, t0 - time.time() + INTERVAL))
     lat = probe(port, min(ticks * INTERVAL * 0.6, 6.0)) if not mismatch else []
     results = [q.get(timeout=600) for _ in procs]
@@ -171,6 +179,7 @@ def run(world: int, protocol: str, ticks: int, workers: int, mismatch: bool,
         "tick_work_s_max": max(ticks_slowest),
         "period_held": max(ticks_slowest) <= INTERVAL,
         "judge_cpu_share": (statistics.median(jcpu) / INTERVAL) if jcpu else None,
+        "judge_ticks": len(jcpu),
         "probe_ms_p50": statistics.median(lat) if lat else None,
         "probe_ms_p99": sorted(lat)[int(0.99 * (len(lat) - 1))] if lat else None,
     }

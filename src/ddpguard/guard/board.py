@@ -38,6 +38,11 @@ class Board:
         self._mark: tuple[int, int] = (-1, -1)
         self._changed_at = time.monotonic()
 
+    def watch_from(self, now: float | None = None) -> None:
+        """Start the takeover clock now (when the guard thread starts ticking), not at
+        construction: waiting for slow peers to start must not look like a silent judge."""
+        self._changed_at = time.monotonic() if now is None else now
+
     def create(self) -> None:
         """Every rank, at start: the control keys exist (empty) before anyone reads them."""
         self.store.create_empty(CONTROL)

@@ -112,6 +112,7 @@ class Guard:
         self.issue_sites.install()
         self._publish()
         self._await_peers()
+        self.board.watch_from()
         self._thread = threading.Thread(target=self._run, name="ddpguard-guard", daemon=True)
         self._thread.start()
         return self
