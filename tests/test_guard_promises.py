@@ -70,3 +70,15 @@ def test_unequal_loaders_without_collectives_are_left_running(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "rank 0 done" in res.stdout and "rank 1 done" in res.stdout
     assert not list(tmp_path.glob("*.json")), "a report was written for a healthy job"
+
+
+def test_a_stopped_rank_does_not_outlive_the_verdict(tmp_path):
+    # SIGSTOP: the rank cannot follow the stop nor handle torchrun's SIGTERM (whose grace is
+    # 30 s). The job must be over within seconds of the report, the stopped rank included
+    # (conftest fails the test if any process is left).
+    res, took = run_case("sigstop", tmp_path, DDPGUARD_NO_LIFE="2")
+    assert res.returncode == 17, res.stderr[-3000:]
+    rep = _report(tmp_path)
+    assert rep["diagnosis"]["cause"] == "no_life" and rep["diagnosis"]["culprits"] == [1]
+    assert "not answering" in json.dumps(rep["diagnosis"])
+    assert took < 25, took

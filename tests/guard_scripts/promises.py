@@ -5,6 +5,7 @@
   before the job ends.
 - uneven_local: a pass over loaders of different lengths with no collective inside (per-rank
   local work), then collectives again: healthy.
+- sigstop: rank 1 is stopped by SIGSTOP while rank 0 waits.
 - stall: rank 1 spins forever while rank 0 waits (judged after DDPGUARD_NO_LIFE seconds).
 """
 
@@ -52,6 +53,13 @@ elif args.case == "uneven_local":
     dist.barrier()
     for i in range(3):
         sync_step(i)
+elif args.case == "sigstop":
+    if rank == 1:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen: stopped by a signal
+    sync_step(99)
 elif args.case == "stall":
     if rank == 1:
         n = 0

@@ -105,6 +105,7 @@ class Failure:
             sys.stdout.flush()
             if not store_lost:
                 g.store_set("reported", {"path": path})
+                self._end_stopped(peers)
                 self._await_followers(peers)
         except Exception as exc:
             log.debug("could not announce the report: %s", exc)
@@ -151,6 +152,20 @@ class Failure:
                     and not (peers[r].get("host") == g.host
                              and not procs.pid_alive(int(peers[r].get("pid", 0))))]
             time.sleep(0.05)
+
+    def _end_stopped(self, peers: dict[int, dict[str, Any]]) -> None:
+        """A rank stopped by SIGSTOP (or a debugger) on this host can neither follow nor
+        handle the launcher's SIGTERM, so the job would outlive the verdict by the launcher's
+        grace period (30 s for torchrun) or forever. It is part of this job and the verdict
+        is in: end it, and what it started."""
+        g = self.g
+        for r, hb in peers.items():
+            pid = int(hb.get("pid", 0) or 0)
+            if (r != g.rank and r not in self._answered and hb.get("host") == g.host
+                    and pid > 0 and procs.stopped(pid)):
+                log.warning("ending rank %d (pid %d): it is stopped and cannot leave by itself",
+                            r, pid)
+                procs.kill_tree(pid, include_self=True, wait=1.0)
 
     def exit(self) -> None:
         # The training thread may be stuck inside a C-level collective: no exception can reach

@@ -66,6 +66,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def stopped(pid: int) -> bool:
+    """Is `pid` stopped (SIGSTOP, a debugger): state T or t in /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        return data[data.rindex(b")") + 2:][:1] in (b"T", b"t")
+    except (OSError, ValueError):
+        return False
+
+
 def kill_tree(pid: int, include_self: bool = False, wait: float = 2.0) -> list[int]:
     """SIGKILL every descendant of `pid` (and `pid` itself if asked); returns who was sent it.
     Only pids found below the given one are touched: never anything by name."""
