@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import procs
+from .fault import last_words
 from .ledger import describe_entry, first_pending
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def peer_failures(g: Guard, wait: float = 1.5) -> list[str]:
                 found.append(f"rank {r} crashed ({hb.get('error')})")
             elif hb.get("host") == g.host and not procs.pid_alive(int(hb.get("pid", 0))):
                 found.append(f"rank {r} died (process {hb.get('pid')} is gone"
-                             f"{g.oom_text()})")
+                             f"{g.oom_text()}){last_words(hb.get('fault'), hb.get('main'))}")
         if found or now > deadline:
             return found
         time.sleep(0.1)

@@ -171,6 +171,7 @@ class Failure:
         # The training thread may be stuck inside a C-level collective: no exception can reach
         # it, so the process ends here and the launcher ends (or restarts) the job.
         try:
+            self.g.fault_log.stop()
             procs.kill_tree(os.getpid(), wait=1.0)
         finally:
             os._exit(self.g.config.exit_code)

@@ -23,6 +23,7 @@ from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
+from .fault import FaultLog, last_words
 from .issued import IssueSites
 from .lanes import Lanes
 from .ledger import Ledger, describe_entry, first_pending, waiting_on_peers
@@ -74,6 +75,7 @@ class Guard:
         self.life = LifeSignals(main.ident, getattr(main, "native_id", None))
         self.lanes = Lanes()
         self.issue_sites = IssueSites()
+        self.fault_log = FaultLog()
         self.status: dict[str, tuple[int, int]] = {}
         self.status_since = time.monotonic()
         self._pending: list[list[Any]] = []
@@ -110,6 +112,7 @@ class Guard:
         self.progress.on_batch = self.lengths.on_batch
         install_hooks(self.progress)
         self.issue_sites.install()
+        self.fault_log.start(self.config.report_dir, self.run_id, self.rank)
         self._publish()
         self._await_peers()
         self.board.watch_from()
@@ -155,6 +158,7 @@ class Guard:
             self._thread.join(timeout=5 * self.config.heartbeat_interval + 5)
         uninstall_hooks(self.progress)
         self.issue_sites.uninstall()
+        self.fault_log.stop()
         self.lanes.add(time.time(), state, f"{state}" + (f": {error}" if error else ""))
         try:
             self._publish()
@@ -214,7 +218,8 @@ class Guard:
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
             pending=self._pending if self._blocked_since is not None else [],
             quiet=self.quiet_for(now), life=self.life.last_kind,
-            doing=self._doing[1], kind=self._doing[0], where=self._where)
+            doing=self._doing[1], kind=self._doing[0], where=self._where,
+            fault=self.fault_log.path, main=self._main_ident)
         return snap
 
     def pending_entries(self) -> list[list[Any]]:
@@ -419,7 +424,8 @@ class Guard:
         if hb.get("host") == self.host:
             if procs.pid_alive(int(hb.get("pid", 0))):
                 return False, ""
-            return True, f"died (process {hb.get('pid')} is gone{self.oom_text()})"
+            return True, (f"died (process {hb.get('pid')} is gone{self.oom_text()})"
+                          f"{last_words(hb.get('fault'), hb.get('main'))}")
         if silent > self.config.dead_after:
             return True, f"stopped answering {silent:.0f} s ago (host {hb.get('host')})"
         return False, ""

@@ -1,0 +1,90 @@
+"""A rank's last words when native code kills it.
+
+gloo aborts the process on a size mismatch ("Received data size doesn't match expected size"),
+a CUDA or NCCL error can segfault it: the Python process never gets to say where it was. While
+the guard runs, `faulthandler` writes every thread's Python stack to a small per-rank file on
+SIGABRT, SIGSEGV, SIGFPE, SIGBUS and SIGILL; a surviving rank on the same host (or the report)
+reads the training thread's innermost user line from it. The file is removed when the rank
+leaves normally. A script that enabled faulthandler itself keeps its own setting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import os
+import re
+import tempfile
+from typing import IO
+
+from .stacks import is_library_file
+
+__all__ = ["FaultLog", "last_words"]
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+class FaultLog:
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self._fh: IO[str] | None = None
+
+    def start(self, directory: str | None, run_id: str, rank: int) -> str | None:
+        if faulthandler.is_enabled():
+            return None  # the script's own choice
+        try:
+            folder = directory or tempfile.gettempdir()
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"ddpguard-fault-{run_id}-rank{rank}-{os.getpid()}.txt")
+            self._fh = open(path, "w")  # noqa: SIM115 (kept open for the signal handler)
+            faulthandler.enable(self._fh, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            return None
+        self.path = path
+        atexit.register(self.stop)  # a normal exit leaves nothing behind
+        return path
+
+    def stop(self) -> None:
+        """Stop listening and remove the file, unless a fatal signal already wrote into it
+        (then it is the dead rank's last words, for the report)."""
+        if self._fh is None:
+            return
+        with contextlib.suppress(Exception):
+            faulthandler.disable()
+        with contextlib.suppress(OSError):
+            self._fh.close()
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self._fh, self.path = None, None
+
+
+def last_words(path: str | None, main_ident: int | None) -> str:
+    """' (it aborted: Fatal Python error: Aborted; its training thread was at f:l in g)', or
+    '' when there is nothing (no file, or the rank did not die of a fatal signal)."""
+    if not path:
+        return ""
+    try:
+        with open(path, errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return ""
+    if not text.strip():
+        return ""
+    head = text.strip().splitlines()[0].strip()
+    want = f"0x{main_ident:016x}" if main_ident else None
+    where = None
+    current = None
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            current = m.group(1).lower()
+            continue
+        f = _FRAME.match(line)
+        if f and where is None and (want is None or current == want) \
+                and not is_library_file(f.group(1)):
+            where = f"{f.group(1)}:{f.group(2)} in {f.group(3)}"
+    at = f"; its training thread was at {where}" if where else ""
+    return f" (it died of a fatal signal: {head}{at})"
