@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from ddpguard.commands import report as report_cmd
-from ddpguard.guard import render
-from ddpguard.guard import trace as trace_mod
 from ddpguard.guard.report import load
+from ddpguard.reporting import render
+from ddpguard.reporting import trace as trace_mod
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEADLOCK = FIXTURES / "guard_report_deadlock_2ranks.json"

@@ -1,4 +1,4 @@
-"""The guard's decisions as pure functions over made-up heartbeats, in one process, up to 64
+"""The guard's decisions as pure functions over made-up heartbeats, in one process, up to 1,024
 ranks: when it must stop (proof, or no sign of life) and, above all, when it must not."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_flight_recorder_entries_compact_and_compare():
     assert signature(entry(1, "all_reduce", ((4,),))) != signature(entry(1, "all_reduce", ((5,),)))
 
 
-@pytest.mark.parametrize("world", [2, 8, 64])
+@pytest.mark.parametrize("world", [2, 8, 64, 1024])
 def test_healthy_waits_are_never_stopped(world):
     # Every rank but rank 0 waits in the same all_reduce; rank 0 works (evaluation,
     # checkpoint) and shows life: however long the wait, keep going.
@@ -59,7 +59,7 @@ def test_healthy_waits_are_never_stopped(world):
     assert decide(views, world, **KW) is None
 
 
-@pytest.mark.parametrize("world", [2, 8, 64])
+@pytest.mark.parametrize("world", [2, 8, 64, 1024])
 def test_mismatched_collectives_are_proof(world):
     views = {r: view(r, blocked=True, pending=[entry(4)]) for r in range(world)}
     views[world - 1] = view(world - 1, blocked=True, pending=[entry(4, "barrier", ())])

@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ddpguard.guard.render import render_html, render_png
     from ddpguard.guard.report import load
-    from ddpguard.guard.trace import render_trace
+    from ddpguard.reporting.render import render_html, render_png
+    from ddpguard.reporting.trace import render_trace
 
     try:
         report = load(args.file)

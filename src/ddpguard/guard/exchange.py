@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .ledger import describe_entry, desync
+from .config import GuardConfig
+from .ledger import Ledger, describe_entry, desync
 from .rules import Decision
-
-if TYPE_CHECKING:
-    from .monitor import Guard
+from .store import GuardStore
 
 __all__ = ["Exchange"]
 
@@ -28,19 +27,27 @@ SLOTS = ("dig/req", "dig/creq")
 
 
 class Exchange:
-    def __init__(self, guard: Guard) -> None:
-        self.g = guard
+    """Everything a rank needs to compare ledgers with its peers: its own ledger, the store,
+    who it is, and the settings."""
+
+    def __init__(self, store: GuardStore, ledger: Ledger, rank: int, world_size: int,
+                 config: GuardConfig) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.rank = rank
+        self.world_size = world_size
+        self.config = config
         self._served: set[str] = set()
         self._open: dict[str, Any] | None = None
         self._issued = 0
         self._last_hi: dict[str, int] = {}
-        self._next = time.monotonic() + guard.config.digest_interval
+        self._next = time.monotonic() + config.digest_interval
 
     # -- answering (every rank, guard thread) --------------------------------------------------
 
     def serve(self, control: dict[str, Any]) -> None:
         """Answer the desync requests found in this tick's control keys."""
-        if not self.g.ledger.available:
+        if not self.ledger.available:
             return
         for slot in SLOTS:
             req = control.get(slot)
@@ -55,33 +62,32 @@ class Exchange:
 
     def answer(self, req: dict[str, Any]) -> None:
         win = {k: (int(v[0]), int(v[1])) for k, v in (req.get("win") or {}).items()}
-        mine = [e for e in self.g.ledger.entries() if e[0] in win
+        mine = [e for e in self.ledger.entries() if e[0] in win
                 and win[e[0]][0] <= e[1] <= win[e[0]][1]]
         reply: dict[str, Any] = {"entries": mine}
         want = {(str(p), int(s)) for p, s in req.get("frames") or []}
         if want:
             try:
                 reply["frames"] = [[k[0], k[1], v] for k, v in
-                                   self.g.ledger.frames_for(want).items()]
+                                   self.ledger.frames_for(want).items()]
             except Exception as exc:
                 log.debug("no recorder stack traces: %s", exc)
-        self.g.store_set(f"dig/{req['id']}/{self.g.rank}", reply)
+        self.store.set(f"dig/{req['id']}/{self.rank}", reply)
 
     # -- asking (rank 0 periodically, guard thread) ----------------------------------------------
 
     def check(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
         """The judge's periodic comparison of every rank's recent collectives."""
-        g = self.g
-        if not g.ledger.available:
+        if not self.ledger.available:
             return None
         if self._open is not None:
             return self._collect_periodic(peers)
         if time.monotonic() < self._next:
             return None
-        self._next = time.monotonic() + g.config.digest_interval
+        self._next = time.monotonic() + self.config.digest_interval
         ledgers: list[dict[str, Any]] = [hb.get("ledger") or {} for hb in peers.values()
                                           if hb.get("state") == "running"]
-        if len(ledgers) < g.world_size or any(not lg for lg in ledgers):
+        if len(ledgers) < self.world_size or any(not lg for lg in ledgers):
             return None
         common = set.intersection(*(set(lg) for lg in ledgers))
         win: dict[str, list[int]] = {}
@@ -95,21 +101,21 @@ class Exchange:
         self._issued += 1
         self._open = {"id": f"p{self._issued}", "win": win, "at": time.monotonic(),
                       "ranks": sorted(peers)}
-        g.store_set("dig/req", {"id": self._open["id"], "win": win})
+        self.store.set("dig/req", {"id": self._open["id"], "win": win})
         return None
 
     def _collect_periodic(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
         req = self._open
         assert req is not None  # guarded by the caller
-        got = self.g.store_get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]],
+        got = self.store.get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]],
                                     partial=False)
         if len(got) < len(req["ranks"]):
-            if time.monotonic() - req["at"] > 10 * self.g.config.heartbeat_interval:
+            if time.monotonic() - req["at"] > 10 * self.config.heartbeat_interval:
                 self._open = None  # a rank is busy or gone; the next round will tell
             return None
         self._open = None
         for key in got:
-            self.g.store_delete(key)
+            self.store.delete(key)
         found = desync({int(k.rsplit("/", 1)[1]): v["entries"] for k, v in got.items()})
         if found is None:
             return None
@@ -122,16 +128,16 @@ class Exchange:
                ) -> dict[int, str]:
         """Ask the two ranks where they issued the two entries (their recorders' stacks)."""
         ra, rb, ea, eb = found
-        rid = f"f{self.g.rank}-{time.monotonic_ns()}"
+        rid = f"f{self.rank}-{time.monotonic_ns()}"
         req = {"id": rid, "win": {ea[0]: [ea[1], ea[1]]}, "frames": [[ea[0], ea[1]]]}
-        self.g.store_set("dig/creq", req)
+        self.store.set("dig/creq", req)
         out: dict[int, str] = {}
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and len(out) < 2:
-            if self.g.rank in (ra, rb) and rid not in self._served:
+            if self.rank in (ra, rb) and rid not in self._served:
                 self._served.add(rid)
                 self.answer(req)
-            got = self.g.store_get_many([f"dig/{rid}/{r}" for r in (ra, rb)])
+            got = self.store.get_many([f"dig/{rid}/{r}" for r in (ra, rb)])
             for k, v in got.items():
                 r = int(k.rsplit("/", 1)[1])
                 for p, s, where in v.get("frames") or []:
@@ -154,13 +160,12 @@ class Exchange:
     def _gather(self, base: str, wait: float) -> dict[int, list[Any]]:
         """The other ranks' entries under `base/<rank>`, as many as arrive within `wait` s
         (the failure path only)."""
-        g = self.g
-        others = [r for r in range(g.world_size) if r != g.rank]
+        others = [r for r in range(self.world_size) if r != self.rank]
         deadline = time.monotonic() + wait
         got: dict[str, Any] = {}
         pause = 0.02
         while time.monotonic() < deadline:
-            got = g.store_get_many([f"{base}/{r}" for r in others])
+            got = self.store.get_many([f"{base}/{r}" for r in others])
             if len(got) == len(others):
                 break
             time.sleep(pause)
@@ -172,29 +177,28 @@ class Exchange:
         read of W keys, not W reads each) and says what it found. A rank named in a desync
         stays until the report is written, so its guard thread can say where it issued its
         collective."""
-        g = self.g
-        if not g.ledger.available:
+        if not self.ledger.available:
             return None
-        mine = g.ledger.entries()[-WINDOW:]
-        g.store_set(f"dig/final/{g.rank}", {"entries": mine})
-        n = g.store_add("dig/final/count", 1)
+        mine = self.ledger.entries()[-WINDOW:]
+        self.store.set(f"dig/final/{self.rank}", {"entries": mine})
+        n = self.store.add("dig/final/count", 1)
         deadline = time.monotonic() + wait
-        if g.rank != 0:
+        if self.rank != 0:
             verdict = self._await_key("dig/final/verdict", deadline + 1.0)
             found = (verdict or {}).get("found")
-            if found and g.rank in found:
+            if found and self.rank in found:
                 self._await_key("reported", time.monotonic() + 8.0)
             return None
         pause = 0.02
-        while n < g.world_size and time.monotonic() < deadline:
+        while n < self.world_size and time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(0.2, pause * 2)
-            n = g.store_add("dig/final/count", 0)
-        digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in g.store_get_many(
-            [f"dig/final/{r}" for r in range(g.world_size)]).items()}
-        digests[g.rank] = mine
+            n = self.store.add("dig/final/count", 0)
+        digests = {int(k.rsplit("/", 1)[1]): v["entries"] for k, v in self.store.get_many(
+            [f"dig/final/{r}" for r in range(self.world_size)]).items()}
+        digests[self.rank] = mine
         result = desync(digests)
-        g.store_set("dig/final/verdict", {"found": list(result[:2]) if result else None})
+        self.store.set("dig/final/verdict", {"found": list(result[:2]) if result else None})
         if result is None:
             return None
         return self.describe(result, self.frames(result, wait=4.0))
@@ -202,7 +206,7 @@ class Exchange:
     def _await_key(self, key: str, deadline: float) -> Any:
         pause = 0.02
         while time.monotonic() < deadline:
-            got = self.g.store_get_many([key]).get(key)
+            got = self.store.get_many([key]).get(key)
             if got is not None:
                 return got
             time.sleep(pause)
@@ -212,21 +216,20 @@ class Exchange:
     def on_crash(self, wait: float = 3.0) -> str | None:
         """From the training thread of a rank whose code raised: did the ranks desync just
         before? Returns the explanation, or None."""
-        g = self.g
-        if not g.ledger.available:
+        if not self.ledger.available:
             return None
         try:
-            mine = g.ledger.entries()
+            mine = self.ledger.entries()
             win: dict[str, list[int]] = {}
             for e in mine[-WINDOW:]:
                 lo, hi = win.get(e[0], [e[1], e[1]])
                 win[e[0]] = [min(lo, e[1]), max(hi, e[1])]
             if not win:
                 return None
-            rid = f"c{g.rank}-{time.monotonic_ns()}"
-            g.store_set("dig/creq", {"id": rid, "win": win})
+            rid = f"c{self.rank}-{time.monotonic_ns()}"
+            self.store.set("dig/creq", {"id": rid, "win": win})
             digests = self._gather(f"dig/{rid}", wait)
-            digests[g.rank] = [e for e in mine if e[0] in win and win[e[0]][0] <= e[1]]
+            digests[self.rank] = [e for e in mine if e[0] in win and win[e[0]][0] <= e[1]]
             found = desync(digests)
             if found is None:
                 return None

@@ -6,13 +6,14 @@ ranks issue collectives during the pass."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from .progress import LoaderState, UnevenBatchesError
+from .config import GuardConfig
+from .ledger import Ledger, Status
+from .progress import LoaderState, Progress, UnevenBatchesError
 from .rules import Decision
-
-if TYPE_CHECKING:
-    from .monitor import Guard
+from .store import GuardStore
 
 __all__ = ["LengthCheck", "WATCH_BATCHES"]
 
@@ -22,19 +23,31 @@ WATCH_BATCHES = 16
 
 
 class LengthCheck:
-    def __init__(self, guard: Guard) -> None:
-        self.g = guard
+    """Needs the store, the ledger (collectives issued so far), the training thread's
+    progress, who this rank is, and the status the guard thread last read."""
+
+    def __init__(self, store: GuardStore, ledger: Ledger, progress: Progress, rank: int,
+                 world_size: int, config: GuardConfig, last_status: Callable[[], Status]
+                 ) -> None:
+        self.store = store
+        self.ledger = ledger
+        self.progress = progress
+        self.rank = rank
+        self.world_size = world_size
+        self.config = config
+        self.last_status = last_status
+        # Set once the ranks are shown to differ: published in the heartbeat.
+        self.mismatch: str | None = None
         self._new: list[tuple[str, int, int, str]] = []
         self._lengths: dict[str, tuple[int, int, str]] = {}
         self._watch: dict[str, list[Any]] = {}
 
     def on_pass(self, st: LoaderState, loader: Any) -> None:
         """Training thread, at __iter__: publish this pass's length (one store write)."""
-        g = self.g
-        if not (g.config.check_lengths and st.key is not None and st.length is not None):
+        if not (self.config.check_lengths and st.key is not None and st.length is not None):
             return
         try:
-            g.store_set(f"len/{st.key}/{g.rank}", st.length)
+            self.store.set(f"len/{st.key}/{self.rank}", st.length)
         except Exception as exc:  # the guard never breaks training by itself
             log.debug("loader length not published: %s", exc)
             return
@@ -44,18 +57,17 @@ class LengthCheck:
     def on_batch(self, st: LoaderState) -> None:
         """Training thread, on the first batches of a pass: compare lengths without waiting;
         raise before the hang once the ranks differ and collectives run in this pass."""
-        g = self.g
         w = self._watch.get(st.key or "")
         if w is None:
             st.watch = False
             return
         length, q0, site, left = w
         try:
-            got = g.store_get_many([f"len/{st.key}/{r}" for r in range(g.world_size)])
+            got = self.store.get_many([f"len/{st.key}/{r}" for r in range(self.world_size)])
         except Exception:
             got = {}
-        if len(got) == g.world_size:
-            lengths = [int(got[f"len/{st.key}/{r}"]) for r in range(g.world_size)]
+        if len(got) == self.world_size:
+            lengths = [int(got[f"len/{st.key}/{r}"]) for r in range(self.world_size)]
             if len(set(lengths)) == 1:
                 self._watch.pop(st.key or "", None)
                 st.watch = False
@@ -64,7 +76,7 @@ class LengthCheck:
                 self._watch.pop(st.key or "", None)
                 st.watch = False
                 decision = self.uneven(lengths, site)
-                err, g.progress.abort = g.progress.abort, None
+                err, self.progress.abort = self.progress.abort, None
                 raise err or UnevenBatchesError(decision.reason)
         w[3] = left - 1
         if w[3] <= 0:
@@ -75,26 +87,24 @@ class LengthCheck:
 
     def enqueued(self, fresh: bool = False) -> int:
         """Collectives this rank has issued so far (optimizer steps without the ledger)."""
-        g = self.g
-        status = g.status
-        if fresh and g.ledger.available:
+        status = self.last_status()
+        if fresh and self.ledger.available:
             try:
-                status = g.ledger.status()
+                status = self.ledger.status()
             except Exception:
-                status = g.status
-        return sum(q for q, _ in status.values()) if status else g.progress.steps
+                status = self.last_status()
+        return sum(q for q, _ in status.values()) if status else self.progress.steps
 
     def check(self) -> Decision | None:
         """Guard thread: the passes handed over by the training thread."""
-        g = self.g
         while self._new:
             key, length, q0, site = self._new.pop(0)
             self._lengths[key] = (length, q0, site)
         for key, (_, q0, site) in list(self._lengths.items()):
-            got = g.store_get_many([f"len/{key}/{r}" for r in range(g.world_size)])
-            if len(got) < g.world_size:
+            got = self.store.get_many([f"len/{key}/{r}" for r in range(self.world_size)])
+            if len(got) < self.world_size:
                 continue
-            lengths = [int(got[f"len/{key}/{r}"]) for r in range(g.world_size)]
+            lengths = [int(got[f"len/{key}/{r}"]) for r in range(self.world_size)]
             if len(set(lengths)) == 1:
                 del self._lengths[key]
                 continue
@@ -107,14 +117,13 @@ class LengthCheck:
         return None
 
     def uneven(self, lengths: list[int], site: str) -> Decision:
-        g = self.g
         counts = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
-        g.mismatch = (f"the DataLoader iterated at {site} has a different number of batches "
+        self.mismatch = (f"the DataLoader iterated at {site} has a different number of batches "
                       f"on each rank ({counts}); the ranks already issue collectives in this "
                       "pass, so the one with fewer batches will leave it while the others "
                       "wait in their next collective.")
-        g.progress.abort = UnevenBatchesError(
-            f"ddpguard, rank {g.rank}: ranks have different numbers of batches: {counts} "
+        self.progress.abort = UnevenBatchesError(
+            f"ddpguard, rank {self.rank}: ranks have different numbers of batches: {counts} "
             f"(DataLoader iterated at {site}). Use drop_last=True in the sampler and the "
             "DataLoader, filter before sharding, or ddpguard.EvenSampler.")
-        return Decision("uneven_batches", g.mismatch)
+        return Decision("uneven_batches", self.mismatch)

@@ -62,13 +62,13 @@ class Guard:
         self.progress = Progress()
         self.state = "running"
         self.error: str | None = None
-        self.mismatch: str | None = None
         self.host = socket.gethostname()
         self._seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.store: GuardStore | None = None
-        self.board: Board | None = None
+        # Connected at start(); the helpers below hold this handle, not the guard.
+        self.store = GuardStore(None, self.prefix)
+        self.board = Board(self.store, rank, world_size, self.config.heartbeat_interval)
         main = threading.main_thread()
         self._main_ident = main.ident
         self.ledger = Ledger(self.config.ledger)
@@ -90,8 +90,9 @@ class Guard:
         self._peer_seq: dict[int, tuple[int, float]] = {}
         self._notices = 0
         self._oom0 = procs.oom_kills()
-        self.exchange = Exchange(self)
-        self.lengths = LengthCheck(self)
+        self.exchange = Exchange(self.store, self.ledger, rank, world_size, self.config)
+        self.lengths = LengthCheck(self.store, self.ledger, self.progress, rank, world_size,
+                                   self.config, lambda: self.status)
         self.failure = Failure(self)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -104,9 +105,7 @@ class Guard:
                              wait_for_workers=False)
 
     def start(self) -> Guard:
-        self.store = GuardStore(self.client(), self.prefix)
-        self.board = Board(self.store, self.rank, self.world_size,
-                           self.config.heartbeat_interval)
+        self.store.attach(self.client())
         self.board.create()
         self.progress.on_epoch = self.lengths.on_pass
         self.progress.on_batch = self.lengths.on_batch
@@ -126,7 +125,6 @@ class Guard:
         down while a slower peer is still connecting, and that peer would fail at start-up."""
         key = "started"
         limit = max(30.0, self.config.dead_after)
-        assert self.store is not None  # set by start()
         n = self.store.add(key, 1)
         deadline = time.monotonic() + limit
         pause = 0.005
@@ -181,10 +179,15 @@ class Guard:
                 self._thread.join(timeout=5)
             self.failure.fail(Decision("desync", found), self.read_peers())
 
+    @property
+    def mismatch(self) -> str | None:
+        """What the loader-length check found, if anything."""
+        return self.lengths.mismatch
+
     # -- store access (guard thread, and the failure path) -------------------------------------
 
     def _st(self) -> GuardStore:
-        if self.store is None:
+        if not self.store.connected:
             raise RuntimeError("the guard has not started: no store connection")
         return self.store
 
@@ -245,8 +248,7 @@ class Guard:
     def read_peers(self) -> dict[int, dict[str, Any]]:
         """Every rank's heartbeat (the judge every tick; other ranks only on the failure
         path)."""
-        if self.board is None:
-            raise RuntimeError("the guard has not started: no store connection")
+        self._st()
         return self.board.heartbeats()
 
     # -- observing this rank ----------------------------------------------------------------
@@ -349,7 +351,6 @@ class Guard:
         now = time.monotonic()
         self._observe(now)
         self._publish()
-        assert self.board is not None  # set by start()
         control = self.board.poll(now)
         trigger = control.get("trigger")
         if trigger:

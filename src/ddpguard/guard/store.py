@@ -27,11 +27,20 @@ class Counter:
 
 
 class GuardStore:
+    """`store` may be attached later (`attach`), once the guard connects at start."""
+
     def __init__(self, store: Any, prefix: str, counter: Counter | None = None) -> None:
         self._store = store
         self.prefix = prefix
         self._lock = threading.Lock()
         self.counter = counter or Counter()
+
+    def attach(self, store: Any) -> None:
+        self._store = store
+
+    @property
+    def connected(self) -> bool:
+        return self._store is not None
 
     def _full(self, key: str) -> str:
         return self.prefix + key

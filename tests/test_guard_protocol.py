@@ -1,0 +1,222 @@
+"""The guard's protocol and its readers of waits, in one process: the linear per-tick exchange
+and judge takeover against a real TCPStore, what counts as waiting for an issued collective,
+set-up waits the flight recorder does not list, NCCL entry states, and a dead rank's last
+words."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from ddpguard.guard.board import CONTROL, TAKEOVER, Board
+from ddpguard.guard.fault import last_words
+from ddpguard.guard.ledger import compact, describe_entry, waiting_on_peers
+from ddpguard.guard.rules import decide
+from ddpguard.guard.store import Counter, GuardStore
+from ddpguard.guard.waiting import setup_entry, setup_wait, waiting_call
+
+KW = {"grace": 1.0, "no_life": 45.0, "hard_limit": None, "fallback_deadlock": 15.0}
+
+
+@pytest.fixture
+def tcp_store():
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    yield store
+    del store
+
+
+def _members(store, world, counter):
+    out = []
+    for r in range(world):
+        gs = GuardStore(store, "t/", counter)
+        b = Board(gs, r, world, 0.05)
+        b.create()
+        gs.set(f"hb/{r}", {"rank": r})
+        b.watch_from()
+        out.append((gs, b))
+    return out
+
+
+@pytest.mark.parametrize("world", [4, 64])
+def test_requests_per_tick_grow_linearly(tcp_store, world):
+    counter = Counter()
+    members = _members(tcp_store, world, counter)
+    counter.requests = 0
+    judges = 0
+    for r, (gs, b) in enumerate(members):
+        gs.set(f"hb/{r}", {"rank": r, "seq": 1})
+        b.poll()
+        if b.judging():
+            judges += 1
+            assert len(b.heartbeats()) == world
+            b.publish()
+    # Every rank: its heartbeat and one read of the control keys; the judge: one check, one
+    # read of every heartbeat and its board. Never a read per peer.
+    assert judges == 1
+    assert counter.requests == 2 * world + 3
+
+
+def test_next_rank_takes_over_a_silent_judge_and_the_judge_steps_down(tcp_store):
+    counter = Counter()
+    (g0, b0), (g1, b1), (g2, b2) = _members(tcp_store, 3, counter)
+    b0.publish()
+    for b in (b1, b2):
+        b.poll()
+        assert not b.judging()
+    time.sleep(TAKEOVER * 0.05 * 1.5)  # rank 0's board stops changing
+    for b in (b1, b2):
+        b.poll()
+    assert b1.judging() and not b2.judging()  # rank 2 waits twice as long
+    b1.publish()
+    b0.poll()  # rank 0 comes back, sees rank 1's board, and steps down
+    assert not b0.judging() and b0.judge == 1
+    b2.poll()
+    assert not b2.judging()
+
+
+def test_control_keys_exist_empty_until_set(tcp_store):
+    gs = GuardStore(tcp_store, "c/")
+    Board(gs, 0, 2, 0.5).create()
+    assert gs.get_existing(CONTROL) == {}
+    gs.first("trigger", {"by": 1})
+    assert gs.get_existing(CONTROL) == {"trigger": {"by": 1}}
+    assert gs.first("trigger", {"by": 0}) == {"by": 1}  # the first one wins
+
+
+def test_partial_reads_only_when_asked(tcp_store):
+    gs = GuardStore(tcp_store, "p/")
+    gs.set("a", 1)
+    assert gs.get_many(["a", "b"], partial=False) == {}
+    assert gs.get_many(["a", "b"]) == {"a": 1}
+
+
+# -- waiting for an issued collective ----------------------------------------------------------
+
+class _Work:
+    """Stands in for torch's Work: wait() blocks inside C (a lock), like gloo's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.wait = self.lock.acquire
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def _user_waits(work):
+    work.wait()
+
+
+def _user_polls(work):
+    while not work.is_completed():
+        pass
+
+
+def _user_computes(stop):
+    x = 0
+    while not stop.is_set():
+        x = sum(range(1000)) + x
+
+
+def _frame_of(thread):
+    import sys
+
+    for _ in range(200):
+        f = sys._current_frames().get(thread.ident)
+        if f is not None and f.f_code.co_name.startswith("_user"):
+            return f
+        time.sleep(0.005)
+    raise AssertionError("thread never reached its function")
+
+
+def test_a_thread_in_work_wait_or_a_poll_loop_is_waiting():
+    w = _Work()
+    t = threading.Thread(target=_user_waits, args=(w,), daemon=True)
+    t.start()
+    try:
+        assert waiting_call(_frame_of(t)) == "wait"
+    finally:
+        w.lock.release()
+        t.join(5)
+    w2 = _Work()
+    t2 = threading.Thread(target=_user_polls, args=(w2,), daemon=True)
+    t2.start()
+    try:
+        seen = {waiting_call(_frame_of(t2)) for _ in range(20)}
+        assert seen == {"is_completed"}, seen  # at the call or at the loop's back-edge
+    finally:
+        w2.done = True
+        t2.join(5)
+    stop = threading.Event()
+    t3 = threading.Thread(target=_user_computes, args=(stop,), daemon=True)
+    t3.start()
+    try:
+        assert waiting_call(_frame_of(t3)) is None
+    finally:
+        stop.set()
+        t3.join(5)
+
+
+def test_group_set_up_waits_are_entries_the_rules_can_compare():
+    frames = [{"file": "/x/train.py", "func": "<module>"},
+              {"file": "/site-packages/torch/distributed/c10d_logger.py", "func": "wrapper"},
+              {"file": "/site-packages/torch/distributed/distributed_c10d.py",
+               "func": "new_group"},
+              {"file": "/site-packages/torch/distributed/distributed_c10d.py",
+               "func": "_new_process_group_helper"}]
+    assert setup_wait(frames) == "new_group"
+    assert setup_wait(frames[:2]) is None
+    ng = setup_entry("new_group")
+    assert describe_entry(ng) == "new_group (process-group set-up)"
+    ar = ["0", 7, "all_reduce", [[4]], ["Float"], False]
+
+    def v(rank, pend):
+        return {"rank": rank, "blocked": True, "pending": [pend], "quiet": 3.0,
+                "blocked_for": 3.0, "gone": False, "state": "running", "where": "t.py:1"}
+
+    # Rank 0 forms a group nobody else forms while rank 1 waits in an all_reduce: proof.
+    d = decide({0: v(0, ng), 1: v(1, ar)}, 2, **KW)
+    assert d is not None and d.proof and "new_group (process-group set-up)" in d.reason
+    # Both in the same set-up call: slow, not stuck.
+    assert decide({0: v(0, ng), 1: v(1, ng)}, 2, **KW) is None
+
+
+def test_nccl_entry_states_and_started_collectives():
+    raw = {"process_group": ("0", "default_pg"), "collective_seq_id": 12,
+           "profiling_name": "nccl:all_reduce", "input_sizes": [[1024]],
+           "input_dtypes": ["Float"], "retired": False, "is_p2p": False, "state": "started"}
+    e = compact(raw)
+    assert e == ["0", 12, "all_reduce", [[1024]], ["Float"], False, "started"]
+    assert describe_entry(e).endswith("[started]")
+    # gloo leaves every entry 'scheduled': no state is kept.
+    assert len(compact({**raw, "profiling_name": "gloo:all_reduce"}) or []) == 6
+    status = {"0": (12, 11)}
+    assert waiting_on_peers(status, {"0": -1})       # starts not tracked: enqueued counts
+    assert waiting_on_peers(status, {"0": 12})       # the device started it: waits for peers
+    assert not waiting_on_peers(status, {"0": 11})   # still busy before it: not waiting
+    assert not waiting_on_peers({"0": (12, 12)}, {"0": 12})
+
+
+def test_last_words_of_an_aborted_rank(tmp_path):
+    main = 0x7F20E7A78B80
+    log = tmp_path / "fault.txt"
+    log.write_text(
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f20e0000000 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Thread 0x00007f20e7a78b80 (most recent call first):\n"
+        '  File "/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        '  File "/work/job/train.py", line 188 in <module>\n')
+    text = last_words(str(log), main)
+    assert "Fatal Python error: Aborted" in text and "/work/job/train.py:188 in <module>" in text
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert last_words(str(empty), main) == "" and last_words(None, main) == ""
