@@ -54,16 +54,22 @@ def _guard_threads(world):
 
     import ddpguard as dg
 
+    from ddpguard.guard import active
+    from ddpguard.guard.heartbeat import Heartbeat
+
+    g = active()
+    # Every key a real heartbeat carries is in the documented schema.
+    unknown = sorted(set(g.heartbeat()) - set(Heartbeat.__annotations__)) if g else []
     before = [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]
     dg.shutdown(world)
     after = [t.name for t in threading.enumerate() if t.name == "ddpguard-guard"]
-    return before, after
+    return before, after, unknown
 
 
 def test_init_starts_guard_and_shutdown_stops_it():
-    assert run_ranks(_guard_threads, 2, timeout=120) == [(["ddpguard-guard"], [])] * 2
+    assert run_ranks(_guard_threads, 2, timeout=120) == [(["ddpguard-guard"], [], [])] * 2
     off = run_ranks(_guard_threads, 2, timeout=120, init_kwargs={"guard": False})
-    assert off == [([], [])] * 2
+    assert off == [([], [], [])] * 2
 
 
 def test_set_epoch_warning_only_for_the_same_sampler_reused():

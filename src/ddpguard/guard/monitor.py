@@ -211,6 +211,8 @@ class Guard:
     # -- heartbeats -------------------------------------------------------------------------
 
     def heartbeat(self) -> dict[str, Any]:
+        """This rank's heartbeat; its keys are those of `heartbeat.Heartbeat` (a test keeps
+        the two in step)."""
         snap = self.progress.snapshot()
         now = time.monotonic()
         snap.update(

@@ -1,0 +1,50 @@
+"""What one rank publishes every tick: the schema in one place. Heartbeats travel as JSON
+through the store, so readers see plain dicts; this TypedDict says which keys they may read."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+__all__ = ["Heartbeat", "LoaderInfo"]
+
+
+class LoaderInfo(TypedDict):
+    epoch: int
+    batches: int
+    len: int | None
+    key: str | None
+
+
+class Heartbeat(TypedDict, total=False):
+    # Progress (progress.Progress.snapshot)
+    epoch: int
+    steps: int
+    steps_epoch: int
+    batches: int
+    forwards: int
+    epoch_batches: int
+    epoch_len: int | None
+    loaders: dict[str, LoaderInfo]
+    # Who and when
+    rank: int
+    pid: int
+    host: str
+    seq: int                    # bumped on every publish: a peer's silence is an unchanged seq
+    t: float                    # wall clock
+    state: str                  # running | exited | crashed
+    error: str | None
+    mismatch: str | None        # what the loader-length check found
+    # The ledger and waiting
+    ledger: dict[str, Any] | None   # group -> [last enqueued, last completed]
+    blocked: bool
+    blocked_for: float
+    pending: list[list[Any]]    # ledger entries it waits on (at most 8), when blocked
+    # Life and position
+    quiet: float                # seconds without a sign of life (waiting counts as quiet)
+    life: str                   # kind of the latest sign of life
+    doing: str
+    kind: str
+    where: str                  # the training thread's user file:line
+    # For the survivors when this rank dies of a fatal signal (fault.py)
+    fault: str | None
+    main: int | None
