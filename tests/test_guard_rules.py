@@ -185,6 +185,18 @@ def test_diagnosis_conditional_collective_and_peer_states():
     assert diagnose(recs, cause="peer_gone", culprits=[1])["cause"] == "crashed_rank"
 
 
+def test_a_peer_that_left_outranks_the_buffer_broadcast_guess():
+    # Rank 0 returned early from train(); rank 1 waits in DDP's buffer broadcast. The title
+    # is the strongest evidence: rank 0 left, not "forward on some ranks only".
+    fwd = [("/u/t.py", 7, "<module>"), (f"{TORCH}nn/parallel/distributed.py", 1, "forward"),
+           (f"{TORCH}nn/parallel/distributed.py", 2, "_sync_buffers"),
+           (f"{TORCH}distributed/distributed_c10d.py", 3, "broadcast")]
+    recs = [{"rank": 0, "state": "exited", "hb": {}, "stacks": None},
+            _rec(1, fwd, [entry(20, "broadcast", ((4,),))])]
+    d = diagnose(recs, cause="peer_gone", reason="r", culprits=[0])
+    assert d["cause"] == "left_early", d["cause"]
+
+
 def test_oom_killer_count_is_read_from_the_cgroup(tmp_path):
     from ddpguard.guard.procs import oom_kills
 
