@@ -4,7 +4,6 @@ workers) before it exits, so nothing of the job is left running."""
 
 from __future__ import annotations
 
-import linecache
 import logging
 import os
 import sys
@@ -13,10 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import procs
-from .diagnose import diagnose
+from .assemble import assemble
 from .report import format_text, report_path, write_json
 from .rules import Decision
-from .stacks import capture_all, user_frame
+from .stacks import capture_all
 
 if TYPE_CHECKING:
     from .monitor import Guard
@@ -195,46 +194,5 @@ class Failure:
     def build(self, decision: Decision, peers: dict[int, dict[str, Any]],
               dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         g = self.g
-        peers = dict(peers)
-        now = time.monotonic()
-        records = []
-        for r in range(g.world_size):
-            dump = dumps.get(r) or {}
-            hb = dump.get("hb") or peers.get(r)
-            if r == g.rank:
-                hb = g.heartbeat()
-            state = (hb or {}).get("state", "missing")
-            if hb is None:
-                state = "missing"
-            elif r != g.rank and not dump and g.stale_for(r, now) > 3 * g.config.heartbeat_interval:
-                # Its guard stopped answering: what it last said it was doing is stale.
-                hb = {**hb, "kind": "unknown", "blocked": False, "pending": [],
-                      "doing": f"not answering for {g.stale_for(r, now):.0f} s "
-                               "(process stopped or frozen?)"}
-            elif state == "running" and r != g.rank:
-                gone, _ = g.peer_gone(r, hb, now)
-                if gone:
-                    state = "dead"
-            records.append({"rank": r, "state": state, "hb": hb or {},
-                            "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
-                            "issued": dump.get("issued") or {},
-                            "lanes": dump.get("lanes") or []})
-        sources: dict[str, list[str]] = {}
-        for rec in records:
-            main: list[dict[str, Any]] = next(iter((rec["stacks"] or {}).values()), [])
-            uf = user_frame(main)
-            if uf is not None:
-                sources[uf["file"]] = linecache.getlines(uf["file"])
-            for where in rec["issued"].values():
-                path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
-                sources.setdefault(path, linecache.getlines(path))
-        diag = diagnose(records, sources, decision.cause, decision.reason,
-                        list(decision.culprits))
-        starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]
-        return {"event": "training hang detected" if decision.proof
-                else "training stalled with no sign of life",
-                "reason": decision.reason, "proof": decision.proof,
-                "created": time.time(), "t_start": min(starts) if starts else time.time(),
-                "run_id": g.run_id, "reporter_rank": g.rank,
-                "world_size": g.world_size, "diagnosis": diag, "ranks": records,
-                "config": {k: getattr(g.config, k) for k in g.config.__dataclass_fields__}}
+        return assemble(decision, peers, dumps, rank=g.rank, world_size=g.world_size,
+                        own=g.heartbeat(), table=g.peers, run_id=g.run_id, config=g.config)

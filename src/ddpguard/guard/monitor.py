@@ -18,17 +18,17 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from . import procs
 from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
-from .fault import FaultLog, last_words
+from .fault import FaultLog
 from .issued import IssueSites
 from .lanes import Lanes
 from .ledger import Ledger, describe_entry, first_pending, waiting_on_peers
 from .lengths import LengthCheck
 from .life import LifeSignals
+from .peers import PeerTable
 from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide, notice_due
 from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
@@ -87,9 +87,9 @@ class Guard:
         self._waiting: str | None = None
         self._setup: str | None = None
         self._waiting_since: float | None = None
-        self._peer_seq: dict[int, tuple[int, float]] = {}
         self._notices = 0
-        self._oom0 = procs.oom_kills()
+        self.peers = PeerTable(rank, self.host, self.config.heartbeat_interval,
+                               self.config.dead_after)
         self.exchange = Exchange(self.store, self.ledger, rank, world_size, self.config)
         self.lengths = LengthCheck(self.store, self.ledger, self.progress, rank, world_size,
                                    self.config, lambda: self.status)
@@ -386,59 +386,18 @@ class Guard:
             self.failure.fail(decision, peers)
 
     def _views(self, peers: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:
-        views = {}
-        for r in range(self.world_size):
-            hb = self.heartbeat() if r == self.rank else peers.get(r)
-            if hb is None:
-                continue
-            v = dict(hb)
-            v["gone"], v["state_text"] = self.peer_gone(r, hb, now)
-            stale = self.stale_for(r, now)
-            if not v["gone"] and stale > 3 * self.config.heartbeat_interval:
-                # Its guard thread cannot run (process frozen, or a call holding the GIL):
-                # nothing it reported since counts as life.
-                v["quiet"] = float(v.get("quiet", 0.0)) + stale
-                v["blocked"] = False
-                v["doing"] = f"not answering for {stale:.0f} s (process stopped or frozen?)"
-            views[r] = v
-        return views
+        return self.peers.views(peers, self.heartbeat(), self.world_size, now)
 
     def stale_for(self, r: int, now: float) -> float:
         """Seconds since rank r's heartbeat last changed (0 for this rank)."""
-        if r == self.rank or r not in self._peer_seq:
-            return 0.0
-        return now - self._peer_seq[r][1]
+        return self.peers.stale_for(r, now)
 
     def peer_gone(self, r: int, hb: dict[str, Any], now: float) -> tuple[bool, str]:
         """Is rank r gone (exited, crashed, dead), and how to say it."""
-        if r == self.rank:
-            return False, ""
-        if hb.get("state") == "exited":
-            return True, "exited (left the job or destroyed its process group)"
-        if hb.get("state") == "crashed":
-            return True, f"crashed ({hb.get('error')})"
-        seq, since = self._peer_seq.get(r, (-1, now))
-        if hb.get("seq") != seq:
-            self._peer_seq[r] = (hb.get("seq", -1), now)
-            return False, ""
-        silent = now - since
-        if silent < 3 * self.config.heartbeat_interval:
-            return False, ""
-        if hb.get("host") == self.host:
-            if procs.pid_alive(int(hb.get("pid", 0))):
-                return False, ""
-            return True, (f"died (process {hb.get('pid')} is gone{self.oom_text()})"
-                          f"{last_words(hb.get('fault'), hb.get('main'))}")
-        if silent > self.config.dead_after:
-            return True, f"stopped answering {silent:.0f} s ago (host {hb.get('host')})"
-        return False, ""
+        return self.peers.gone(r, hb, now)
 
     def oom_text(self) -> str:
-        now = procs.oom_kills()
-        if now is not None and self._oom0 is not None and now > self._oom0:
-            return (f"; the kernel's OOM killer killed {now - self._oom0} process(es) in this "
-                    "job's cgroup since it started: out of host memory")
-        return ""
+        return self.peers.oom_text()
 
     def _maybe_notice(self, views: dict[int, dict[str, Any]]) -> None:
         """The judge's one line when ranks have waited long for a rank that is still

@@ -1,0 +1,66 @@
+"""The report: every rank's record (state, last heartbeat, stacks, lanes, where it issued what
+it waits for), the diagnosis, and the settings, from what the stopping rank gathered. No store,
+no threads: the stop protocol (failing.py) hands over what it collected."""
+
+from __future__ import annotations
+
+import linecache
+import time
+from typing import Any
+
+from .config import GuardConfig
+from .diagnose import diagnose
+from .peers import PeerTable
+from .rules import Decision
+from .stacks import user_frame
+
+__all__ = ["assemble"]
+
+
+def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
+             dumps: dict[int, dict[str, Any]], *, rank: int, world_size: int,
+             own: dict[str, Any], table: PeerTable, run_id: str,
+             config: GuardConfig) -> dict[str, Any]:
+    """The JSON report of the rank `rank` that stops the job."""
+    now = time.monotonic()
+    interval = config.heartbeat_interval
+    records = []
+    for r in range(world_size):
+        dump = dumps.get(r) or {}
+        hb = dump.get("hb") or peers.get(r)
+        if r == rank:
+            hb = own
+        state = (hb or {}).get("state", "missing")
+        if hb is None:
+            state = "missing"
+        elif r != rank and not dump and table.stale_for(r, now) > 3 * interval:
+            # Its guard stopped answering: what it last said it was doing is stale.
+            hb = {**hb, "kind": "unknown", "blocked": False, "pending": [],
+                  "doing": f"not answering for {table.stale_for(r, now):.0f} s "
+                           "(process stopped or frozen?)"}
+        elif state == "running" and r != rank:
+            gone, _ = table.gone(r, hb, now)
+            if gone:
+                state = "dead"
+        records.append({"rank": r, "state": state, "hb": hb or {},
+                        "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
+                        "issued": dump.get("issued") or {},
+                        "lanes": dump.get("lanes") or []})
+    sources: dict[str, list[str]] = {}
+    for rec in records:
+        main: list[dict[str, Any]] = next(iter((rec["stacks"] or {}).values()), [])
+        uf = user_frame(main)
+        if uf is not None:
+            sources[uf["file"]] = linecache.getlines(uf["file"])
+        for where in rec["issued"].values():
+            path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
+            sources.setdefault(path, linecache.getlines(path))
+    diag = diagnose(records, sources, decision.cause, decision.reason, list(decision.culprits))
+    starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]
+    return {"event": "training hang detected" if decision.proof
+            else "training stalled with no sign of life",
+            "reason": decision.reason, "proof": decision.proof,
+            "created": time.time(), "t_start": min(starts) if starts else time.time(),
+            "run_id": run_id, "reporter_rank": rank,
+            "world_size": world_size, "diagnosis": diag, "ranks": records,
+            "config": {k: getattr(config, k) for k in config.__dataclass_fields__}}
