@@ -187,8 +187,9 @@ def test_mismatched_sizes_gloo_aborts_and_the_survivor_names_it(tmp_path):
     assert f"ddpguard: rank 1 stopped at tests/guard_scripts/{line_of('mismatch_sizes')}" \
         in res.stderr or "rank 0 died" in res.stderr, res.stderr[-3000:]
     # The aborted rank's own last line, from its fault log, not only the survivor's.
-    assert "Fatal Python error: Aborted; its training thread was at tests/guard_scripts/" \
-        f"{line_of('torch.ones(4 if rank == 0 else 5)')}" in res.stderr, res.stderr[-3000:]
+    assert "(Fatal Python error: Aborted) inside torch.distributed.all_reduce called at " \
+        f"tests/guard_scripts/{line_of('torch.ones(4 if rank == 0 else 5)')}" in res.stderr, \
+        res.stderr[-3000:]
     # Only the aborted rank's fault log stays (the survivor removed its empty one).
     faults = [p.name for p in tmp_path.glob("ddpguard-fault-*")]
     assert len(faults) == 1 and "-rank0-" in faults[0], faults

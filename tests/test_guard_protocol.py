@@ -217,6 +217,10 @@ def test_last_words_of_an_aborted_rank(tmp_path):
         '  File "/work/job/train.py", line 188 in <module>\n')
     text = last_words(str(log), main)
     assert "Fatal Python error: Aborted" in text and "/work/job/train.py:188 in <module>" in text
+    assert "inside torch.distributed.all_reduce" in text and "did not match" in text, text
+    # Outside a collective: only where it was.
+    log.write_text(log.read_text().replace("line 3252 in all_reduce", "line 3252 in helper"))
+    assert "did not match" not in last_words(str(log), main)
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert last_words(str(empty), main) == "" and last_words(None, main) == ""

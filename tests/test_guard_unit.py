@@ -53,7 +53,6 @@ def _guard_threads(world):
     import threading
 
     import ddpguard as dg
-
     from ddpguard.guard import active
     from ddpguard.guard.heartbeat import Heartbeat
 

@@ -23,6 +23,11 @@ from .stacks import is_library_file
 __all__ = ["FaultLog", "last_words"]
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_COLLECTIVES = frozenset({
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
+    "scatter", "barrier", "all_gather_object", "broadcast_object_list", "gather_object",
+    "scatter_object_list", "monitored_barrier"})
 _FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
@@ -62,8 +67,11 @@ class FaultLog:
 
 
 def last_words(path: str | None, main_ident: int | None) -> str:
-    """' (it aborted: Fatal Python error: Aborted; its training thread was at f:l in g)', or
-    '' when there is nothing (no file, or the rank did not die of a fatal signal)."""
+    """' (it died of a fatal signal: ...; its training thread was at f:l in g)', or '' when
+    there is nothing (no file, or the rank did not die of a fatal signal). When the training
+    thread was inside a torch.distributed collective and the process aborted, say that a
+    collective the other ranks did not match is the usual cause (gloo aborts on a size
+    mismatch)."""
     if not path:
         return ""
     try:
@@ -76,6 +84,7 @@ def last_words(path: str | None, main_ident: int | None) -> str:
     head = text.strip().splitlines()[0].strip()
     want = f"0x{main_ident:016x}" if main_ident else None
     where = None
+    collective = None
     current = None
     for line in text.splitlines():
         m = _THREAD.match(line)
@@ -83,8 +92,17 @@ def last_words(path: str | None, main_ident: int | None) -> str:
             current = m.group(1).lower()
             continue
         f = _FRAME.match(line)
-        if f and where is None and (want is None or current == want) \
-                and not is_library_file(f.group(1)):
+        if not f or (want is not None and current != want):
+            continue
+        if (collective is None and where is None and "torch/distributed/" in f.group(1)
+                and f.group(3) in _COLLECTIVES):
+            collective = f.group(3)
+        if where is None and not is_library_file(f.group(1)):
             where = f"{f.group(1)}:{f.group(2)} in {f.group(3)}"
+    if collective and where:
+        hint = (": a collective the other ranks did not match is the usual cause"
+                if "Abort" in head else "")
+        return (f" (it died of a fatal signal ({head}) inside torch.distributed.{collective} "
+                f"called at {where}{hint})")
     at = f"; its training thread was at {where}" if where else ""
     return f" (it died of a fatal signal: {head}{at})"
