@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from . import procs
 from .fault import last_words
+from .handles import GuardHandle
 from .ledger import describe_entry, first_pending
-
-if TYPE_CHECKING:
-    from .monitor import Guard
 
 __all__ = ["await_report", "waiting_on", "peer_failures"]
 
 log = logging.getLogger("ddpguard.guard")
 
 
-def await_report(g: Guard, wait: float) -> None:
+def await_report(g: GuardHandle, wait: float) -> None:
     """After this rank crashed: give the ranks that wait for it up to `wait` seconds to
     notice and write the report (where everyone was), before this process exits and the
     launcher or the transport cuts them off. Returns as soon as the report is written."""
@@ -33,7 +30,7 @@ def await_report(g: Guard, wait: float) -> None:
     except Exception as exc:  # the store may be gone: leave
         log.debug("no report awaited: %s", exc)
 
-def waiting_on(g: Guard) -> str:
+def waiting_on(g: GuardHandle) -> str:
     """' while in all_reduce #57 (group 0) ...': the collective this rank had pending, or
     its latest one (a collective that failed counts as completed)."""
     try:
@@ -47,7 +44,7 @@ def waiting_on(g: Guard) -> str:
     first = first_pending(pend) or (max(last, key=lambda e: e[1]) if last else None)
     return f" in {describe_entry(first)}" if first else ""
 
-def peer_failures(g: Guard, wait: float = 1.5) -> list[str]:
+def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
     """Which other ranks crashed or died, for a rank whose own collective just failed
     with a connection error that blames nobody in particular."""
     deadline = time.monotonic() + wait

@@ -9,16 +9,14 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import procs
 from .assemble import assemble
+from .handles import GuardHandle
 from .report import format_text, report_path, write_json
 from .rules import Decision
 from .stacks import capture_all
-
-if TYPE_CHECKING:
-    from .monitor import Guard
 
 __all__ = ["Failure"]
 
@@ -26,7 +24,7 @@ log = logging.getLogger("ddpguard.guard")
 
 
 class Failure:
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: GuardHandle) -> None:
         self.g = guard
         self._soon: tuple[float, Decision] | None = None
         self._once = threading.Lock()

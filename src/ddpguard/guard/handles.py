@@ -1,0 +1,39 @@
+"""What the stop protocol (failing.py) and the crash path (crash.py) need of a rank's guard,
+as a Protocol: they depend on this, not on the monitor, so no module of the package imports
+the monitor back (tests/test_guard_layers.py checks it)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .config import GuardConfig
+from .fault import FaultLog
+from .issued import IssueSites
+from .lanes import Lanes
+from .ledger import Ledger
+from .peers import PeerTable
+
+__all__ = ["GuardHandle"]
+
+
+class GuardHandle(Protocol):
+    rank: int
+    world_size: int
+    host: str
+    run_id: str
+    config: GuardConfig
+    ledger: Ledger
+    lanes: Lanes
+    peers: PeerTable
+    issue_sites: IssueSites
+    fault_log: FaultLog
+
+    def heartbeat(self) -> dict[str, Any]: ...
+    def read_peers(self) -> dict[int, dict[str, Any]]: ...
+    def peer_gone(self, r: int, hb: dict[str, Any], now: float) -> tuple[bool, str]: ...
+    def oom_text(self) -> str: ...
+    def pending_entries(self) -> list[list[Any]]: ...
+    def waiting_call(self) -> str | None: ...
+    def store_set(self, key: str, value: Any) -> None: ...
+    def store_get_many(self, keys: list[str], partial: bool = True) -> dict[str, Any]: ...
+    def store_first(self, key: str, value: Any) -> Any: ...
