@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +225,43 @@ def test_last_words_of_an_aborted_rank(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     assert last_words(str(empty), main) == "" and last_words(None, main) == ""
+
+
+def test_async_collectives_are_matched_to_the_line_that_issued_them(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from ddpguard.guard.issued import IssueSites
+    from ddpguard.guard.ledger import Ledger, ensure_recorder_env
+    from ddpguard.testing import free_port
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    env: dict[str, str] = {}
+    ensure_recorder_env(env)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    sites = IssueSites()
+    sites.install()
+    try:
+        dist.all_reduce(torch.ones(3))  # synchronous: not noted
+        work = dist.all_reduce(torch.ones(4), async_op=True)  # issued here
+        work.wait()
+        assert len(sites.sites) == 1
+        ledger = Ledger()
+        last = max(e[1] for e in ledger.entries())
+        created = ledger.created_ns({("0", last)})
+        where = sites.site_for(created[("0", last)])
+        assert where is not None and where.endswith(
+            "test_guard_protocol.py:" + str(_line_of("# issued here")) +
+            " in test_async_collectives_are_matched_to_the_line_that_issued_them"), where
+    finally:
+        sites.uninstall()
+        dist.destroy_process_group()
+    assert not hasattr(dist.all_reduce, "__ddpguard_wrapped__")
+
+
+def _line_of(snippet: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i + 1 for i, t in enumerate(lines) if snippet in t and "_line_of" not in t)
