@@ -188,6 +188,13 @@ def test_group_set_up_waits_are_entries_the_rules_can_compare():
     assert d is not None and d.proof and "new_group (process-group set-up)" in d.reason
     # Both in the same set-up call: slow, not stuck.
     assert decide({0: v(0, ng), 1: v(1, ng)}, 2, **KW) is None
+    # Members of a subgroup still connecting while the non-members already wait in an
+    # all_reduce that includes them: not proof (the members will get there).
+    views = {0: v(0, ng), 1: v(1, ng), 2: v(2, ar), 3: v(3, ar)}
+    assert decide(views, 4, **KW) is None
+    # Set-up waits never line up as a "mismatch" (they have no sequence number).
+    mb = setup_entry("monitored_barrier")
+    assert decide({0: v(0, ng), 1: v(1, mb), 2: v(2, ng)}, 4, **KW) is None
 
 
 def test_nccl_entry_states_and_started_collectives():

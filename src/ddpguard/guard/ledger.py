@@ -224,6 +224,8 @@ def pending_mismatch(blocked: Mapping[int, Sequence[Entry]]
     seen: dict[tuple[str, int], tuple[int, Entry]] = {}
     for rank in sorted(blocked):
         for e in blocked[rank]:
+            if e[1] < 0:
+                continue  # a set-up wait has no sequence number to line up
             key = (e[0], e[1])
             if key in seen:
                 r0, e0 = seen[key]
@@ -245,6 +247,15 @@ def cross_wait(blocked: Mapping[int, Sequence[Entry]], members: Mapping[str, Seq
     keys = {(e[0], e[1]) + signature(e) for e in firsts.values() if e is not None}
     if len(keys) <= 1:
         return None  # all wait on the same collective: slow, not provably stuck
+    # Ranks forming a group wait for its other members, whom a stack does not name: several
+    # ranks in the same set-up while others wait in collectives may be a subgroup still
+    # connecting. Only a rank alone in its set-up, with every other rank elsewhere, is proof.
+    for e in firsts.values():
+        if e is not None and e[1] < 0:
+            same = sum(1 for f in firsts.values() if f is not None and f[1] < 0
+                       and f[0] == e[0] and f[2] == e[2])
+            if 1 < same < len(firsts):
+                return None
     # Proof needs, for some rank's oldest pending (g, s), a member of g that is not pending on
     # (g, s) with the same signature: that member waits elsewhere and cannot join.
     for r, e in firsts.items():
