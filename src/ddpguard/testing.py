@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .guard.config import EXIT_CODE as GUARD_EXIT
+
 __all__ = ["RankFailure", "free_port", "run_ranks", "loopback_env"]
 
 
@@ -186,6 +188,9 @@ def run_ranks(
         status, value = outcome.get(r, ("hung", None))
         if status == "error":
             problems.append(f"rank {r} raised:\n{value}")
+        elif status == "died" and value == GUARD_EXIT:
+            problems.append(f"rank {r} was stopped by the hang guard (exit code {value}; "
+                            "its report is above)")
         elif status == "died":
             problems.append(f"rank {r} died with exit code {value} before reporting")
         elif status == "hung":
