@@ -226,6 +226,14 @@ def test_last_words_of_an_aborted_rank(tmp_path):
     text = last_words(str(log), main)
     assert "Fatal Python error: Aborted" in text and "/work/job/train.py:188 in <module>" in text
     assert "inside torch.distributed.all_reduce" in text and "did not match" in text, text
+    # A helper's line comes with its caller's.
+    helper = log.read_text().replace(
+        '  File "/work/job/train.py", line 188 in <module>\n',
+        '  File "/work/job/meter.py", line 501 in all_reduce\n'
+        '  File "/work/job/train.py", line 300 in validate\n')
+    log.write_text(helper)
+    assert ("/work/job/meter.py:501 in all_reduce, called from /work/job/train.py:300 in "
+            "validate") in last_words(str(log), main)
     # Outside a collective: only where it was.
     log.write_text(log.read_text().replace("line 3252 in all_reduce", "line 3252 in helper"))
     assert "did not match" not in last_words(str(log), main)

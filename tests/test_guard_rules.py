@@ -195,6 +195,26 @@ def test_a_peer_that_left_outranks_the_buffer_broadcast_guess():
             _rec(1, fwd, [entry(20, "broadcast", ((4,),))])]
     d = diagnose(recs, cause="peer_gone", reason="r", culprits=[0])
     assert d["cause"] == "left_early", d["cause"]
+    # The same wait with the module in eval mode: rank 1 evaluates through the wrapper on its
+    # own (rank 0 had finished), and that is the title.
+    recs[1]["ddp_training"] = False
+    d = diagnose(recs, cause="peer_gone", reason="r", culprits=[0])
+    assert d["cause"] == "forward_on_some_ranks", d["cause"]
+
+
+def test_bucket_rebuild_broadcast_is_not_a_buffer_broadcast():
+    # Rank 0 all-reduces a metric under `if rank == 0:`; rank 1 went on to its next training
+    # forward, where DDP broadcasts rebuilt bucket sizes (no buffers involved).
+    src = ["for step in range(9):", "    loss = train_step()", "    if rank == 0:",
+           "        dist.all_reduce(loss)"]
+    ar = [("/u/t.py", 4, "<module>"), (f"{TORCH}distributed/distributed_c10d.py", 1,
+                                        "all_reduce")]
+    rebuild = [("/u/t.py", 2, "<module>"), (f"{TORCH}nn/parallel/distributed.py", 1, "forward"),
+               (f"{TORCH}nn/parallel/distributed.py", 2, "_pre_forward")]
+    recs = [_rec(0, ar, [entry(9, sizes=((),))]),
+            _rec(1, rebuild, [entry(9, "broadcast", ((14,),), dtype="Int")])]
+    d = diagnose(recs, {"/u/t.py": src}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] == "conditional_collective", d["cause"]
 
 
 def test_oom_killer_count_is_read_from_the_cgroup(tmp_path):

@@ -45,6 +45,7 @@ def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
         records.append({"rank": r, "state": state, "hb": hb or {},
                         "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
                         "issued": dump.get("issued") or {},
+                        "ddp_training": dump.get("ddp_training"),
                         "lanes": dump.get("lanes") or []})
     sources: dict[str, list[str]] = {}
     for rec in records:

@@ -78,6 +78,8 @@ CAUSES: dict[str, tuple[str, str]] = {
     ),
 }
 
+_BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
+                          "_distributed_broadcast_coalesced", "_sync_params_and_buffers"})
 _COND = re.compile(r"\bif\b.*\b(rank|is_main|is_local_main|local_rank|get_rank|"
                    r"master_process|is_main_process|main_process)\b", re.IGNORECASE)
 
@@ -110,7 +112,11 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
         doing = f"waiting {text}"
     else:
         doing = f"computing ({text})" if kind == "running" else text
-    return {"kind": kind, "doing": doing, "user": where,
+    # DDP's buffer broadcast (what a forward on some ranks only hangs in), as opposed to its
+    # one-time bucket rebuild at the start of a training forward.
+    buffer_sync = any(f["func"] in _BUFFER_SYNC and "torch/nn/parallel/distributed.py"
+                      in f["file"].replace("\\", "/") for f in main)
+    return {"kind": kind, "doing": doing, "user": where, "buffer_sync": buffer_sync,
             "user_line": (uf["file"], uf["line"]) if uf else None,
             "innermost": fmt_frame(innermost(main)) if main else "?",
             "pending": describe_entry(first) if first else None}
@@ -140,15 +146,23 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
             culprits: list[int], sources: dict[str, list[str]]) -> str:
     """A more specific cause, only where the evidence shows it."""
     if cause == "peer_gone":
-        # A peer that left or died is the strongest evidence: it outranks any guess from
-        # what the waiting ranks were doing.
+        # A peer that left or died is the strongest evidence: it outranks guesses from what
+        # the waiting ranks were doing. One exception is itself evidence: a waiting rank in
+        # DDP's buffer broadcast with the module in eval mode is evaluating through the
+        # wrapper on its own, and the peer that left had simply finished.
+        for r in records:
+            p = pos[r["rank"]]
+            if (r["state"] == "running" and p["buffer_sync"]
+                    and r.get("ddp_training") is False):
+                return "forward_on_some_ranks"
         states = {r["state"] for r in records if r["rank"] in culprits}
         return "left_early" if states <= {"exited"} else "crashed_rank"
     if cause in ("mismatch", "deadlock", "desync", "no_life", "hard_limit"):
         for r in records:
             p = pos[r["rank"]]
             pend = p.get("pending") or ""
-            if pend.startswith("broadcast") and p["kind"] == "ddp_forward":
+            if pend.startswith("broadcast") and p["kind"] == "ddp_forward" \
+                    and p["buffer_sync"]:
                 return "forward_on_some_ranks"
         if cause != "desync":
             for r in records:

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import procs
 from .assemble import assemble
+from .ddpstate import ddp_training
 from .handles import GuardHandle
 from .report import format_text, report_path, write_json
 from .rules import Decision
@@ -37,7 +38,8 @@ class Failure:
         g = self.g
         stacks = capture_all(skip_ident=threading.current_thread().ident)
         return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat(),
-                "issued": self._issued()}
+                "issued": self._issued(),
+                "ddp_training": ddp_training(threading.main_thread().ident)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them

@@ -83,7 +83,8 @@ def last_words(path: str | None, main_ident: int | None) -> str:
         return ""
     head = text.strip().splitlines()[0].strip()
     want = f"0x{main_ident:016x}" if main_ident else None
-    where = None
+    where: str | None = None
+    caller: str | None = None
     collective = None
     current = None
     for line in text.splitlines():
@@ -97,8 +98,15 @@ def last_words(path: str | None, main_ident: int | None) -> str:
         if (collective is None and where is None and "torch/distributed/" in f.group(1)
                 and f.group(3) in _COLLECTIVES):
             collective = f.group(3)
-        if where is None and not is_library_file(f.group(1)):
-            where = f"{f.group(1)}:{f.group(2)} in {f.group(3)}"
+        if not is_library_file(f.group(1)):
+            here = f"{f.group(1)}:{f.group(2)} in {f.group(3)}"
+            if where is None:
+                where = here
+            elif caller is None:
+                # A helper (an AverageMeter's all_reduce) is rarely the line to change: its
+                # caller, the one under the rank condition, is named too.
+                caller = here
+                where = f"{where}, called from {caller}"
     if collective and where:
         hint = (": a collective the other ranks did not match is the usual cause"
                 if "Abort" in head else "")
