@@ -39,6 +39,9 @@ LIFE_WORDS = {"progress": "last sign of life: batches, steps or collectives",
               "io": "last sign of life: reading or writing data",
               "stack": "last sign of life: its code moving between functions",
               "cpu": "last sign of life: computing inside one call",
+              "threads": "last sign of life: work on another of its threads",
+              "children": "last sign of life: work in its child processes",
+              "socket": "last sign of life: bytes moving on a socket it reads or writes",
               "start": "no sign of life since the guard started"}
 
 
@@ -220,7 +223,10 @@ class Guard:
             if status != self.status:
                 self.status, self.status_since = status, now
             completed = sum(c for _, c in status.values())
-        self.life.sample(self.progress.total() + completed, now)
+        # In a collective, only the training thread's own signs count (life.py says why).
+        waiting = (any(q > c for q, c in self.status.values()) if self.ledger.available
+                   else is_blocked(frames))
+        self.life.sample(self.progress.total() + completed, now, waiting=waiting)
         settle = self.config.settle
         quiet = self.life.quiet_for(now) >= settle
         if self.ledger.available:
