@@ -357,3 +357,31 @@ def test_the_jobs_own_sockets_are_not_life():
         for s in (ours, peer, srv):
             s.close()
     assert kinds[1:].count(None) == len(kinds[1:]), kinds
+
+
+def _reader_in_helper(addr):
+    def wait(stop):
+        # The training thread waits on a lock; a helper thread reads the socket (a status
+        # poller, a metrics client): occasional bytes there are not the training's progress.
+        helper = threading.Thread(target=_reader(addr), args=(stop,), daemon=True)
+        helper.start()
+        stop.wait()
+        helper.join(10)
+    return wait
+
+
+@pytest.mark.parametrize("in_training_thread", [True, False])
+def test_a_slow_trickle_counts_only_while_the_training_thread_reads(in_training_thread):
+    # A chunk every 0.9 s: most 0.3 s windows see nothing. While the training thread is
+    # blocked reading, each chunk is progress of what it waits for; elsewhere bytes must be
+    # sustained (two windows in a row) to count.
+    srv = _Trickle(200, every=0.9)
+    target = _reader(srv.addr) if in_training_thread else _reader_in_helper(srv.addr)
+    try:
+        kinds = _whole_rank_kinds(target, samples=14, on_stop=srv.close)
+    finally:
+        srv.close()
+    if in_training_thread:
+        assert kinds.count("socket") >= 2, kinds
+    else:
+        assert kinds.count(None) == len(kinds), kinds
