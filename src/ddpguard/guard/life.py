@@ -126,13 +126,13 @@ class LifeSignals:
               and (cpu - self._cpu) >= 0.2 * (now - self._at)):
             # Still inside one call into C and burning CPU: a long kernel, not a wait.
             kind = kind or "cpu"
-        # Sampled every tick, counted or not, so that baselines stay fresh.
-        helpers = not waiting and in_c
-        reading = (helpers and self.native_id is not None
-                   and vitals.task_syscall(self.native_id) in vitals.READ_WAITS)
-        whole = self.rank.sample(now, reading=reading)
-        if helpers:
-            kind = kind or whole
+        # The rest of the rank, only when it can matter (and costs nothing in steady training).
+        if kind is None and in_c and not waiting:
+            reading = (self.native_id is not None
+                       and vitals.task_syscall(self.native_id) in vitals.READ_WAITS)
+            kind = self.rank.sample(now, reading=reading)
+        else:
+            self.rank.skip()
         self._sig, self._cpu, self._at = sig, cpu, now
         if kind is not None:
             self.last_life, self.last_kind = now, kind

@@ -16,8 +16,8 @@ import socket
 import struct
 
 __all__ = ["task_ids", "task_cpu", "task_io", "task_name", "task_syscall", "descendants",
-           "proc_cpu", "proc_io", "reaped_cpu", "socket_fds", "tcp_bytes", "endpoints",
-           "READ_WAITS"]
+           "proc_cpu", "proc_io", "own_cpu", "own_io", "reaped_cpu", "socket_fds", "tcp_bytes",
+           "endpoints", "READ_WAITS"]
 
 try:
     _TICKS = float(os.sysconf("SC_CLK_TCK"))
@@ -153,6 +153,20 @@ def proc_cpu(pid: int) -> float | None:
 
 def proc_io(pid: int) -> int | None:
     return _io_total(_read(f"/proc/{pid}/io"))
+
+
+def own_cpu() -> float | None:
+    """CPU seconds of every thread of this process, live or exited (not of its children)."""
+    f = _stat_fields("/proc/self/stat")
+    try:
+        return (int(f[11]) + int(f[12])) / _TICKS if f else None
+    except (IndexError, ValueError):
+        return None
+
+
+def own_io() -> int | None:
+    """rchar + wchar of this process: its threads, live or exited, and its reaped children."""
+    return _io_total(_read("/proc/self/io"))
 
 
 def reaped_cpu() -> float | None:
