@@ -93,3 +93,21 @@ def test_a_stuck_child_is_no_life(case, tmp_path):
     assert d["cause"] == "no_life" and d["culprits"] == [0], (d, res.stderr[-3000:])
     assert "rank 0 has shown no sign of life" in res.stderr, res.stderr[-3000:]
     # (rank 0 may print that its phase is done: stopping, the guard ends the stuck child.)
+
+
+def test_a_busy_helper_does_not_hide_a_mismatch(tmp_path):
+    # Rank 0's helper thread writes all along while rank 0 waits in barrier() and rank 1 in
+    # all_reduce: waiting in a collective, rank 0 is blocked whatever its helper does, so the
+    # mismatch is proven in seconds (were the helper life, nothing would ever stop this job).
+    res, took = run_case("mismatch_busy_helper", tmp_path, dur=3.0)
+    assert res.returncode == 17, (res.returncode, res.stderr[-4000:])
+    assert took < 60, f"took {took:.0f} s"
+    reports = sorted(tmp_path.glob("*.json"))
+    assert reports, res.stderr[-3000:]
+    rep = json.loads(reports[0].read_text())
+    assert rep["diagnosis"]["cause"] in ("mismatch", "conditional_collective"), rep["diagnosis"]
+    assert "barrier #" in json.dumps(rep) and "all_reduce #" in json.dumps(rep)
+    # Proof: within 5 s of the last rank blocking.
+    blocked_at = max(float(s[0]) for r in rep["ranks"] for s in r["lanes"]
+                     if s[2] == "collective")
+    assert rep["created"] - blocked_at < 5.0, rep["created"] - blocked_at

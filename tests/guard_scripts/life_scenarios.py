@@ -9,7 +9,9 @@ subprocess (compressing a checkpoint in a child), thread_writes (a ThreadPoolExe
 while the training thread waits on the future), http (a download that trickles in on the
 training thread, from the server `--serve` starts: the test or benchmark runs it, so that its
 bytes and CPU are not the rank's own). Broken: child_deadlock (rank 0 waits for a child that
-deadlocked), child_sleeps (rank 0 waits for a subprocess that sleeps forever).
+deadlocked), child_sleeps (rank 0 waits for a subprocess that sleeps forever),
+mismatch_busy_helper (a mismatched collective on a rank whose helper thread keeps writing: the
+rank waits in a collective, so its helper's work is not life and the mismatch is proven).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def tokenize(seconds: float) -> int:
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
-        n += len("the quick brown fox jumps over the lazy dog ".split()) * 7
+        n += sum(len(w) for w in ("the", "quick", "brown", "fox", "jumps", "over", "the"))
     return n
 
 
@@ -116,6 +118,14 @@ def main() -> None:
 
     steps(3)
     case, dur = args.case, args.dur
+    if case == "mismatch_busy_helper":
+        if rank == 0:  # an asynchronous checkpoint writer that never stops
+            threading.Thread(target=write_for, args=(3600.0,), daemon=True).start()
+            time.sleep(1.0)
+            dist.barrier()
+        else:
+            time.sleep(1.0)
+            dist.all_reduce(torch.ones(3))  # rank 1 all-reduces where rank 0 waits in barrier
     if rank == 0:
         if case == "pool":
             with multiprocessing.get_context("fork").Pool(2) as pool:

@@ -9,10 +9,11 @@ while the Python stack stays in one function and runs its own bytecode (the guar
 it at a loop's back-edge, never inside a call): that is a loop that never calls anything, the
 signature of `while True: ...` spinning on one rank.
 
-While the training thread sits inside a call into C (waiting on a pool, a subprocess, a future,
-a socket) and not in a collective, the work of the rest of the rank counts too: its other
-threads, the processes below it and bytes on its own sockets (rank_life.py, with thresholds
-that idle helpers never reach). Neither while it waits in a collective: then the rank is
+While the training thread shows none of these, sits inside a call into C (waiting on a pool, a
+subprocess, a future, a socket) and not in a collective, the work of the rest of the rank
+counts too: its other threads, the processes below it and bytes on its own sockets
+(rank_life.py, with thresholds that idle helpers never reach; looked at only then, so steady
+training pays nothing for it). Not while it waits in a collective: then the rank is
 blocked whatever its helpers do, and the job's own traffic (gloo, the store) must not make a
 rank that waits for a dead or mismatched peer look alive; nor while it spins in bytecode: a
 busy helper must not hide a training thread stuck in `while True:`.

@@ -107,15 +107,14 @@ class RankLife:
                 del self._torch_tid[tid]
                 c, b = self._torch_last.pop(tid, (0.0, 0))
                 self._torch_gone = (self._torch_gone[0] + c, self._torch_gone[1] + b)
-        minus: list[int] = [threading.get_native_id()]
-        if self.train_tid is not None:
-            minus.append(self.train_tid)
+        # (a set: at construction the caller may be the training thread itself)
+        minus = {threading.get_native_id()} | ({self.train_tid} if self.train_tid else set())
         for tid in tids:
             known = self._torch_tid.get(tid)
             if known is None:
                 known = self._torch_tid[tid] = vitals.task_name(tid).startswith(_TORCH_THREADS)
             if known:
-                minus.append(tid)
+                minus.add(tid)
         for tid in minus:
             c, b = vitals.task_cpu(tid) or 0.0, vitals.task_io(tid) or 0
             if tid in self._torch_last or self._torch_tid.get(tid):
