@@ -19,8 +19,8 @@ import pytest
 from helpers import ROOT, child_env, run_cli
 
 SCRIPT = "tests/guard_scripts/life_scenarios.py"
-DUR = 5.0
-SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DUMP_WAIT": "2"}
+DUR = 7.0
+SHORT = {"DDPGUARD_NO_LIFE": "3", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DUMP_WAIT": "2"}
 pytestmark = pytest.mark.slow
 
 

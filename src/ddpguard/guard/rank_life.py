@@ -16,9 +16,10 @@ Thresholds, and why idle helpers never reach them: a waiting thread or process (
 a sleeping pool worker, a DataLoader worker waiting on its queue, torch's idle thread pools)
 wakes now and then for microseconds; OpenMP workers spin at most ~200 ms after the last
 parallel region before they sleep. So threads and children count only when they pass their
-threshold in two samples in a row (about a second of real work: one OpenMP spin-down, or one
-burst of a peer's bytes, does not), and torch's own helper threads, which carry the job's
-collectives and store traffic (named pt_gloo*, pt_nccl*, pt_tcpstore*: the store server in
+threshold in two samples in a row (about a second of real work: one burst of a peer's bytes
+does not), never in the first sample after the training thread's own last sign (which spans
+its last op and the OpenMP spin-down after it), and torch's own helper threads, which carry
+the job's collectives and store traffic (named pt_gloo*, pt_nccl*, pt_tcpstore*: the store server in
 rank 0 answers every rank's guard), are subtracted. Socket bytes count at once while the
 training thread is itself blocked reading (a trickling download may deliver a chunk only now
 and then, and each chunk is progress), otherwise also only when sustained.
@@ -41,8 +42,10 @@ from . import vitals
 
 __all__ = ["RankLife", "THREAD_CPU", "CHILD_CPU", "IO_RATE"]
 
-THREAD_CPU = 0.25  # share of one core, other threads together, two samples in a row
-CHILD_CPU = 0.25  # share of one core, all descendants together, two samples in a row
+# CPU shares are low on purpose: on a crowded machine a busy pool may get a fraction of a core,
+# while idle helpers stay at a clock tick (10 ms) now and then.
+THREAD_CPU = 0.10  # share of one core, other threads together, two samples in a row
+CHILD_CPU = 0.10  # share of one core, all descendants together, two samples in a row
 IO_RATE = 64 * 1024  # bytes read + written per second (other threads, or descendants)
 _TORCH_THREADS = ("pt_gloo", "pt_nccl", "pt_tcpstore")
 
@@ -174,8 +177,9 @@ class RankLife:
         self._threads, self._kids = threads, kids
         if self._read_sockets(count_new=not stale) > 0:
             active.add("socket")
-        # After a gap, what came before it says nothing about now.
-        was, self._was = (set() if stale else self._was), active
+        # A sample after a gap spans the training thread's own last work (and the OpenMP
+        # spin-down after its last op): it neither counts nor serves as the first of two.
+        was, self._was = self._was, (set() if stale else active)
         if "socket" in active and reading and not stale:
             return "socket"
         for kind in ("children", "threads", "socket"):
