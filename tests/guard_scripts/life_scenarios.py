@@ -72,10 +72,13 @@ def serve(dur: float, chunk: int = 256, every: float = 0.25) -> None:
             self.send_header("Content-Type", "application/octet-stream")
             self.end_headers()
             end = time.monotonic() + dur
-            while time.monotonic() < end:
-                self.wfile.write(b"t" * chunk)
-                self.wfile.flush()
-                time.sleep(every)
+            try:
+                while time.monotonic() < end:
+                    self.wfile.write(b"t" * chunk)
+                    self.wfile.flush()
+                    time.sleep(every)
+            except (BrokenPipeError, ConnectionResetError):
+                print("trickle: the client went away", file=sys.stderr, flush=True)
 
         def log_message(self, *a: object) -> None:
             pass
