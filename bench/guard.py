@@ -10,8 +10,13 @@
    how long).
 3. Overhead: steps/s of a DDP script whose steps take --step-ms (20-100 ms), guard on against
    off, interleaved runs; median of the per-pair ratios with the spread.
+4. Life of the whole rank (tests/guard_scripts/life_scenarios.py): rank 0 works outside its
+   training thread for --life-dur seconds (default 105: 60 s past the 45 s no-life limit) while
+   rank 1 waits in barrier(): a multiprocessing.Pool.map, a subprocess, a ThreadPoolExecutor
+   writing, a download trickling in from a local HTTP server. How many the guard leaves running.
 
-Prints tables and writes bench/results/guard.json. `--only healthy,broken,overhead` selects.
+Prints tables and writes bench/results/guard.json. `--only healthy,broken,overhead,life`
+selects.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ HEALTHY = ["ckpt_barrier", "slow_first_step", "slow_first_backward", "rank0_eval
 PROVEN = ["mismatch_before_training", "cond_barrier", "eval_rank0_bn", "uneven_tail",
           "early_exit", "crash", "desync_broadcast"]
 STALLS = ["infinite_loop", "blocked_read", "loader_worker_deadlock", "frozen"]
+LIFE_SCRIPT = "tests/guard_scripts/life_scenarios.py"
+LIFE = ["pool", "subprocess", "thread_writes", "http"]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -74,13 +81,26 @@ def first_error(err: str) -> str:
     return err.strip().splitlines()[-1][:160] if err.strip() else ""
 
 
-def healthy(dur: float) -> list[dict[str, object]]:
+def healthy(dur: float, script: str = SCRIPT, cases: list[str] = HEALTHY
+            ) -> list[dict[str, object]]:
     rows = []
-    for case in HEALTHY:
+    for case in cases:
+        server = None
+        if case == "http":  # the slow server, in a process of its own (not the rank's work)
+            server = subprocess.Popen([sys.executable, script, "--serve", "--dur", str(dur)],
+                                      cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env())
+            assert server.stdout is not None
+            url = server.stdout.readline().split()[1]
         with tempfile.TemporaryDirectory() as rep:
-            code, took, out, err = launch(["--nproc-per-node", "2", SCRIPT, "--case", case,
-                                           "--dur", str(dur)], dur * 3 + 120,
-                                          {"DDPGUARD_REPORT_DIR": rep})
+            try:
+                code, took, out, err = launch(
+                    ["--nproc-per-node", "2", script, "--case", case, "--dur", str(dur)]
+                    + (["--url", url] if server else []), dur * 3 + 120,
+                    {"DDPGUARD_REPORT_DIR": rep})
+            finally:
+                if server is not None:
+                    server.kill()
+                    server.wait()
             reports = sorted(Path(rep).glob("*.json"))
             why = None
             if reports:  # a false alarm: keep the evidence
@@ -223,7 +243,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--width", type=int, default=384, help="model width (sets the step time)")
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--only", default="healthy,broken,overhead")
+    ap.add_argument("--life-dur", type=float, default=105.0,
+                    help="work outside the training thread (s): 60 s past the no-life limit")
+    ap.add_argument("--only", default="healthy,broken,overhead,life")
     a = ap.parse_args()
     parts = set(a.only.split(","))
     result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "machine":
@@ -252,6 +274,11 @@ def main() -> None:
         print(f"=> step {ov['step_ms']} ms: guard/plain steps/s median {ov['median_ratio']} "
               f"(spread {ov['min_ratio']}-{ov['max_ratio']}), overhead {ov['overhead_pct']} %; "
               f"guard thread CPU per rank: {ov['guard_thread_cpu_share_pct']} % of a core")
+    if "life" in parts:
+        print("work outside the training thread (guard defaults):", flush=True)
+        rows = healthy(a.life_dur, LIFE_SCRIPT, LIFE)
+        result["life"] = rows
+        print(f"=> left running: {sum(bool(r['left_running']) for r in rows)} of {len(rows)}")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     # Parts run separately (--only) are merged into one file; each part keeps its own date.

@@ -104,3 +104,284 @@ def test_progress_counts_as_life_and_quiet_time_grows():
     assert life.quiet_for(now=105.0) == pytest.approx(4.0)
     stop.set()
     t.join(5)
+
+
+# -- life of the whole rank: the training thread waits, the work happens elsewhere -------------
+# Each "training thread" below waits inside a call into C (a pool, a subprocess, a future, a
+# socket read) while the guard (this test's thread) samples the whole process.
+
+def _burn(seconds):
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += sum(i * i for i in range(1000))
+    return n
+
+
+def _pool_map(stop):
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(_burn, [1.0] * 8, chunksize=1)  # ~4 s of tokenizing-like work on 2 workers
+
+
+def _subprocess(stop):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import time, zlib, os\n"
+                    "end = time.monotonic() + 4\n"
+                    "while time.monotonic() < end: zlib.compress(os.urandom(1 << 20), 9)"],
+                   check=True, timeout=30)
+
+
+def _write_for(seconds):
+    end = time.monotonic() + seconds
+    with tempfile.TemporaryFile() as fh:
+        while time.monotonic() < end:
+            fh.write(b"x" * 65536)
+            if fh.tell() > 64 << 20:
+                fh.seek(0)
+            time.sleep(0.01)
+
+
+def _executor_writes(stop):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        ex.submit(_write_for, 4.0).result()
+
+
+def _sleeping_child(stop):
+    import subprocess
+
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        while not stop.is_set() and p.poll() is None:
+            stop.wait(0.5)  # like Popen.wait(): blocked in C
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _deadlocked(lock):
+    lock.acquire()
+    lock.acquire()  # never released: no CPU, no I/O
+
+
+def _deadlocked_child(stop):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_deadlocked, args=(threading.Lock(),), daemon=True)
+    p.start()
+    try:
+        while not stop.is_set() and p.is_alive():
+            stop.wait(0.5)
+    finally:
+        p.kill()
+        p.join(5)
+
+
+def _idle_helpers(stop):
+    # What a waiting rank holds: threads that wake often for nothing, a thread blocked on a
+    # lock, torch's intra-op pool right after a parallel region (OpenMP workers spin a while
+    # before they sleep).
+    import torch
+
+    lock = threading.Lock()
+    lock.acquire()
+    helpers = [threading.Thread(target=_poll_sleep, args=(stop,), daemon=True) for _ in range(4)]
+    helpers.append(threading.Thread(target=lambda: lock.acquire(timeout=10), daemon=True))
+    for h in helpers:
+        h.start()
+    a = torch.randn(512, 512)
+    for _ in range(20):
+        a = torch.tanh(a @ a / 512)
+    stop.wait()
+    lock.release()
+    for h in helpers:
+        h.join(5)
+
+
+def _poll_sleep(stop):
+    while not stop.is_set():
+        time.sleep(0.005)
+
+
+def _spin_while_helper_works(stop):
+    # A busy helper thread must not hide a training thread stuck in `while True:`.
+    helper = threading.Thread(target=_compute, args=(stop,), daemon=True)
+    helper.start()
+    try:
+        _spin(stop)
+    finally:
+        stop.set()
+        helper.join(5)
+
+
+def _named_torch_thread_works(stop):
+    # gloo's and NCCL's threads move the job's own bytes: never counted, whatever they do.
+    def work():
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME
+        _write(stop)
+
+    helper = threading.Thread(target=work, daemon=True)
+    helper.start()
+    stop.wait()
+    helper.join(5)
+
+
+def _whole_rank_kinds(target, samples=10, interval=0.3, waiting=False, on_stop=None):
+    """Kinds seen while `target` runs as the training thread; `on_stop` releases it."""
+    stop = threading.Event()
+    t = threading.Thread(target=target, args=(stop,), daemon=True)
+    t.start()
+    time.sleep(0.2)
+    life = LifeSignals(t.ident, t.native_id)
+    kinds = []
+    try:
+        for _ in range(samples):
+            time.sleep(interval)
+            kinds.append(life.sample(progress=0, waiting=waiting))
+    finally:
+        stop.set()
+        _SPINNING[0] = False
+        if on_stop is not None:
+            on_stop()
+        t.join(30)
+    return kinds
+
+
+@pytest.mark.parametrize("target, kind", [(_pool_map, "children"), (_subprocess, "children"),
+                                          (_executor_writes, "threads")])
+def test_work_the_training_thread_waits_for_is_life(target, kind):
+    kinds = _whole_rank_kinds(target)
+    # The first window or two only starts the work (and sustained work needs two windows).
+    assert kinds[3:].count(kind) >= len(kinds[3:]) - 1, kinds
+
+
+@pytest.mark.parametrize("target", [_sleeping_child, _deadlocked_child, _idle_helpers,
+                                    _spin_while_helper_works, _named_torch_thread_works])
+def test_idle_or_stuck_helpers_are_not_life(target):
+    kinds = _whole_rank_kinds(target)
+    assert kinds[1:].count(None) == len(kinds[1:]), kinds
+
+
+def test_waiting_in_a_collective_ignores_the_rest_of_the_rank():
+    # The same busy pool, but the training thread waits in a collective (the caller says so
+    # from the ledger): the rank is blocked, whatever its helpers do.
+    kinds = _whole_rank_kinds(_pool_map, waiting=True)
+    assert kinds[1:].count(None) == len(kinds[1:]), kinds
+
+
+class _Trickle:
+    """A local TCP server: sends `chunk` bytes every `every` seconds to whoever connects (a
+    slow download), or nothing at all when chunk is 0 (a read on which nothing arrives)."""
+
+    def __init__(self, chunk, every=0.1):
+        import socket
+
+        self.chunk, self.every = chunk, every
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.addr = self.srv.getsockname()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        conn, _ = self.srv.accept()
+        with conn:
+            while not self.done.wait(self.every):
+                if self.chunk:
+                    conn.sendall(b"d" * self.chunk)
+
+    def close(self):
+        if self.done.is_set():
+            return
+        self.done.set()
+        self.thread.join(5)
+        self.srv.close()
+
+
+def _reader(addr):
+    def read(stop):
+        import socket
+
+        time.sleep(0.4)  # connects after the guard started: not one of the job's own
+        with socket.create_connection(addr) as s:
+            s.settimeout(None)
+            while not stop.is_set():
+                if not s.recv(4096):  # recv(): not in /proc/.../io, unlike read()
+                    break
+    return read
+
+
+@pytest.mark.parametrize("chunk", [200, 0])
+def test_bytes_arriving_on_a_socket_are_life_and_silence_is_not(chunk):
+    srv = _Trickle(chunk)
+    try:
+        kinds = _whole_rank_kinds(_reader(srv.addr), on_stop=srv.close)
+    finally:
+        srv.close()
+    if chunk:
+        assert kinds[2:].count("socket") >= len(kinds[2:]) - 1, kinds
+    else:
+        assert kinds[1:].count(None) == len(kinds[1:]), kinds
+
+
+def test_the_jobs_own_sockets_are_not_life():
+    # A connection that exists before the guard starts (gloo's, the store's) moves bytes
+    # while the training thread waits on something else: not life.
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(srv.getsockname())
+    peer, _ = srv.accept()
+    stop_pump = threading.Event()
+
+    def pump():
+        while not stop_pump.wait(0.05):
+            peer.sendall(b"g" * 1000)
+            ours.recv(65536)
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    try:
+        kinds = _whole_rank_kinds(_block)
+    finally:
+        stop_pump.set()
+        pumper.join(5)
+        for s in (ours, peer, srv):
+            s.close()
+    assert kinds[1:].count(None) == len(kinds[1:]), kinds
+
+
+def _reader_in_helper(addr):
+    def wait(stop):
+        # The training thread waits on a lock; a helper thread reads the socket (a status
+        # poller, a metrics client): occasional bytes there are not the training's progress.
+        helper = threading.Thread(target=_reader(addr), args=(stop,), daemon=True)
+        helper.start()
+        stop.wait()
+        helper.join(10)
+    return wait
+
+
+@pytest.mark.parametrize("in_training_thread", [True, False])
+def test_a_slow_trickle_counts_only_while_the_training_thread_reads(in_training_thread):
+    # A chunk every 0.9 s: most 0.3 s windows see nothing. While the training thread is
+    # blocked reading, each chunk is progress of what it waits for; elsewhere bytes must be
+    # sustained (two windows in a row) to count.
+    srv = _Trickle(200, every=0.9)
+    target = _reader(srv.addr) if in_training_thread else _reader_in_helper(srv.addr)
+    try:
+        kinds = _whole_rank_kinds(target, samples=14, on_stop=srv.close)
+    finally:
+        srv.close()
+    if in_training_thread:
+        assert kinds.count("socket") >= 2, kinds
+    else:
+        assert kinds.count(None) == len(kinds), kinds

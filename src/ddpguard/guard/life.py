@@ -1,22 +1,33 @@
-"""Signs of life of the training thread, sampled from the guard thread.
+"""Signs of life of a rank, sampled from the guard thread.
 
 A rank that keeps the others waiting is only hung if it shows no sign of life at all. Counted as
-life: batches, optimizer steps, DDP forward calls, completed collectives (all fed in as one
-progress number), bytes the training thread reads or writes (a checkpoint being written, a
-dataset being read), its Python stack moving between functions, and CPU time spent while the
-stack sits still inside one call into C (a long kernel). Not counted: CPU time while the Python
-stack stays in one function and runs its own bytecode (the guard thread finds it at a loop's
-back-edge, never inside a call): that is a loop that never calls anything, the signature of
-`while True: ...` spinning on one rank.
+life of the training thread: batches, optimizer steps, DDP forward calls, completed collectives
+(all fed in as one progress number), bytes the training thread reads or writes (a checkpoint
+being written, a dataset being read), its Python stack moving between functions, and CPU time
+spent while the stack sits still inside one call into C (a long kernel). Not counted: CPU time
+while the Python stack stays in one function and runs its own bytecode (the guard thread finds
+it at a loop's back-edge, never inside a call): that is a loop that never calls anything, the
+signature of `while True: ...` spinning on one rank.
+
+While the training thread shows none of these, sits inside a call into C (waiting on a pool, a
+subprocess, a future, a socket) and not in a collective, the work of the rest of the rank
+counts too: its other threads, the processes below it and bytes on its own sockets
+(rank_life.py, with thresholds that idle helpers never reach; looked at only then, so steady
+training pays nothing for it). Not while it waits in a collective: then the rank is
+blocked whatever its helpers do, and the job's own traffic (gloo, the store) must not make a
+rank that waits for a dead or mismatched peer look alive; nor while it spins in bytecode: a
+busy helper must not hide a training thread stuck in `while True:`.
 """
 
 from __future__ import annotations
 
 import dis
-import os
 import sys
 import time
 from typing import Any
+
+from . import vitals
+from .rank_life import RankLife
 
 __all__ = ["LifeSignals", "stack_signature"]
 
@@ -53,36 +64,12 @@ def stack_signature(frame: Any) -> tuple[tuple[tuple[str, str], ...], bool]:
 
 def _thread_io(native_id: int | None) -> int | None:
     """rchar + wchar of one thread (Linux); None where the kernel does not tell."""
-    if native_id is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{native_id}/io", "rb") as fh:
-            total = 0
-            for line in fh:
-                if line.startswith((b"rchar:", b"wchar:")):
-                    total += int(line.split()[1])
-            return total
-    except (OSError, ValueError, IndexError):
-        return None
+    return vitals.task_io(native_id) if native_id is not None else None
 
 
 def _thread_cpu(native_id: int | None) -> float | None:
     """User + system CPU seconds of one thread (Linux)."""
-    if native_id is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{native_id}/stat", "rb") as fh:
-            data = fh.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-try:
-    _TICKS = float(os.sysconf("SC_CLK_TCK"))
-except (AttributeError, ValueError, OSError):  # not POSIX
-    _TICKS = 100.0
+    return vitals.task_cpu(native_id) if native_id is not None else None
 
 
 LOOKS = 5
@@ -104,8 +91,12 @@ class LifeSignals:
         self._cpu = _thread_cpu(native_id)
         self._sig: tuple[Any, ...] | None = None
         self._at = now
+        self.rank = RankLife(native_id, now)
 
-    def sample(self, progress: int, now: float | None = None) -> str | None:
+    def sample(self, progress: int, now: float | None = None,
+               waiting: bool = False) -> str | None:
+        """`waiting`: the training thread waits in a collective (the ledger has one pending,
+        or its stack is in one); only its own signs count then."""
         now = time.monotonic() if now is None else now
         kind = None
         if progress != self._progress:
@@ -136,6 +127,13 @@ class LifeSignals:
               and (cpu - self._cpu) >= 0.2 * (now - self._at)):
             # Still inside one call into C and burning CPU: a long kernel, not a wait.
             kind = kind or "cpu"
+        # The rest of the rank, only when it can matter (and costs nothing in steady training).
+        if kind is None and in_c and not waiting:
+            reading = (self.native_id is not None
+                       and vitals.task_syscall(self.native_id) in vitals.READ_WAITS)
+            kind = self.rank.sample(now, reading=reading)
+        else:
+            self.rank.skip()
         self._sig, self._cpu, self._at = sig, cpu, now
         if kind is not None:
             self.last_life, self.last_kind = now, kind

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -28,9 +27,10 @@ from .lanes import Lanes
 from .ledger import Ledger, describe_entry, first_pending, waiting_on_peers
 from .lengths import LengthCheck
 from .life import LifeSignals
+from .notices import Notices
 from .peers import PeerTable
 from .progress import Progress, install_hooks, uninstall_hooks
-from .rules import Decision, decide, notice_due
+from .rules import Decision, decide
 from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
 from .store import GuardStore
 from .waiting import setup_entry, setup_wait, waits_now
@@ -39,11 +39,6 @@ __all__ = ["Guard"]
 
 log = logging.getLogger("ddpguard.guard")
 PREFIX = "ddpguard/guard/"
-LIFE_WORDS = {"progress": "last sign of life: batches, steps or collectives",
-              "io": "last sign of life: reading or writing data",
-              "stack": "last sign of life: its code moving between functions",
-              "cpu": "last sign of life: computing inside one call",
-              "start": "no sign of life since the guard started"}
 
 
 class Guard:
@@ -87,7 +82,7 @@ class Guard:
         self._waiting: str | None = None
         self._setup: str | None = None
         self._waiting_since: float | None = None
-        self._notices = 0
+        self.notices = Notices(self.config.notice_after, self.config.no_life)
         self.peers = PeerTable(rank, self.host, self.config.heartbeat_interval,
                                self.config.dead_after)
         self.exchange = Exchange(self.store, self.ledger, rank, world_size, self.config)
@@ -271,14 +266,15 @@ class Guard:
             if status != self.status:
                 self.status, self.status_since = status, now
             completed = sum(c for _, c in status.values())
-        self.life.sample(self.progress.total() + completed, now)
-        settle = self.config.settle
-        quiet = self.life.quiet_for(now) >= settle
         # Forming a group or a store-based barrier: a wait the recorder does not list.
         self._setup = setup_wait(frames) if frames else None
+        pending = (waiting_on_peers(self.status, self.ledger.started) or self._setup is not None
+                   if self.ledger.available else is_blocked(frames))
+        # In a collective, only the training thread's own signs count (life.py says why).
+        self.life.sample(self.progress.total() + completed, now, waiting=pending)
+        settle = self.config.settle
+        quiet = self.life.quiet_for(now) >= settle
         if self.ledger.available:
-            pending = (waiting_on_peers(self.status, self.ledger.started)
-                       or self._setup is not None)
             # Standing in a wait for an issued collective (Work.wait, a poll on
             # is_completed, a device synchronise) is waiting, however much CPU it spins.
             self._waiting = waits_now(self._main_ident) if pending else None
@@ -374,7 +370,7 @@ class Guard:
                                   hard_limit=self.config.stall_timeout,
                                   fallback_deadlock=self.config.fallback_deadlock)
             if decision is None:
-                self._maybe_notice(views)
+                self.notices.maybe(views)
         if decision is not None:
             if not peers:
                 peers = self.read_peers()
@@ -398,28 +394,3 @@ class Guard:
 
     def oom_text(self) -> str:
         return self.peers.oom_text()
-
-    def _maybe_notice(self, views: dict[int, dict[str, Any]]) -> None:
-        """The judge's one line when ranks have waited long for a rank that is still
-        working: about the lowest waiting rank, then after 2x, 4x, ... as long."""
-        waiting = sorted(r for r, v in views.items() if v.get("blocked") and not v.get("gone"))
-        if not waiting:
-            self._notices = 0
-            return
-        r0 = waiting[0]
-        v0 = views[r0]
-        waited = float(v0.get("blocked_for", 0.0))
-        if not notice_due(waited, self.config.notice_after, self._notices):
-            return
-        self._notices += 1
-        busy = [f"rank {r} is at {hb.get('where')} ("
-                f"{LIFE_WORDS.get(hb.get('life', ''), hb.get('life'))}, "
-                f"{hb.get('quiet', 0.0):.1f} s ago)"
-                for r, hb in sorted(views.items()) if not hb.get("blocked")
-                and hb.get("state") == "running" and not hb.get("gone")]
-        first = first_pending(v0.get("pending") or [])
-        what = f"in {describe_entry(first)}" if first else v0.get("doing", "waiting")
-        print(f"ddpguard: rank {r0} has waited {waited:.0f} s {what} at {v0.get('where')}; "
-              f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
-              f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
-              "without any).", file=sys.stderr, flush=True)
