@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpguard.lint import RULES, Selection, lint_file, lint_source
-from ddpguard.lint.context import build
+from ddpguard.lint.walker import build
 from ddpguard.lint.project import torch_floor
 from ddpguard.lint.provenance import GLOBAL, LOCAL, NONE
 
@@ -169,6 +169,16 @@ CASES: dict[str, tuple[str, str]] = {
         rank = int(os.environ["RANK"])
         if rank == 0:
             torch.save(state, "ckpt.pt")
+        """),
+    "DDP019": ("""
+        def resume(t, path):
+            if dist.get_rank() == 0:
+                assert os.path.exists(path)
+            dist.broadcast(t, 0)
+        """, """
+        def resume(t, path):
+            assert os.path.exists(path)
+            dist.broadcast(t, 0)
         """),
     "DDP018": ('dist.init_process_group("gloo")\nprint("loss")\n',
                'dist.init_process_group("gloo")\nif dist.get_rank() == 0:\n    print("loss")\n'
@@ -328,7 +338,7 @@ def test_fixture_findings_exact(name: str) -> None:
 def test_helper_forward_severity_follows_buffers() -> None:
     source = (CORPUS / "miss_eval_helper.py").read_text(encoding="utf-8")
     [f] = lint_source(source)
-    assert (f.code, f.severity) == ("DDP006", "warning") and "(line 27)" in f.message
+    assert (f.code, f.severity) == ("DDP006", "warning") and "call at line 27" in f.message
     with_bn = source.replace("torch.nn.ReLU()", "torch.nn.BatchNorm1d(8)")
     sev = [(f.code, f.severity) for f in lint_source(with_bn) if f.code == "DDP006"]
     assert sev == [("DDP006", "error")]

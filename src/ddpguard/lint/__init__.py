@@ -2,7 +2,8 @@
 torch or the script, and imports nothing from ddpguard outside this package."""
 
 from .engine import Selection, discover, lint_file, lint_paths, lint_source
-from .findings import RULES, Finding, Rule
+from .catalog import RULES
+from .registry import Finding, Rule
 
 __all__ = ["RULES", "Finding", "Rule", "Selection", "discover", "lint_file", "lint_paths",
            "lint_source"]

@@ -12,10 +12,17 @@ the others. Pure functions of the node and that table.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .context import ModuleInfo
+
+class RankTable(Protocol):
+    """What provenance reads of a module (ModuleInfo satisfies it): no import of context.py,
+    so the layers stay provenance <- context <- walker <- schedule <- rules."""
+
+    rank_names: dict[str, int]
+    rank_funcs: dict[str, int]
+
+    def callee_last(self, call: ast.Call) -> str: ...
 
 NONE, GLOBAL, LOCAL = 0, 1, 2
 
@@ -72,7 +79,7 @@ def env_level(key: object) -> int:
     return _ENV.get(key, NONE) if isinstance(key, str) else NONE
 
 
-def value_level(info: ModuleInfo, node: ast.AST) -> int:
+def value_level(info: RankTable, node: ast.AST) -> int:
     """Level of a value: the rank itself, or anything computed from it."""
     t = type(node)
     if t is ast.Name or t is ast.Attribute:
@@ -110,7 +117,7 @@ def value_level(info: ModuleInfo, node: ast.AST) -> int:
     return test_level(info, node) if t in (ast.Compare, ast.BoolOp, ast.UnaryOp) else NONE
 
 
-def test_level(info: ModuleInfo, node: ast.AST | None) -> int:
+def test_level(info: RankTable, node: ast.AST | None) -> int:
     """GLOBAL/LOCAL when `node`, used as a condition, takes different values on different
     ranks; NONE for tests that only tell distributed from not (`local_rank != -1`,
     `args.gpu is not None`)."""

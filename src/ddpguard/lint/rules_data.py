@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from .registry import Hit, rule
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
 
-Hit = tuple[ast.AST, str, str]   # (node, code, message)
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
@@ -62,6 +62,9 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
                                       for g in info.local_callees(rec)) for rec in info.calls)
 
 
+@rule('DDP001', 'missing-set-epoch', 'error',
+      'DistributedSampler drives an epoch loop but set_epoch is not called in it',
+      'call sampler.set_epoch(epoch) at the top of every epoch')
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     reported: set[int] = set()
     # Style 1: `for epoch ...: for batch in loader:` in one function.
@@ -138,6 +141,9 @@ def _msg001(sampler: ast.Call) -> str:
             "but set_epoch is never called in it: every epoch repeats the same order")
 
 
+@rule('DDP002', 'shuffle-with-sampler', 'error',
+      'DataLoader gets a sampler and shuffle=True (mutually exclusive)',
+      'drop shuffle=True; shuffle in the sampler instead')
 def ddp002(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -150,6 +156,9 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
                                    "torch raises ValueError (they are mutually exclusive)")
 
 
+@rule('DDP003', 'uneven-manual-shard', 'warning',
+      'data sharded by hand (`x[rank::world_size]`, `array_split(x, world)[rank]`): ranks can get different sample counts',
+      'use DistributedSampler (it pads), or pad/trim every shard to the same length')
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every
     rank gets the same number of samples; `data[rank::world_size]` and
@@ -219,6 +228,9 @@ def _empty_test(test: ast.expr, names: set[str]) -> bool:
     return False
 
 
+@rule('DDP004', 'rank-dependent-step-count', 'error',
+      'a collate_fn or batch loop can drop samples or batches on one rank only',
+      'never return None / drop samples in collate_fn; resample in the Dataset instead')
 def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -257,4 +269,4 @@ def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
     return "loader" in name or name in ("batches", "data_iter", "train_iter")
 
 
-RULES = {"DDP001": ddp001, "DDP002": ddp002, "DDP003": ddp003, "DDP004": ddp004}
+RULES = [ddp001, ddp002, ddp003, ddp004]

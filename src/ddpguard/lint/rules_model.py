@@ -6,9 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
+from .registry import Hit, rule
 from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
 
-Hit = tuple[ast.AST, str, str]
 
 _BAD_NCCL = re.compile(r"(?<![A-Z_])NCCL_(BLOCKING_WAIT|ASYNC_ERROR_HANDLING|TIMEOUT)\b")
 _NCCL_FIX = {
@@ -19,6 +19,9 @@ _NCCL_FIX = {
 }
 
 
+@rule('DDP008', 'save-ddp-state-dict', 'warning',
+      'state_dict() of the DDP wrapper is saved (keys get a `module.` prefix)',
+      'save model.module.state_dict()')
 def ddp008(info: ModuleInfo) -> Iterator[Hit]:
     """Only a state_dict that is saved: `sanity_check(model.state_dict())` is no checkpoint."""
     ddp = info.ddp_names()
@@ -46,6 +49,9 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
                         "single-GPU resume) cannot load it without renaming")
 
 
+@rule('DDP009', 'batchnorm-without-sync', 'warning',
+      'BatchNorm model wrapped in DDP without SyncBatchNorm (or converted after wrapping)',
+      'model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(model)')
 def ddp009(info: ModuleInfo) -> Iterator[Hit]:
     if not info.batchnorm:
         return
@@ -61,6 +67,9 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
                                      "convert first, then wrap")
 
 
+@rule('DDP010', 'unsafe-torch-load', 'warning',
+      'torch.load with weights_only=False on a non-literal path, without weights_only where the project supports torch < 2.6, or without map_location in a CUDA DDP script',
+      'torch.load(path, map_location=device, weights_only=True)')
 def ddp010(info: ModuleInfo) -> Iterator[Hit]:
     """Advice that is true for the torch versions the project supports: since torch 2.6
     `weights_only` defaults to True, so only an explicit False, or a project that still
@@ -105,6 +114,9 @@ def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
                for o in loads)
 
 
+@rule('DDP011', 'bad-nccl-variable', 'warning',
+      'deprecated or non-existent NCCL variable',
+      'use TORCH_NCCL_BLOCKING_WAIT / TORCH_NCCL_ASYNC_ERROR_HANDLING; timeouts go in init_process_group(timeout=...)')
 def ddp011(info: ModuleInfo) -> Iterator[Hit]:
     for node in info.nccl_strings:
         m = _BAD_NCCL.search(str(node.value))
@@ -112,6 +124,9 @@ def ddp011(info: ModuleInfo) -> Iterator[Hit]:
             yield node, "DDP011", f"{m.group(0)} {_NCCL_FIX[m.group(1)]}"
 
 
+@rule('DDP012', 'missing-destroy', 'warning',
+      'a training script initializes a process group and never destroys it',
+      'call dist.destroy_process_group() on the way out (try/finally)')
 def ddp012(info: ModuleInfo) -> Iterator[Hit]:
     # A helper module's `init_distributed_mode()` cannot tear down what its caller still
     # uses; the finding belongs in the script (a DDP wrap or a `__main__` block).
@@ -125,6 +140,9 @@ def ddp012(info: ModuleInfo) -> Iterator[Hit]:
             "blocked in a collective")
 
 
+@rule('DDP013', 'accumulation-without-no-sync', 'warning',
+      'gradient accumulation on a DDP model without no_sync',
+      'wrap the micro-steps in `with model.no_sync():`')
 def ddp013(info: ModuleInfo) -> Iterator[Hit]:
     if info.no_sync or not info.wraps_ddp:
         return
@@ -161,6 +179,9 @@ def _is_optimizer_step(call: ast.Call) -> bool:
     return any("opt" in (dotted(x) or "").lower() for x in [f.value, *call.args])
 
 
+@rule('DDP014', 'data-parallel', 'warning',
+      'nn.DataParallel as the multi-GPU strategy (one GIL-bound process, slower than DDP)',
+      'use DistributedDataParallel with one process per device')
 def ddp014(info: ModuleInfo) -> Iterator[Hit]:
     # In a script that also wraps in DDP, DataParallel is the single-process fallback branch
     # (pytorch/examples' imagenet, yolov5): a deliberate choice, not a finding.
@@ -174,6 +195,9 @@ def ddp014(info: ModuleInfo) -> Iterator[Hit]:
                 "markedly slower than DistributedDataParallel")
 
 
+@rule('DDP015', 'ddp-device-placement', 'warning',
+      'model moved after DDP wrapping on the same path, or DDP without device_ids on a model placed with a bare .cuda() and no set_device',
+      'move the model to its device first, then DDP(model, device_ids=[local_rank])')
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
     set_devices = [r for r in info.calls if r.last == "set_device"]
@@ -214,5 +238,4 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     return False
 
 
-RULES = {"DDP008": ddp008, "DDP009": ddp009, "DDP010": ddp010, "DDP011": ddp011,
-         "DDP012": ddp012, "DDP013": ddp013, "DDP014": ddp014, "DDP015": ddp015}
+RULES = [ddp008, ddp009, ddp010, ddp011, ddp012, ddp013, ddp014, ddp015]

@@ -1,0 +1,57 @@
+"""The other files on the command line: resolve `from utils import save_on_master` (or
+`comm.synchronize()`) to the function defined in one of them, so its schedule summary is
+inlined at the call. Modules are keyed by their dotted path suffixes (`comm`, `utils.comm`,
+`detectron2.utils.comm`); among several candidates the one nearest to the caller wins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .context import Func, ModuleInfo
+
+# Packages that are never one of the files being linted (`torch.distributed.barrier` must
+# not resolve to a project file named distributed.py).
+_EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "logging", "pickle",
+             "random", "collections", "functools", "itertools", "typing", "re", "shutil",
+             "subprocess", "argparse", "copy", "pathlib", "datetime", "warnings", "tqdm",
+             "torchvision", "transformers", "accelerate", "PIL", "cv2", "scipy", "sklearn",
+             "yaml", "omegaconf", "hydra", "wandb", "apex", "timm", "fvcore", "iopath",
+             "deepspeed", "lightning", "pytorch_lightning", "contextlib", "io", "glob"}
+
+
+class Project:
+    def __init__(self, infos: list[ModuleInfo]) -> None:
+        self.index: dict[str, list[ModuleInfo]] = {}
+        for info in infos:
+            parts = list(Path(info.path).with_suffix("").parts)
+            if parts and parts[-1] == "__init__":
+                parts.pop()
+            for k in range(1, min(4, len(parts)) + 1):
+                self.index.setdefault(".".join(parts[-k:]), []).append(info)
+            info.project = self
+
+    def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
+        module, _, name = qual.rpartition(".")
+        if not module or module.split(".", 1)[0] in _EXTERNAL:
+            return None
+        mod_parts = module.split(".")
+        for k in range(min(4, len(mod_parts)), 0, -1):
+            cands = [m for m in self.index.get(".".join(mod_parts[-k:]), ()) if m is not caller]
+            if not cands:
+                continue
+            cands.sort(key=lambda m: -_common(m.path, caller.path))
+            for m in cands:
+                fns = [f for f in m.funcs.get(name, []) if f not in m.func_class]
+                if len(fns) == 1:
+                    return m, fns[0]
+            return None
+        return None
+
+
+def _common(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(Path(a).resolve().parts, Path(b).resolve().parts, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
