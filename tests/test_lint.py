@@ -106,11 +106,15 @@ CASES: dict[str, tuple[str, str]] = {
             save(state)
         """),
     "DDP008": ("""
+        if args.resume:
+            net.load_state_dict(torch.load(args.resume, map_location="cpu"))
         model = DDP(net)
         torch.save(model.state_dict(), "x")
         """, """
         model = DDP(net)
-        torch.save(model.module.state_dict(), "x")
+        if args.resume:  # the resume reads into the same wrapper: the keys match
+            model.load_state_dict(torch.load(args.resume, map_location="cpu"))
+        torch.save(model.state_dict(), "y")
         """),
     "DDP009": ("""
         net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
@@ -121,7 +125,8 @@ CASES: dict[str, tuple[str, str]] = {
         model = DDP(net)
         """),
     "DDP010": ("sd = torch.load(args.ckpt, map_location='cpu', weights_only=False)\n",
-               "sd = torch.load(args.ckpt)\nsd = torch.load('x.pt', weights_only=False)\n"
+               "sd = torch.load(args.ckpt, map_location='cpu')\n"
+               "sd = torch.load('x.pt', weights_only=False, map_location='cpu')\n"
                "def load(p, **kw):\n    return torch.load(p, **kw)\n"),
     "DDP011": ('os.environ["NCCL_TIMEOUT"] = "1000"\n',
                'os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"\nos.environ["NCCL_DEBUG"] = "1"\n'),

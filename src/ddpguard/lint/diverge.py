@@ -44,30 +44,45 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             continue
         for a, b in pairs:
             pa, pb = project(info, root, a), project(info, root, b)
-            _diff(pa.seq, pb.seq, a, b, out)
+            # A generator's own `yield` is where its caller's body runs: compare what each
+            # class does around it as a whole (leader-goes-first context managers).
+            _diff(_no_yield(pa.seq), _no_yield(pb.seq), a, b, out)
     info._memo[("divergences", 0)] = out
     return out
 
 
+def _coarse(it: Item) -> tuple[object, ...]:
+    """Alignment key: an event by what it is; a branch, loop or call by where it is."""
+    return it.key if it.kind == "ev" else (it.kind, it.site)
+
+
 def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence]) -> None:
-    ka, kb = [i.key for i in sa], [i.key for i in sb]
-    if ka == kb:
+    if [i.key for i in sa] == [i.key for i in sb]:
         return
+    ka, kb = [_coarse(i) for i in sa], [_coarse(i) for i in sb]
     sm = SequenceMatcher(None, ka, kb, autojunk=False)  # type: ignore[arg-type]
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        if tag == "equal":
-            continue
         a, b = sa[i1:i2], sb[j1:j2]
-        if tag == "replace" and len(a) == len(b):
-            for k, (x, y) in enumerate(zip(a, b, strict=True)):
-                if x.kind == y.kind and x.kind in ("loop", "alt") \
-                        and len(x.arms) == len(y.arms):
+        if tag == "equal":
+            for x, y in zip(a, b, strict=True):
+                if x.key == y.key or x.kind == "call":
+                    continue  # a call both classes make: the callee's own comparison
+                if len(x.arms) == len(y.arms):
                     for ax, ay in zip(x.arms, y.arms, strict=True):
                         _diff(ax, ay, ca, cb, out)
-                elif not (x.kind == y.kind == "call" and x.site == y.site):
-                    _report((x,), (y,), sa[i1 + k + 1:], sb[j1 + k + 1:], ca, cb, out)
             continue
-        _report(a, b, sa[i2:], sb[j2:], ca, cb, out)
+        if tag == "replace":
+            _report(a, b, sa[i2:], sb[j2:], ca, cb, out)
+            continue
+        for k, it in enumerate(a or b):
+            if a:
+                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out)
+            else:
+                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out)
+
+
+def _no_yield(seq: Seq) -> Seq:
+    return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
 
 
 def _first(seq: Seq, kinds: tuple[str, ...],

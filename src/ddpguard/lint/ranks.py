@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +34,13 @@ POS = 1   # "some rank > 0": tests against constants <= 0 are decided, others ar
 _LOCAL_PREDICATES = {p for p in _PREDICATES if "local" in p}
 _DESIGNATED = {"dst", "src", "root", "main_rank", "master_rank", "dst_rank", "src_rank",
                "root_rank", "leader", "leader_rank"}
+# Tests of the launch mode, not of the rank: in a distributed run they hold on every rank.
+_LAUNCH_NAME = re.compile(r"(^|_)(distributed|ddp|multiprocessing_distributed|multi_gpu|"
+                          r"is_dist|use_dist|dist_enabled|use_ddp|is_ddp)$", re.I)
+_LAUNCH_CALLS = {"is_initialized", "is_available", "is_dist_avail_and_initialized",
+                 "is_distributed", "is_dist_available_and_initialized", "is_torchelastic_launched"}
+_WORLD = re.compile(r"(^|_)(world_size|num_gpus|ngpus|n_gpus|nprocs|num_processes|"
+                    r"num_replicas|gpus)$", re.I)
 _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
         ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 
@@ -140,11 +148,13 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
             return _against(lv, op, right)
         if rv is not None and lv is None and isinstance(op, ast.Eq | ast.NotEq):
             return _against(rv, op, left)
-        return UNKNOWN
+        return launch(info, node)
     if isinstance(node, ast.Call):
         last = info.callee_last(node)
         if last in _PREDICATES:
             return _predicate(last, cls)
+        if last in _LAUNCH_CALLS:
+            return TRUE
         fns = info.funcs.get(last, [])
         if len(fns) == 1 and fns[0].body and isinstance(fns[0].body[-1], ast.Return):
             ret = fns[0].body[-1].value
@@ -153,7 +163,7 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         return UNKNOWN
     d = dotted(node)
     if d is None:
-        return UNKNOWN
+        return launch(info, node)
     return _flag(info, d, node, cls, depth)
 
 
@@ -186,7 +196,8 @@ def _flag(info: Table, d: str, node: ast.AST, cls: RankClass, depth: int) -> int
     last = d.rsplit(".", 1)[-1]
     if last.lower() in _PREDICATES:
         return _predicate(last, cls)
-    return _truth(_rank_value(info, node, cls))
+    val = _rank_value(info, node, cls)
+    return _truth(val) if val is not None else launch(info, node)
 
 
 def _is_value(info: Table, node: ast.AST) -> bool:
@@ -197,6 +208,45 @@ def _truth(val: int | None) -> int:
     if val is None:
         return UNKNOWN
     return FALSE if val == 0 else TRUE
+
+
+def launch(info: Table, node: ast.AST | None) -> int:
+    """TRUE/FALSE for a test of the launch mode as a distributed run sees it (`if
+    args.distributed:`, `if not dist.is_initialized():`, `if world_size > 1:`); UNKNOWN for
+    anything else. The same on every rank: it splits no ranks, it only picks the arm."""
+    if node is None:
+        return UNKNOWN
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = launch(info, node.operand)
+        return v if v == UNKNOWN else 1 - v
+    if isinstance(node, ast.BoolOp):
+        vals = [launch(info, v) for v in node.values]
+        stop = FALSE if isinstance(node.op, ast.And) else TRUE
+        if stop in vals:
+            return stop
+        return UNKNOWN if UNKNOWN in vals else 1 - stop
+    if isinstance(node, ast.Call):
+        return TRUE if info.callee_last(node) in _LAUNCH_CALLS else UNKNOWN
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        c = _const(node.comparators[0])
+        if isinstance(c, int) and not isinstance(c, bool) and _is_world(info, node.left):
+            fn = _CMP.get(type(node.ops[0]))
+            if fn is not None and c in (1, 2):
+                # world size >= 2: `> 1`, `!= 1`, `>= 2` hold; `== 1`, `< 2`, `<= 1` do not
+                return TRUE if fn(2, c) and fn(3, c) else FALSE if not (fn(2, c) or
+                                                                          fn(3, c)) else UNKNOWN
+        return UNKNOWN
+    d = dotted(node)
+    if d is not None and _LAUNCH_NAME.search(d.rsplit(".", 1)[-1]):
+        return TRUE
+    return UNKNOWN
+
+
+def _is_world(info: Table, node: ast.AST) -> bool:
+    if isinstance(node, ast.Call):
+        return info.callee_last(node) == "get_world_size"
+    d = dotted(node)
+    return d is not None and bool(_WORLD.search(d.rsplit(".", 1)[-1]))
 
 
 def splits(info: Table, node: ast.AST | None) -> bool:

@@ -125,14 +125,23 @@ def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
     return hit  # type: ignore[return-value]
 
 
+_EVAL = ("val", "test", "eval")
+
+
 def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:
-    """set_epoch only reseeds the shuffle: a `shuffle=False` (validation) sampler has the same
-    order every epoch whatever you call."""
+    """set_epoch only reseeds the shuffle: a `shuffle=False` sampler has the same order every
+    epoch whatever you call, and so may a validation sampler (`DistributedSampler(val_data)`):
+    the order of evaluation does not change a metric."""
     out = []
     for s in samplers:
         sh = kwarg(s, "shuffle")
-        if not (isinstance(sh, ast.Constant) and sh.value is False):
-            out.append(s)
+        if isinstance(sh, ast.Constant) and sh.value is False:
+            continue
+        data = s.args[0] if s.args else kwarg(s, "dataset")
+        name = (dotted(data) or "").lower() if data is not None else ""
+        if any(h in name for h in _EVAL):
+            continue
+        out.append(s)
     return out
 
 
@@ -167,7 +176,7 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
         sl = node.slice
         if isinstance(sl, ast.Slice):
             if sl.lower is not None and sl.step is not None and info.rank_level(sl.lower) \
-                    and _world_size(info, sl.step):
+                    and _world_size(info, sl.step) and not _padded(info, node.value):
                 yield node, "DDP003", _msg003(ast.unparse(node))
         elif isinstance(node.value, ast.Call) and info.rank_level(sl) and \
                 info.callee_last(node.value) in _SPLITS and \
@@ -176,6 +185,19 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
 
 
 _SPLITS = {"array_split", "chunk", "split", "tensor_split"}
+
+
+def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
+    """The list was padded to a multiple of the world size just above (`pad(...)`, `x +
+    x[:pad]`, a name with `pad` in it): every rank's slice has the same length."""
+    values = [seq, *(v for _, v in info.assigns.get(dotted(seq) or "", []))]
+    for v in values:
+        for n in ast.walk(v):
+            name = info.callee_last(n) if isinstance(n, ast.Call) else (
+                dotted(n) or "" if isinstance(n, ast.Name | ast.Attribute) else "")
+            if "pad" in name.lower():
+                return True
+    return False
 _WORLD_HINTS = ("world", "num_replicas", "nproc", "ngpus", "num_gpus", "num_processes")
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from .registry import Hit, rule
 from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
+from .schedule import per_rank_path
 
 
 _BAD_NCCL = re.compile(r"(?<![A-Z_])NCCL_(BLOCKING_WAIT|ASYNC_ERROR_HANDLING|TIMEOUT)\b")
@@ -20,12 +21,18 @@ _NCCL_FIX = {
 
 
 @rule('DDP008', 'save-ddp-state-dict', 'warning',
-      'state_dict() of the DDP wrapper is saved (keys get a `module.` prefix)',
+      'state_dict() of the DDP wrapper is saved (keys get a `module.` prefix) and the same '
+      'script loads it strictly into the unwrapped model',
       'save model.module.state_dict()')
 def ddp008(info: ModuleInfo) -> Iterator[Hit]:
-    """Only a state_dict that is saved: `sanity_check(model.state_dict())` is no checkpoint."""
+    """Only where the script's own loading cannot read it: the wrapper's state_dict (keys
+    `module.*`) is saved, and the same module loads a checkpoint strictly into an unwrapped
+    model (before the wrap, or `model.module`) under the key it was saved with."""
     ddp = info.ddp_names()
     if not ddp:
+        return
+    loads = _unwrapped_strict_loads(info, ddp)
+    if not loads:
         return
     seen: set[int] = set()
     for rec in info.calls:
@@ -36,17 +43,54 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
             if isinstance(arg, ast.Name):
                 roots.extend(v for _, v in info.assigns.get(arg.id, []))
         for root in roots:
-            for node in ast.walk(root):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "state_dict") or id(node) in seen:
+            for key, node in _state_dicts(root):
+                owner = dotted(node.func.value)  # type: ignore[attr-defined]
+                if owner not in ddp or node.lineno <= ddp[owner] or id(node) in seen:
                     continue
-                owner = dotted(node.func.value)
-                if owner in ddp and node.lineno > ddp[owner]:
-                    seen.add(id(node))
-                    yield node, "DDP008", (
-                        f"`{owner}.state_dict()` of the DDP wrapper is saved: every key gets a "
-                        "`module.` prefix, so an unwrapped model (evaluation, fine-tuning, a "
-                        "single-GPU resume) cannot load it without renaming")
+                hit = next((ld for k, ld in loads if k == key), None)
+                if hit is None:
+                    continue
+                seen.add(id(node))
+                yield node, "DDP008", (
+                    f"`{owner}.state_dict()` of the DDP wrapper is saved (every key gets a "
+                    f"`module.` prefix), and line {hit.lineno} loads it strictly into the "
+                    "unwrapped model: that resume fails with missing/unexpected keys")
+
+
+def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
+    """`x.state_dict()` calls in a saved expression, with the dict key they are stored under."""
+    if isinstance(root, ast.Dict):
+        for k, v in zip(root.keys, root.values, strict=True):
+            key = k.value if isinstance(k, ast.Constant) and isinstance(k.value, str) else None
+            for _, node in _state_dicts(v):
+                yield key, node
+        return
+    for node in ast.walk(root):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "state_dict":
+            yield None, node
+
+
+def _unwrapped_strict_loads(info: ModuleInfo,
+                            ddp: dict[str, int]) -> list[tuple[str | None, ast.Call]]:
+    out = []
+    for rec in info.calls:
+        f = rec.node.func
+        if rec.last != "load_state_dict" or not isinstance(f, ast.Attribute) or \
+                not rec.node.args:
+            continue
+        strict = kwarg(rec.node, "strict")
+        if strict is not None and not (isinstance(strict, ast.Constant) and strict.value):
+            continue
+        owner = dotted(f.value) or ""
+        wrapped = owner in ddp and rec.node.lineno > ddp[owner]
+        if wrapped and not owner.endswith(".module"):
+            continue
+        arg = rec.node.args[0]
+        key = arg.slice.value if isinstance(arg, ast.Subscript) and isinstance(
+            arg.slice, ast.Constant) and isinstance(arg.slice.value, str) else None
+        out.append((key, rec.node))
+    return out
 
 
 @rule('DDP009', 'batchnorm-without-sync', 'warning',
@@ -93,11 +137,14 @@ def ddp010(info: ModuleInfo) -> Iterator[Hit]:
             yield call, "DDP010", (f"the project allows torch {floor} (pyproject.toml), where "
                                    "torch.load defaults to weights_only=False (before 2.6): "
                                    f"loading {src} unpickles arbitrary objects")
-        elif info.distributed and info.uses_cuda and kwarg(call, "map_location") is None \
-                and len(call.args) < 2 and not _sibling_maps(rec, loads):
-            yield call, "DDP010", ("torch.load without map_location in a CUDA DDP script: every "
-                                   "rank restores the tensors onto the GPU that saved them "
-                                   "(usually cuda:0), which costs that GPU memory or OOMs")
+        elif info.distributed and not info.gloo_only and kwarg(call, "map_location") is None \
+                and len(call.args) < 2 and not _sibling_maps(rec, loads) \
+                and not (path is not None and per_rank_path(info, path)):
+            yield call, "DDP010", ("torch.load without map_location in a module that uses "
+                                   "torch.distributed: every rank restores CUDA tensors onto "
+                                   "the GPU that saved them (usually cuda:0), whatever "
+                                   "torch's weights_only default; that GPU pays the memory "
+                                   "or OOMs")
 
 
 def _constant_path(node: ast.expr) -> bool:
@@ -211,6 +258,7 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
                 yield rec.node, "DDP015", (f"`{owner}.{rec.last}()` after DDP wrapping: DDP "
                                            "already placed its buckets; move the model first")
         elif rec.last == "DistributedDataParallel" and info.uses_cuda and \
+                not any(k.arg is None for k in rec.node.keywords) and \
                 kwarg(rec.node, "device_ids") is None and len(rec.node.args) < 2 and \
                 not _placed_per_rank(info, rec, set_devices):
             yield rec.node, "DDP015", (

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
 from .provenance import NONE, value_level
-from .ranks import TRUE, RankClass, evaluate, splits
+from .ranks import TRUE, UNKNOWN, RankClass, evaluate, launch, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _WRITES = {"torch.save": 1, "pickle.dump": 1, "numpy.save": 0, "numpy.savez": 0,
@@ -42,6 +42,8 @@ class IfN:
     body: list[object]
     orelse: list[object]
     split: bool
+    line: int
+    fixed: int   # TRUE/FALSE for launch-mode tests (`if args.distributed:`), else UNKNOWN
 
 
 @dataclass(slots=True)
@@ -140,7 +142,8 @@ class Builder:
             body, orelse = self.block(s.body), self.block(s.orelse)
             split = splits(self.info, s.test)
             if body or orelse or split:
-                out.append(IfN(s.test, body, orelse, split))
+                fixed = UNKNOWN if split else launch(self.info, s.test)
+                out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
             assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
             body = self.block(s.body)
@@ -226,8 +229,14 @@ class Builder:
                 isinstance(v, ast.Call) and self.info.callee_last(v) == "BytesIO"
                 for _, v in self.info.assigns.get(dest.id, [])):
             return None
-        return Ev("write", qual.rsplit(".", 1)[-1] if qual else rec.last, rec.node.lineno,
-                  ast.unparse(dest), per_rank_path(self.info, dest))
+        op = qual.rsplit(".", 1)[-1] if qual else rec.last
+        if not qual.endswith("torch.save"):
+            obj = [*args[:pos], *args[pos + 1:], *(k.value for k in rec.node.keywords
+                                                   if k.arg not in ("f", "file"))]
+            if not any(rank_dependent(self.info, o) for o in obj):
+                return None  # the same contents from every rank (`params.pkl`): a benign race
+        return Ev("write", op, rec.node.lineno, ast.unparse(dest),
+                  per_rank_path(self.info, dest))
 
     def bind(self, rec: CallRec, fn: Func) -> dict[str, tuple[str, str]]:
         names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
@@ -248,14 +257,49 @@ class Builder:
         return out
 
 
-def per_rank_path(info: ModuleInfo, dest: ast.expr) -> bool:
-    """`f"queue{rank}.pth"`, `os.path.join(d, f"shard_{args.rank}")`: one file per rank."""
+def per_rank_path(info: ModuleInfo, dest: ast.expr, depth: int = 0) -> bool:
+    """`f"queue{rank}.pth"`, `os.path.join(d, f"shard_{args.rank}")`, a name assigned such a
+    path, or a loop variable over `range(rank, n, world_size)`: one file per rank."""
     for n in ast.walk(dest):
-        if isinstance(n, ast.Name | ast.Attribute | ast.Call):
-            if value_level(info, n) != NONE:
-                return True
-            d = dotted(n) if not isinstance(n, ast.Call) else None
-            if d is not None and "rank" in d.rsplit(".", 1)[-1].lower():
+        if not isinstance(n, ast.Name | ast.Attribute | ast.Call):
+            continue
+        if value_level(info, n) != NONE:
+            return True
+        d = dotted(n) if not isinstance(n, ast.Call) else None
+        if d is None:
+            continue
+        if "rank" in d.rsplit(".", 1)[-1].lower() or d in _rank_loop_vars(info):
+            return True
+        if depth < 2 and any(per_rank_path(info, v, depth + 1)
+                             for _, v in info.assigns.get(d, [])):
+            return True
+    return False
+
+
+def _rank_loop_vars(info: ModuleInfo) -> set[str]:
+    """Targets of loops whose iterable depends on the rank (`for i in range(rank, n, ws)`)."""
+    hit = info._memo.get(("rank_loop_vars", 0))
+    if hit is None:
+        hit = set()
+        for lrec in info.loops:
+            node = lrec.node
+            if isinstance(node, ast.For | ast.AsyncFor) and any(
+                    value_level(info, n) != NONE for n in ast.walk(node.iter)
+                    if isinstance(n, ast.Name | ast.Attribute | ast.Call)):
+                hit.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+        info._memo[("rank_loop_vars", 0)] = hit
+    return hit  # type: ignore[return-value]
+
+
+def rank_dependent(info: ModuleInfo, obj: ast.expr) -> bool:
+    """What a pickle/np write stores differs per rank: it names the rank, a shard or a
+    local (per-process) value (`local_memory_embeddings`, `shard`)."""
+    for n in ast.walk(obj):
+        if isinstance(n, ast.Name | ast.Attribute):
+            d = dotted(n) or ""
+            last = d.rsplit(".", 1)[-1].lower()
+            if value_level(info, n) != NONE or any(h in last for h in ("local", "shard",
+                                                                          "rank", "part")):
                 return True
     return False
 
@@ -319,15 +363,23 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 writes.append((n, ()))
             elif n.kind == "mayexit":
                 ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
-                out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), cond=cond))
+                out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
+                                cond=cond))
             else:
                 out.append(Item(_ev_key(n), "ev", n, cond=cond))
                 if n.kind == "exit":
                     return out, n.op
         elif t is IfN:
             assert isinstance(n, IfN)
-            v = evaluate(info, n.test, cls) if n.split else 2
-            if v != 2:
+            v = evaluate(info, n.test, cls) if n.split else n.fixed
+            if v != UNKNOWN and not n.split:
+                seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
+                                 cond)
+                out.extend(seq)
+                if ex:
+                    return out, ex
+                continue
+            if v != UNKNOWN:
                 why = f"`{ast.unparse(n.test)}` is {'true' if v == TRUE else 'false'}"
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
                                  why)
@@ -341,7 +393,8 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
             if kb == ko:
                 out.extend(b)
             else:
-                out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), cond=cond))
+                out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
+                                cond=cond))
             if bx and ox:
                 return out, bx
         elif t is LoopN:
