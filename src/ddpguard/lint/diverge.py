@@ -87,10 +87,14 @@ def _no_yield(seq: Seq) -> Seq:
 
 def _first(seq: Seq, kinds: tuple[str, ...],
            via: tuple[int, ...] = ()) -> tuple[Item, tuple[int, ...]] | None:
+    """The first event of `kinds` in `seq`, and the call sites it sits behind. A callee's
+    own exits end the callee, not the caller: they are never the caller's exit."""
     for it in seq:
         if it.ev is not None:
             if it.ev.kind in kinds:
                 return it, via
+            continue
+        if it.kind == "call" and kinds == _EXITS:
             continue
         for arm in it.arms:
             hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()))

@@ -138,6 +138,7 @@ def ddp010(info: ModuleInfo) -> Iterator[Hit]:
                                    "torch.load defaults to weights_only=False (before 2.6): "
                                    f"loading {src} unpickles arbitrary objects")
         elif info.distributed and not info.gloo_only and kwarg(call, "map_location") is None \
+                and not info.effective_guard(rec) \
                 and len(call.args) < 2 and not _sibling_maps(rec, loads) \
                 and not (path is not None and per_rank_path(info, path)):
             yield call, "DDP010", ("torch.load without map_location in a module that uses "
@@ -179,7 +180,10 @@ def ddp012(info: ModuleInfo) -> Iterator[Hit]:
     # uses; the finding belongs in the script (a DDP wrap or a `__main__` block).
     if not (info.has_main or info.wraps_ddp):
         return
-    inits = [r for r in info.calls if r.last == "init_process_group"]
+    # A one-process group (`world_size=1`, a HashStore, accelerate's single-GPU fallback) and
+    # a connectivity test worker (`_test_nccl_worker`) exit without peers to leave waiting.
+    inits = [r for r in info.calls if r.last == "init_process_group" and not _solo(r)
+             and not (r.func is not None and "test" in r.func.name.lower())]
     if inits and not any(r.last in ("destroy_process_group", "shutdown") for r in info.calls):
         yield inits[0].node, "DDP012", (
             "the process group is never destroyed: torch (2.4+) warns at exit that pending "
@@ -205,6 +209,13 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
                             "micro-step's backward all-reduces the gradients anyway: wrap the "
                             "micro-steps in model.no_sync()")
                         return
+
+
+def _solo(rec: CallRec) -> bool:
+    ws = kwarg(rec.node, "world_size")
+    store = kwarg(rec.node, "store")
+    return (isinstance(ws, ast.Constant) and ws.value == 1) or (
+        isinstance(store, ast.Call) and (dotted(store.func) or "").endswith("HashStore"))
 
 
 def _accumulates(test: ast.expr) -> bool:

@@ -137,11 +137,12 @@ def ddp016(info: ModuleInfo) -> Iterator[Hit]:
         end = rec.node.end_lineno or rec.node.lineno
         # Statements that end before the reduce cannot read its result: skip their subtrees.
         scope = [st for st in scope if (st.end_lineno or st.lineno) > end]
-        reads = [(node, guard) for node, guard in _guarded_nodes(info, scope)
-                 if node.lineno > end and isinstance(node, ast.Name | ast.Attribute)
-                 and dotted(node) == name and isinstance(getattr(node, "ctx", None), ast.Load)]
-        if any(guard for _, guard in reads):
-            continue  # the author reads it under a rank test too: dst's result is the point
+        uses = [(node, guard) for node, guard in _guarded_nodes(info, scope)
+                if node.lineno > end and isinstance(node, ast.Name | ast.Attribute)
+                and dotted(node) == name]
+        if any(guard for _, guard in uses):
+            continue  # the author treats it under a rank test too: dst's result is the point
+        reads = [(n, g) for n, g in uses if isinstance(getattr(n, "ctx", None), ast.Load)]
         for node, _ in reads[:1]:
             yield node, "DDP016", (f"`{name}` is read on every rank after dist.reduce "
                                    f"(line {rec.node.lineno}); only the dst rank holds the sum")
