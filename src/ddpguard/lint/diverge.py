@@ -52,8 +52,11 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
 
 
 def _coarse(it: Item) -> tuple[object, ...]:
-    """Alignment key: an event by what it is; a branch, loop or call by where it is."""
-    return it.key if it.kind == "ev" else (it.kind, it.site)
+    """Alignment key: an event by what it is; a branch or loop by where it is; a call by
+    the function it runs (the same helper called in both arms of a rank test aligns)."""
+    if it.kind == "ev":
+        return it.key
+    return ("call", it.name) if it.kind == "call" else (it.kind, it.site)
 
 
 def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence]) -> None:

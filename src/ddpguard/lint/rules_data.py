@@ -79,6 +79,18 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
             if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
+    # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
+    for rec in info.calls:
+        if not rec.loops or id(rec.loops[-1]) in reported:
+            continue
+        epoch_loop = rec.loops[-1]
+        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
+            continue
+        for sampler in _method_samplers(info, info.local_callees(rec)):
+            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+                break
     # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
     for rec in info.calls:
         if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
@@ -98,6 +110,22 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
+
+
+def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
+    """Shuffling samplers behind the loaders that `fns` iterate by themselves (`for b in
+    self.loader`), not through a parameter (style 2 handles those)."""
+    out: list[ast.Call] = []
+    for fn in fns:
+        params = {a.arg for a in fn.args.args} - {"self", "cls"}
+        for lrec in info.loops:
+            if lrec.func is not fn or isinstance(lrec.node, ast.While):
+                continue
+            names = {n.id for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
+            if names & params:
+                continue
+            out.extend(_shuffling(info.samplers_of(lrec.node.iter)))
+    return out
 
 
 def _iterates_param(info: ModuleInfo, fns: list[Func], key: int | str) -> bool:

@@ -424,9 +424,9 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
         cut = next((i for i, it in enumerate(seq) if it.ev is not None
                     and it.ev.kind == "yield"), len(seq))
         pre, post = seq[:cut], seq[cut + 1:]
-    if pre:
-        out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
-                        arms=(pre,), site=n.site, name=fn.name, cond=cond))
+    # Kept even when empty: a call both classes make must align, whatever the callee does.
+    out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
+                    arms=(pre,), site=n.site, name=fn.name, cond=cond))
     if n.ctx_body is not None:
         body, ex = _block(info, n.ctx_body, cls, stack, writes, cond)
         out.extend(body)
