@@ -56,7 +56,13 @@ def _coarse(it: Item) -> tuple[object, ...]:
     the function it runs (the same helper called in both arms of a rank test aligns)."""
     if it.kind == "ev":
         return it.key
-    return ("call", it.name) if it.kind == "call" else (it.kind, it.site)
+    return ("call", it.name, it.key[3]) if it.kind == "call" else (it.kind, it.site)
+
+
+def _pairable(x: Item, y: Item) -> bool:
+    """The same branch or loop, or the same call site, as the two classes see it."""
+    return x.kind == y.kind and x.site == y.site and x.kind != "ev" and \
+        (x.kind != "call" or x.name == y.name)
 
 
 def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence]) -> None:
@@ -74,6 +80,12 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence])
                     for ax, ay in zip(x.arms, y.arms, strict=True):
                         _diff(ax, ay, ca, cb, out)
             continue
+        if tag == "replace" and len(a) == len(b) and all(map(_pairable, a, b)):
+            for x, y in zip(a, b, strict=True):
+                if x.kind != "call" and len(x.arms) == len(y.arms):
+                    for ax, ay in zip(x.arms, y.arms, strict=True):
+                        _diff(ax, ay, ca, cb, out)
+            continue  # a call both classes make: the callee's own comparison
         if tag == "replace":
             _report(a, b, sa[i2:], sb[j2:], ca, cb, out)
             continue

@@ -187,8 +187,7 @@ def _flag(info: Table, d: str, node: ast.AST, cls: RankClass, depth: int) -> int
     not count), a predicate-named attribute (`accelerator.is_main_process`), or a rank value
     itself (`if rank:`)."""
     values = [v for _, v in info.assigns.get(d, [])]
-    ranked = [v for v in values if not isinstance(v, ast.Constant)
-              and v is not node and value_level(info, v) != NONE]
+    ranked = [v for v in values if v is not node and value_level(info, v) != NONE]
     if ranked:
         vals = {evaluate(info, v, cls, depth + 1) if not _is_value(info, v)
                 else _truth(_rank_value(info, v, cls)) for v in ranked}

@@ -34,7 +34,7 @@ def decode(data: bytes) -> str:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:
         raise Unreadable(f"Python cannot decode it as {encoding}: {exc}") from None
-    return text[1:] if text.startswith("\ufeff") else text
+    return text  # a BOM makes detect_encoding answer "utf-8-sig", which drops it
 
 
 def read(path: str | Path) -> str:
