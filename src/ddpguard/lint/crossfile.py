@@ -22,6 +22,7 @@ _EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "loggi
 class Project:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
+        self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
         for info in infos:
             parts = list(Path(info.path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":

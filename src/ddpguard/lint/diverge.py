@@ -13,11 +13,12 @@ classes whose callee then differs is left to the callee's own comparison (report
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from .context import Func, ModuleInfo
-from .ranks import NODE_LEADERS, OTHERS, RANK0, RankClass
+from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
 from .schedule import Item, Seq, has_split, project
 
 _OPS = ("coll", "fwd")
@@ -38,7 +39,10 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
         return hit  # type: ignore[return-value]
     out: list[Divergence] = []
     roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns)]
-    pairs = [(RANK0, OTHERS)] + ([(NODE_LEADERS, OTHERS)] if info.multi_node else [])
+    # Local rank 0 of another node is a class of its own only where the code tests the local
+    # rank and can run on several nodes.
+    pairs = [(RANK0, OTHERS)] + ([(NODE_LEADERS, OTHERS)] if info.multi_node
+                                 and info.local_tests else [])
     for root in roots:
         if not has_split(info, root):
             continue
@@ -119,7 +123,10 @@ def _first(seq: Seq, kinds: tuple[str, ...],
 
 
 def _who(cls: RankClass, it: Item) -> str:
-    return f"{cls.name} ({it.cond})" if it.cond else cls.name
+    if it.cond is None:
+        return cls.name
+    test, value = it.cond
+    return f"{cls.name} (`{ast.unparse(test)}` is {'true' if value == TRUE else 'false'})"
 
 
 def _v(cls: RankClass, verb: str) -> str:

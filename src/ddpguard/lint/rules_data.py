@@ -81,7 +81,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 yield epoch_loop, "DDP001", _msg001(sampler)
     # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
     for rec in info.calls:
-        if not rec.loops or id(rec.loops[-1]) in reported:
+        if not rec.loops or id(rec.loops[-1]) in reported or rec.last not in info.funcs:
             continue
         epoch_loop = rec.loops[-1]
         if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
@@ -116,11 +116,15 @@ def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
     """Shuffling samplers behind the loaders that `fns` iterate by themselves (`for b in
     self.loader`), not through a parameter (style 2 handles those)."""
     out: list[ast.Call] = []
+    by_func = info._memo.get(("loops_by_func", 0))
+    if by_func is None:
+        by_func = info._memo[("loops_by_func", 0)] = {}
+        for lrec in info.loops:
+            if lrec.func is not None and not isinstance(lrec.node, ast.While):
+                by_func.setdefault(id(lrec.func), []).append(lrec)  # type: ignore[union-attr]
     for fn in fns:
         params = {a.arg for a in fn.args.args} - {"self", "cls"}
-        for lrec in info.loops:
-            if lrec.func is not fn or isinstance(lrec.node, ast.While):
-                continue
+        for lrec in by_func.get(id(fn), ()):  # type: ignore[union-attr]
             names = {n.id for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
             if names & params:
                 continue

@@ -10,7 +10,7 @@ from .context import LOCAL, NONE, Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
 from .ranks import OTHERS, RANK0
 from .registry import Hit, rule
-from .schedule import is_collective, project
+from .schedule import interesting, is_collective, project
 
 
 class At:
@@ -73,12 +73,17 @@ _WRITE_HINT = {"save", "dump", "savez", "savez_compressed"}
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     """Rank 0 and the ranks > 0 both reach a write of one path: the writes race, and when
     the contents differ per rank (shards, per-rank state) all but one are lost."""
-    if not info.distributed or not any(r.last in _WRITE_HINT for r in info.calls):
+    if not info.distributed:
+        return
+    # Only writes outside every rank branch (the walker's guards) can be reached by all
+    # classes; the schedule then decides, through callers, launch-mode arms and other files.
+    if not any(r.last in _WRITE_HINT and not info.effective_guard(r) for r in info.calls):
         return
     called = {id(fn) for rec in info.calls for fn in info.local_callees(rec)}
     used: set[str] | None = None
+    keep = interesting(info)
     roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns
-                                        if id(f) not in called)]
+                                        if id(f) not in called and id(f) in keep)]
     done: set[int] = set()
     for root in roots:
         zero = {id(ev) for ev, _ in project(info, root, RANK0).writes}

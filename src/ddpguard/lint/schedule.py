@@ -21,6 +21,7 @@ from .provenance import NONE, value_level
 from .ranks import TRUE, UNKNOWN, RankClass, evaluate, launch, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
+_EXIT_LASTS = {"exit", "quit", "_exit"}
 _WRITES = {"torch.save": 1, "pickle.dump": 1, "numpy.save": 0, "numpy.savez": 0,
            "numpy.savez_compressed": 0, "np.save": 0, "np.savez": 0}
 MAX_DEPTH = 8
@@ -61,6 +62,8 @@ class CallN:
 
 
 # -- projected items ------------------------------------------------------------------------
+Cond = tuple[ast.expr, int] | None
+
 @dataclass(slots=True, eq=False)
 class Item:
     key: tuple[object, ...]
@@ -69,7 +72,7 @@ class Item:
     arms: tuple[tuple[Item, ...], ...] = ()
     site: int = 0
     name: str = ""
-    cond: str = ""                 # the rank test (and its value) that chose this item's arm
+    cond: Cond = None              # the rank test (and its value) that chose this item's arm
     via: tuple[int, ...] = ()      # call sites from the compared function down to the event
 
 
@@ -102,18 +105,14 @@ class Builder:
 
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
-        memo = info._memo.get(("stmt_calls", 0))
-        if memo is None:
-            memo = {}
-            for rec in info.calls:
-                if rec.stmt is not None:
-                    memo.setdefault(id(rec.stmt), []).append(rec)
-            for recs in memo.values():
-                recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
-            info._memo[("stmt_calls", 0)] = memo
-        self.by_stmt: dict[int, list[CallRec]] = memo
+        by_func: dict[int, list[CallRec]] = {}
+        for rec in info.calls:
+            by_func.setdefault(id(rec.func) if rec.func is not None else 0, []).append(rec)
+        self.by_func = by_func
+        self.by_stmt: dict[int, list[CallRec]] = {}
         self.ddp = info.ddp_names()
         self.func: Func | None = None
+        self.params: set[str] = set()
         self.handles: dict[str, ast.expr] = {}
 
     def tree(self, func: Func | None) -> list[object]:
@@ -121,6 +120,13 @@ class Builder:
         hit = self.info._memo.get(key)
         if hit is None:
             self.func, self.handles = func, {}
+            self.params = _params(func) if func is not None else set()
+            self.by_stmt = {}
+            for rec in self.by_func.get(key[1], ()):  # type: ignore[call-overload]
+                if rec.stmt is not None:
+                    self.by_stmt.setdefault(id(rec.stmt), []).append(rec)
+            for recs in self.by_stmt.values():
+                recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
             body = func.body if func is not None else self.info.tree.body
             hit = self.info._memo[key] = self.block(body)
         return hit  # type: ignore[return-value]
@@ -194,19 +200,23 @@ class Builder:
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
             else dotted(f)
         if target is not None:
-            params = _params(self.func) if self.func is not None else set()
             if target in self.ddp and line > self.ddp[target] and \
-                    target.split(".", 1)[0] not in params:
+                    target.split(".", 1)[0] not in self.params:
                 return Ev("fwd", "forward", line, target)
-            if target in params and target not in ("self", "cls"):
+            if target in self.params and target not in ("self", "cls") and self.ddp:
                 return Ev("pcall", target, line)
-        qual = rec.qual or info.qualify(f) or ""
-        if qual in _EXIT_CALLS:
-            return Ev("exit", "exit", line)
-        if qual in _WRITES or (rec.last == "save" and qual.endswith("torch.save")):
-            return self.write(rec, qual)
+        last = rec.last
+        if last in _EXIT_LASTS or last in _WRITE_LASTS:
+            qual = rec.qual or info.qualify(f) or ""
+            if qual in _EXIT_CALLS:
+                return Ev("exit", "exit", line)
+            if qual in _WRITES or (last == "save" and qual.endswith("torch.save")):
+                return self.write(rec, qual)
+        if target is None or (not info.local_callees(rec) and (
+                info.project is None or target.split(".", 1)[0] not in info.aliases)):
+            return None
         target_fn = resolve(info, rec)
-        if target_fn is not None:
+        if target_fn is not None and id(target_fn[1]) in interesting(target_fn[0]):
             return CallN(line, target_fn, self.bind(rec, target_fn[1]))
         return None
 
@@ -244,7 +254,7 @@ class Builder:
             names = names[1:]
         pairs = list(zip(names, rec.node.args, strict=False)) + [
             (k.arg, k.value) for k in rec.node.keywords if k.arg is not None]
-        params = _params(self.func) if self.func is not None else set()
+        params = self.params
         out: dict[str, tuple[str, str]] = {}
         for name, arg in pairs:
             d = dotted(arg)
@@ -339,6 +349,13 @@ def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
 
 
 # -- projection per rank class --------------------------------------------------------------
+def builder(info: ModuleInfo) -> Builder:
+    hit = info._memo.get(("builder", 0))
+    if hit is None:
+        hit = info._memo[("builder", 0)] = Builder(info)
+    return hit  # type: ignore[return-value]
+
+
 def project(info: ModuleInfo, func: Func | None, cls: RankClass,
             stack: tuple[int, ...] = ()) -> Projection:
     key = ("proj", id(func) if func is not None else 0, cls)
@@ -346,14 +363,14 @@ def project(info: ModuleInfo, func: Func | None, cls: RankClass,
     if hit is not None:
         return hit  # type: ignore[return-value]
     writes: list[tuple[Ev, tuple[int, ...]]] = []
-    seq, exit_ = _block(info, Builder(info).tree(func), cls, stack + (id(func),), writes, "")
+    seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None)
     proj = Projection(tuple(seq), exit_, writes)
     info._memo[key] = proj
     return proj
 
 
 def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
-           writes: list[tuple[Ev, tuple[int, ...]]], cond: str) -> tuple[list[Item], str | None]:
+           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond) -> tuple[list[Item], str | None]:
     out: list[Item] = []
     for n in nodes:
         t = type(n)
@@ -380,7 +397,7 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                     return out, ex
                 continue
             if v != UNKNOWN:
-                why = f"`{ast.unparse(n.test)}` is {'true' if v == TRUE else 'false'}"
+                why = (n.test, v)
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
                                  why)
                 out.extend(seq)
@@ -412,7 +429,7 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
 
 
 def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
-          writes: list[tuple[Ev, tuple[int, ...]]], cond: str, out: list[Item]) -> str | None:
+          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item]) -> str | None:
     minfo, fn = n.target
     if id(fn) in stack or len(stack) > MAX_DEPTH:
         return None
@@ -469,28 +486,84 @@ def _has_pcall(it: Item) -> bool:
                for a in it.arms for i in a)
 
 
-def has_split(info: ModuleInfo, func: Func | None, stack: tuple[int, ...] = ()) -> bool:
-    """Some rank test in `func` or in what it calls: only then can its classes differ."""
-    key = ("has_split", id(func) if func is not None else 0)
-    hit = info._memo.get(key)
-    if hit is None:
-        hit = False
-        todo = list(Builder(info).tree(func))
-        while todo and not hit:
-            n = todo.pop()
-            if isinstance(n, IfN):
-                hit = n.split
-                todo.extend(n.body)
-                todo.extend(n.orelse)
-            elif isinstance(n, LoopN):
-                todo.extend(n.body)
-            elif isinstance(n, CallN):
-                todo.extend(n.ctx_body or ())
-                minfo, fn = n.target
-                if id(fn) not in stack and len(stack) < MAX_DEPTH:
-                    hit = has_split(minfo, fn, stack + (id(func),))
-        info._memo[key] = hit
-    return hit  # type: ignore[return-value]
+_WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
+
+
+def interesting(info: ModuleInfo) -> set[int]:
+    """ids of the functions (0: the module's top level) that reach a collective, a DDP
+    forward, a parameter call (when the module has a DDP model) or a file write, directly or
+    through calls: only their schedules can differ or write; the rest are never built."""
+    hit = info._memo.get(("interesting", 0))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    info._memo[("interesting", 0)] = out = set()  # cut cycles between modules
+    ddp = info.ddp_names()
+    edges: dict[int, set[int]] = {}
+    info._memo[("edges", 0)] = edges
+    remote: dict[int, list[tuple[ModuleInfo, Func]]] = {}
+    info._memo[("remote", 0)] = remote
+    # Functions where a rank test guards something that matters (a collective, a forward, a
+    # call of this file's functions or another file's), or guards an exit: only there can
+    # the classes part (a call both classes make is left to the callee's own comparison).
+    relevant: set[int] = set(info.exit_splits)
+    info._memo[("relevant", 0)] = relevant
+    params: dict[int, set[str]] = {}
+    cross = info.project is not None and getattr(info.project, "multi", False)
+    # Cheap pre-tests on the callee's last name before any dotted-name work.
+    ddp_lasts = {n.rsplit(".", 1)[-1] for n in ddp} | {"forward"} if ddp else set()
+    for rec in info.calls:
+        key = id(rec.func) if rec.func is not None else 0
+        last = rec.last
+        event = is_collective(rec)
+        if event or last in _WRITE_LASTS:
+            out.add(key)
+            continue_ = True
+        else:
+            continue_ = False
+        f = rec.node.func
+        if not continue_ and ddp and (last in ddp_lasts or (
+                rec.func is not None and isinstance(f, ast.Name))):
+            d = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
+                else dotted(f)
+            if d is not None and rec.func is not None and key not in params:
+                params[key] = _params(rec.func) - {"self", "cls"}
+            if d is not None and (d in ddp or d in params.get(key, ())):
+                out.add(key)
+                event = continue_ = True
+        if not continue_ and last in info.funcs:
+            callees = info.local_callees(rec)
+            if callees:
+                edges.setdefault(key, set()).update(id(fn) for fn in callees)
+                event = continue_ = True
+                if any(id(fn) in info.split_funcs and _is_generator(fn) for fn in callees):
+                    relevant.add(key)  # `with leader_first(rank):` around this code
+        if not continue_ and cross and isinstance(f, ast.Name | ast.Attribute):
+            head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
+            target = resolve(info, rec) if head in info.aliases else None
+            if target is not None and id(target[1]) in interesting(target[0]):
+                out.add(key)
+                remote.setdefault(key, []).append(target)
+                event = True
+        if event and rec.guard:
+            relevant.add(key)
+    changed = True
+    while changed:
+        changed = False
+        for key, targets in edges.items():
+            if key not in out and targets & out:
+                out.add(key)
+                changed = True
+    return out
+
+
+def has_split(info: ModuleInfo, func: Func | None) -> bool:
+    """`func`'s own rank tests can make its classes part: it reaches something that matters
+    and a rank test guards some of it (or an exit). Read from the walker's records: no
+    schedule is built for the others."""
+    key = id(func) if func is not None else 0
+    keep = interesting(info)
+    relevant: set[int] = info._memo[("relevant", 0)]  # type: ignore[assignment]
+    return key in keep and key in relevant
 
 
 __all__ = ["Item", "Projection", "has_split", "project", "resolve"]

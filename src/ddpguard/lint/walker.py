@@ -19,6 +19,7 @@ from .context import (
 from .provenance import LOCAL
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
+_EXIT_TYPES = {ast.Return, ast.Continue, ast.Raise, ast.Break, ast.Assert}
 _MULTI_NODE_STRINGS = {"RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NODEID", "GROUP_RANK",
                        "nnodes", "node_rank", "--nnodes"}
 # (MASTER_ADDR is not among them: single-node scripts set it to localhost.)
@@ -76,6 +77,8 @@ class Walker:
     def stmt(self, s: ast.stmt) -> None:
         outer_stmt = self.cur
         self.cur = s
+        if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
+            self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
         self._stmt(s)
         self.cur = outer_stmt
 
@@ -86,7 +89,13 @@ class Walker:
             assert isinstance(s, ast.If)
             self.expr(s.test)
             saved = self.guard
-            self.guard = _combine(saved, info.rank_level(s.test))
+            level = info.rank_level(s.test)
+            if level:
+                key = id(self.func) if self.func is not None else 0
+                info.split_funcs.add(key)
+                if level == LOCAL:
+                    info.local_tests = True
+            self.guard = _combine(saved, level)
             saved_branch = self.branch
             self.branch = saved_branch + ((id(s), 0),)
             self.block(s.body)
