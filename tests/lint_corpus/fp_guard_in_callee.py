@@ -24,7 +24,7 @@ def main():
     dist.init_process_group("nccl")
     local_rank = int(os.environ["LOCAL_RANK"])
     model = DDP(torch.nn.Linear(4, 4).cuda(local_rank), device_ids=[local_rank])
-    for step in range(10):
+    for _step in range(10):
         loss = model(torch.randn(2, 4, device=local_rank)).sum()
         loss.backward()
         mean_loss(loss.detach(), dist.get_world_size())

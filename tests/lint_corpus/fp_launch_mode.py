@@ -13,7 +13,7 @@ def main_process(args):
 def train(args, model):
     if args.distributed:
         dist.init_process_group("nccl", rank=args.rank, world_size=args.world_size)
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         if main_process(args):
             torch.save(model.state_dict(), "last.pth")
         if not args.distributed:

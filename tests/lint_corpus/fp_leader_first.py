@@ -19,8 +19,9 @@ def leader_first(local_rank):
 
 
 def build_dataset(path):
-    with leader_first(local_rank):
-        data = open(path).read()  # rank 0 downloads/caches first, the others then read
+    # rank 0 downloads/caches first, the others then read
+    with leader_first(local_rank), open(path) as fh:
+        data = fh.read()
     dist.barrier()
     return data
 

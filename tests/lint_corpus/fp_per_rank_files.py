@@ -16,7 +16,7 @@ def main(args):
     if os.path.isfile(queue_path):
         queue = torch.load(queue_path)["queue"]
     mb_path = os.path.join(args.dump_path, f"mb{rank}.pth")
-    for epoch in range(3):
+    for _epoch in range(3):
         torch.save({"queue": queue}, queue_path)
         torch.save({"bank": queue.clone()}, mb_path)
         torch.save(queue, f"queue{rank}.pth")

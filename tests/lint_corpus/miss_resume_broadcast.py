@@ -17,7 +17,7 @@ def main(args, model):
     dist.init_process_group("nccl")
     if args.resume and dist.get_rank() == 0:
         load_checkpoint(model, args.resume)  # expect: DDP005
-    for step in range(10):
+    for _step in range(10):
         loss = model(torch.randn(2, 4)).sum()
         loss.backward()
     dist.destroy_process_group()

@@ -12,7 +12,7 @@ class Trainer:
         self.loader = DataLoader(train_set, batch_size=8, sampler=self.sampler)
 
     def _run_epoch(self, epoch):
-        for x, y in self.loader:
+        for x, _y in self.loader:
             self.model(x).sum().backward()
 
     def train(self, epochs):

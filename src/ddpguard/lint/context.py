@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .provenance import GLOBAL, LOCAL, NONE, dotted, test_level
+from .provenance import NONE, dotted, test_level
 
 Func = ast.FunctionDef | ast.AsyncFunctionDef
 Loop = ast.For | ast.AsyncFor | ast.While

@@ -17,9 +17,10 @@ import ast
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
+from .callgraph import has_split
 from .context import Func, ModuleInfo
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
-from .schedule import Item, Seq, has_split, project
+from .schedule import Item, Seq, project
 
 _OPS = ("coll", "fwd")
 _EXITS = ("exit", "mayexit")
@@ -73,7 +74,7 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence])
     if [i.key for i in sa] == [i.key for i in sb]:
         return
     ka, kb = [_coarse(i) for i in sa], [_coarse(i) for i in sb]
-    sm = SequenceMatcher(None, ka, kb, autojunk=False)  # type: ignore[arg-type]
+    sm = SequenceMatcher(None, ka, kb, autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
         a, b = sa[i1:i2], sb[j1:j2]
         if tag == "equal":
@@ -168,7 +169,8 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
             assert nx is not None
             out.append(Divergence("DDP019", _line(*x), (
                 f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
-                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt)}: the ranks still in it wait for "
+                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt)}: "
+                "the ranks still in it wait for "
                 "ranks that are gone"), nx.line))
         return
     if ea is None:
@@ -185,7 +187,8 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         x = _first(b, _EXITS)
         nxt = _first(rest_b, _OPS)
         if x is not None and x[0].ev is not None:
-            other = f"{_who(cb, x[0])} {_v(cb, 'leave')} at line {x[0].ev.line} ({x[0].ev.op}) first"
+            ev = x[0].ev
+            other = f"{_who(cb, x[0])} {_v(cb, 'leave')} at line {ev.line} ({ev.op}) first"
             other_line = x[0].ev.line
         elif nxt is not None:
             other = f"{_who(cb, nxt[0])} {_v(cb, 'skip')} it and go on to {_what(*nxt)}"
@@ -198,7 +201,8 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                                   "waits for the other ranks (a hang whenever the model has "
                                   "buffers, e.g. BatchNorm)")
     out.append(Divergence(code, _line(it, via),
-                          f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via)}, {other}{tail}", other_line))
+                          f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via)}, {other}{tail}",
+                          other_line))
 
 
 def explain(info: ModuleInfo, func: Func | None = None) -> str:

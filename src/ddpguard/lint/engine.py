@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .catalog import RULES
 from .context import ModuleInfo
@@ -17,6 +15,7 @@ from .project import Version, project_torch_floor
 from .registry import SEVERITIES, Finding
 from .source import Unreadable, parse, read
 from .walker import build
+
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
 

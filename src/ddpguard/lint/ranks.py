@@ -110,7 +110,7 @@ def _compare(val: int, op: ast.cmpop, other: object) -> int:
             return UNKNOWN
         if val == 0:
             hit = 0 in other
-        elif all(o <= 0 for o in other):  # type: ignore[operator]
+        elif all(o <= 0 for o in other):
             hit = False
         else:
             return UNKNOWN

@@ -5,9 +5,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from .context import CallRec, Func, Loop, LoopRec, ModuleInfo, dotted, is_true, kwarg
 from .registry import Hit, rule
-from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
-
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
@@ -116,19 +115,25 @@ def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
     """Shuffling samplers behind the loaders that `fns` iterate by themselves (`for b in
     self.loader`), not through a parameter (style 2 handles those)."""
     out: list[ast.Call] = []
-    by_func = info._memo.get(("loops_by_func", 0))
-    if by_func is None:
-        by_func = info._memo[("loops_by_func", 0)] = {}
+    hit = info._memo.get(("loops_by_func", 0))
+    by_func: dict[int, list[LoopRec]]
+    if hit is None:
+        by_func = {}
         for lrec in info.loops:
             if lrec.func is not None and not isinstance(lrec.node, ast.While):
-                by_func.setdefault(id(lrec.func), []).append(lrec)  # type: ignore[union-attr]
+                by_func.setdefault(id(lrec.func), []).append(lrec)
+        info._memo[("loops_by_func", 0)] = by_func
+    else:
+        by_func = hit  # type: ignore[assignment]
     for fn in fns:
         params = {a.arg for a in fn.args.args} - {"self", "cls"}
-        for lrec in by_func.get(id(fn), ()):  # type: ignore[union-attr]
-            names = {n.id for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
+        for lrec in by_func.get(id(fn), ()):
+            node = lrec.node
+            assert isinstance(node, ast.For | ast.AsyncFor)
+            names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
             if names & params:
                 continue
-            out.extend(_shuffling(info.samplers_of(lrec.node.iter)))
+            out.extend(_shuffling(info.samplers_of(node.iter)))
     return out
 
 
@@ -198,7 +203,8 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
 
 
 @rule('DDP003', 'uneven-manual-shard', 'warning',
-      'data sharded by hand (`x[rank::world_size]`, `array_split(x, world)[rank]`): ranks can get different sample counts',
+      'data sharded by hand (`x[rank::world_size]`, `array_split(x, world)[rank]`): ranks '
+      'can get different sample counts',
       'use DistributedSampler (it pads), or pad/trim every shard to the same length')
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every

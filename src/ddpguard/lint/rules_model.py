@@ -6,10 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
-from .registry import Hit, rule
 from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
-from .schedule import per_rank_path
-
+from .paths import per_rank_path
+from .registry import Hit, rule
 
 _BAD_NCCL = re.compile(r"(?<![A-Z_])NCCL_(BLOCKING_WAIT|ASYNC_ERROR_HANDLING|TIMEOUT)\b")
 _NCCL_FIX = {
@@ -65,10 +64,10 @@ def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
             for _, node in _state_dicts(v):
                 yield key, node
         return
-    for node in ast.walk(root):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "state_dict":
-            yield None, node
+    for sub in ast.walk(root):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                and sub.func.attr == "state_dict":
+            yield None, sub
 
 
 def _unwrapped_strict_loads(info: ModuleInfo,
@@ -112,7 +111,9 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
 
 
 @rule('DDP010', 'unsafe-torch-load', 'warning',
-      'torch.load with weights_only=False on a non-literal path, without weights_only where the project supports torch < 2.6, or without map_location in a CUDA DDP script',
+      'torch.load with weights_only=False on a non-literal path, without weights_only where '
+      'the project supports torch < 2.6, or without map_location in a module that uses '
+      'torch.distributed',
       'torch.load(path, map_location=device, weights_only=True)')
 def ddp010(info: ModuleInfo) -> Iterator[Hit]:
     """Advice that is true for the torch versions the project supports: since torch 2.6
@@ -164,7 +165,8 @@ def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
 
 @rule('DDP011', 'bad-nccl-variable', 'warning',
       'deprecated or non-existent NCCL variable',
-      'use TORCH_NCCL_BLOCKING_WAIT / TORCH_NCCL_ASYNC_ERROR_HANDLING; timeouts go in init_process_group(timeout=...)')
+      'use TORCH_NCCL_BLOCKING_WAIT / TORCH_NCCL_ASYNC_ERROR_HANDLING; timeouts go in '
+      'init_process_group(timeout=...)')
 def ddp011(info: ModuleInfo) -> Iterator[Hit]:
     for node in info.nccl_strings:
         m = _BAD_NCCL.search(str(node.value))
@@ -254,7 +256,8 @@ def ddp014(info: ModuleInfo) -> Iterator[Hit]:
 
 
 @rule('DDP015', 'ddp-device-placement', 'warning',
-      'model moved after DDP wrapping on the same path, or DDP without device_ids on a model placed with a bare .cuda() and no set_device',
+      'model moved after DDP wrapping on the same path, or DDP without device_ids on a model '
+      'placed with a bare .cuda() and no set_device',
       'move the model to its device first, then DDP(model, device_ids=[local_rank])')
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()

@@ -6,17 +6,22 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .context import LOCAL, NONE, Func, ModuleInfo, dotted, kwarg
+from .callgraph import interesting, is_collective
+from .context import Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
+from .provenance import LOCAL, NONE
 from .ranks import OTHERS, RANK0
 from .registry import Hit, rule
-from .schedule import interesting, is_collective, project
+from .schedule import project
 
 
-class At:
+class At(ast.AST):
     """A position for a finding that is no single AST node (a divergence)."""
 
+    _fields = ()
+
     def __init__(self, line: int, col: int = 0) -> None:
+        super().__init__()
         self.lineno, self.col_offset = line, col
 
 
@@ -181,7 +186,8 @@ def _expr_nodes(root: ast.expr, guard: int) -> Iterator[tuple[ast.expr, int]]:
 
 
 @rule('DDP017', 'local-rank-zero-writes', 'warning',
-      'a local-rank test (`local_rank == 0`, `rank % ngpus_per_node == 0`) decides checkpointing/logging in a multi-node script',
+      'a local-rank test (`local_rank == 0`, `rank % ngpus_per_node == 0`) decides '
+      'checkpointing in a multi-node script',
       'use the global rank (dist.get_rank() == 0)')
 def ddp017(info: ModuleInfo) -> Iterator[Hit]:
     if not info.multi_node:

@@ -16,8 +16,16 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
-from .provenance import NONE, value_level
+from .callgraph import (
+    WRITE_LASTS,
+    interesting,
+    is_collective,
+    is_generator,
+    params_of,
+    resolve,
+)
+from .context import CallRec, Func, ModuleInfo, dotted
+from .paths import per_rank_path, rank_dependent
 from .ranks import TRUE, UNKNOWN, RankClass, evaluate, launch, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
@@ -86,12 +94,6 @@ class Projection:
     writes: list[tuple[Ev, tuple[int, ...]]] = field(default_factory=list)
 
 
-def is_collective(rec: CallRec) -> bool:
-    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
-        return False
-    return (rec.qual or "").startswith("torch.distributed.")
-
-
 def _ev_key(ev: Ev) -> tuple[object, ...]:
     if ev.kind == "coll":
         return ("c", ev.op, ev.text)
@@ -120,9 +122,9 @@ class Builder:
         hit = self.info._memo.get(key)
         if hit is None:
             self.func, self.handles = func, {}
-            self.params = _params(func) if func is not None else set()
+            self.params = params_of(func) if func is not None else set()
             self.by_stmt = {}
-            for rec in self.by_func.get(key[1], ()):  # type: ignore[call-overload]
+            for rec in self.by_func.get(key[1], ()):
                 if rec.stmt is not None:
                     self.by_stmt.setdefault(id(rec.stmt), []).append(rec)
             for recs in self.by_stmt.values():
@@ -163,7 +165,7 @@ class Builder:
                     self.handles[item.optional_vars.id] = item.context_expr
             body = self.block(s.body)
             ctx = [n for n in out[start:] if isinstance(n, CallN)]
-            if ctx and _is_generator(ctx[-1].target[1]):
+            if ctx and is_generator(ctx[-1].target[1]):
                 ctx[-1].ctx_body = body
             else:
                 out.extend(body)
@@ -206,7 +208,7 @@ class Builder:
             if target in self.params and target not in ("self", "cls") and self.ddp:
                 return Ev("pcall", target, line)
         last = rec.last
-        if last in _EXIT_LASTS or last in _WRITE_LASTS:
+        if last in _EXIT_LASTS or last in WRITE_LASTS:
             qual = rec.qual or info.qualify(f) or ""
             if qual in _EXIT_CALLS:
                 return Ev("exit", "exit", line)
@@ -265,87 +267,6 @@ class Builder:
             elif d in params:
                 out[name] = ("param", d)
         return out
-
-
-def per_rank_path(info: ModuleInfo, dest: ast.expr, depth: int = 0) -> bool:
-    """`f"queue{rank}.pth"`, `os.path.join(d, f"shard_{args.rank}")`, a name assigned such a
-    path, or a loop variable over `range(rank, n, world_size)`: one file per rank."""
-    for n in ast.walk(dest):
-        if not isinstance(n, ast.Name | ast.Attribute | ast.Call):
-            continue
-        if value_level(info, n) != NONE:
-            return True
-        d = dotted(n) if not isinstance(n, ast.Call) else None
-        if d is None:
-            continue
-        if "rank" in d.rsplit(".", 1)[-1].lower() or d in _rank_loop_vars(info):
-            return True
-        if depth < 2 and any(per_rank_path(info, v, depth + 1)
-                             for _, v in info.assigns.get(d, [])):
-            return True
-    return False
-
-
-def _rank_loop_vars(info: ModuleInfo) -> set[str]:
-    """Targets of loops whose iterable depends on the rank (`for i in range(rank, n, ws)`)."""
-    hit = info._memo.get(("rank_loop_vars", 0))
-    if hit is None:
-        hit = set()
-        for lrec in info.loops:
-            node = lrec.node
-            if isinstance(node, ast.For | ast.AsyncFor) and any(
-                    value_level(info, n) != NONE for n in ast.walk(node.iter)
-                    if isinstance(n, ast.Name | ast.Attribute | ast.Call)):
-                hit.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
-        info._memo[("rank_loop_vars", 0)] = hit
-    return hit  # type: ignore[return-value]
-
-
-def rank_dependent(info: ModuleInfo, obj: ast.expr) -> bool:
-    """What a pickle/np write stores differs per rank: it names the rank, a shard or a
-    local (per-process) value (`local_memory_embeddings`, `shard`)."""
-    for n in ast.walk(obj):
-        if isinstance(n, ast.Name | ast.Attribute):
-            d = dotted(n) or ""
-            last = d.rsplit(".", 1)[-1].lower()
-            if value_level(info, n) != NONE or any(h in last for h in ("local", "shard",
-                                                                          "rank", "part")):
-                return True
-    return False
-
-
-def _params(fn: Func) -> set[str]:
-    a = fn.args
-    out = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
-    if a.vararg:
-        out.add(a.vararg.arg)
-    if a.kwarg:
-        out.add(a.kwarg.arg)
-    return out
-
-
-def _is_generator(fn: Func) -> bool:
-    return any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(fn))
-
-
-def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
-    """The one function a call runs: in this file (a method of the caller's class first), or
-    in another file on the command line through the import that names it."""
-    fns = info.local_callees(rec)
-    if len(fns) > 1 and rec.func is not None and rec.func in info.func_class:
-        mine = [f for f in fns if info.func_class.get(f) == info.func_class[rec.func]]
-        fns = mine or fns
-    if len(fns) == 1:
-        return info, fns[0]
-    if fns:
-        return None
-    project = info.project
-    if project is None:
-        return None
-    qual = info.qualify(rec.node.func)
-    if qual is None or "." not in qual:
-        return None
-    return project.find(qual, info)  # type: ignore[attr-defined, no-any-return]
 
 
 # -- projection per rank class --------------------------------------------------------------
@@ -436,7 +357,8 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
     callee = project(minfo, fn, cls, stack)
     writes.extend((ev, (n.site, *via)) for ev, via in callee.writes)
     seq = _rebind(callee.seq, n)
-    pre, post = seq, ()
+    pre: Seq = seq
+    post: Seq = ()
     if n.ctx_body is not None:
         cut = next((i for i, it in enumerate(seq) if it.ev is not None
                     and it.ev.kind == "yield"), len(seq))
@@ -486,84 +408,4 @@ def _has_pcall(it: Item) -> bool:
                for a in it.arms for i in a)
 
 
-_WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
-
-
-def interesting(info: ModuleInfo) -> set[int]:
-    """ids of the functions (0: the module's top level) that reach a collective, a DDP
-    forward, a parameter call (when the module has a DDP model) or a file write, directly or
-    through calls: only their schedules can differ or write; the rest are never built."""
-    hit = info._memo.get(("interesting", 0))
-    if hit is not None:
-        return hit  # type: ignore[return-value]
-    info._memo[("interesting", 0)] = out = set()  # cut cycles between modules
-    ddp = info.ddp_names()
-    edges: dict[int, set[int]] = {}
-    info._memo[("edges", 0)] = edges
-    remote: dict[int, list[tuple[ModuleInfo, Func]]] = {}
-    info._memo[("remote", 0)] = remote
-    # Functions where a rank test guards something that matters (a collective, a forward, a
-    # call of this file's functions or another file's), or guards an exit: only there can
-    # the classes part (a call both classes make is left to the callee's own comparison).
-    relevant: set[int] = set(info.exit_splits)
-    info._memo[("relevant", 0)] = relevant
-    params: dict[int, set[str]] = {}
-    cross = info.project is not None and getattr(info.project, "multi", False)
-    # Cheap pre-tests on the callee's last name before any dotted-name work.
-    ddp_lasts = {n.rsplit(".", 1)[-1] for n in ddp} | {"forward"} if ddp else set()
-    for rec in info.calls:
-        key = id(rec.func) if rec.func is not None else 0
-        last = rec.last
-        event = is_collective(rec)
-        if event or last in _WRITE_LASTS:
-            out.add(key)
-            continue_ = True
-        else:
-            continue_ = False
-        f = rec.node.func
-        if not continue_ and ddp and (last in ddp_lasts or (
-                rec.func is not None and isinstance(f, ast.Name))):
-            d = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
-                else dotted(f)
-            if d is not None and rec.func is not None and key not in params:
-                params[key] = _params(rec.func) - {"self", "cls"}
-            if d is not None and (d in ddp or d in params.get(key, ())):
-                out.add(key)
-                event = continue_ = True
-        if not continue_ and last in info.funcs:
-            callees = info.local_callees(rec)
-            if callees:
-                edges.setdefault(key, set()).update(id(fn) for fn in callees)
-                event = continue_ = True
-                if any(id(fn) in info.split_funcs and _is_generator(fn) for fn in callees):
-                    relevant.add(key)  # `with leader_first(rank):` around this code
-        if not continue_ and cross and isinstance(f, ast.Name | ast.Attribute):
-            head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
-            target = resolve(info, rec) if head in info.aliases else None
-            if target is not None and id(target[1]) in interesting(target[0]):
-                out.add(key)
-                remote.setdefault(key, []).append(target)
-                event = True
-        if event and rec.guard:
-            relevant.add(key)
-    changed = True
-    while changed:
-        changed = False
-        for key, targets in edges.items():
-            if key not in out and targets & out:
-                out.add(key)
-                changed = True
-    return out
-
-
-def has_split(info: ModuleInfo, func: Func | None) -> bool:
-    """`func`'s own rank tests can make its classes part: it reaches something that matters
-    and a rank test guards some of it (or an exit). Read from the walker's records: no
-    schedule is built for the others."""
-    key = id(func) if func is not None else 0
-    keep = interesting(info)
-    relevant: set[int] = info._memo[("relevant", 0)]  # type: ignore[assignment]
-    return key in keep and key in relevant
-
-
-__all__ = ["Item", "Projection", "has_split", "project", "resolve"]
+__all__ = ["Item", "Projection", "project"]

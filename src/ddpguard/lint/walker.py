@@ -6,8 +6,6 @@ import ast
 
 from .context import (
     COLLECTIVE_PREFIXES,
-    GLOBAL,
-    NONE,
     QUALIFIED,
     CallRec,
     Func,
@@ -16,7 +14,7 @@ from .context import (
     ModuleInfo,
     dotted,
 )
-from .provenance import LOCAL
+from .provenance import GLOBAL, LOCAL, NONE
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
 _EXIT_TYPES = {ast.Return, ast.Continue, ast.Raise, ast.Break, ast.Assert}
