@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from .callgraph import is_collective
 from .context import CallRec, Func, Loop, LoopRec, ModuleInfo, dotted, is_true, kwarg
 from .registry import Hit, rule
 
@@ -329,4 +330,32 @@ def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
     return "loader" in name or name in ("batches", "data_iter", "train_iter")
 
 
-RULES = [ddp001, ddp002, ddp003, ddp004]
+_REDUCE_PREFIXES = ("all_gather", "all_reduce", "gather", "reduce")
+
+
+@rule("DDP020", "padded-eval-sampler", "warning",
+      "an evaluation set is sharded with DistributedSampler (which pads by repeating samples) "
+      "and the per-rank results are gathered or reduced into a metric",
+      "evaluate the padded tail once (drop the duplicates after all_gather, or shard with "
+      "torch's SequentialSampler on rank 0 / an unpadded sampler), or check that len(dataset) "
+      "divides by the world size", default=False)
+def ddp020(info: ModuleInfo) -> Iterator[Hit]:
+    """DistributedSampler makes every rank's share equal by repeating the first samples when
+    the length does not divide; for evaluation those duplicates reach the metric (issue 20,
+    a first-contact miss). Off by default: whether the length divides is not in the code."""
+    if not any(is_collective(r) and r.last.startswith(_REDUCE_PREFIXES) for r in info.calls):
+        return
+    for rec in info.calls:
+        if not info.is_dist_sampler(rec.node) or is_true(kwarg(rec.node, "drop_last")):
+            continue
+        data = rec.node.args[0] if rec.node.args else kwarg(rec.node, "dataset")
+        name = (dotted(data) or "").lower() if data is not None else ""
+        sh = kwarg(rec.node, "shuffle")
+        if any(h in name for h in _EVAL) or (isinstance(sh, ast.Constant) and sh.value is False):
+            yield rec.node, "DDP020", (
+                f"DistributedSampler over `{name or 'the evaluation set'}` pads every rank's "
+                "share by repeating samples when the length does not divide by the world "
+                "size; the results gathered/reduced below count those samples twice")
+
+
+RULES = [ddp001, ddp002, ddp003, ddp004, ddp020]

@@ -114,7 +114,7 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
       'torch.load with weights_only=False on a non-literal path, without weights_only where '
       'the project supports torch < 2.6, or without map_location in a module that uses '
       'torch.distributed',
-      'torch.load(path, map_location=device, weights_only=True)')
+      'torch.load(path, map_location=device, weights_only=True)', default=False)
 def ddp010(info: ModuleInfo) -> Iterator[Hit]:
     """Advice that is true for the torch versions the project supports: since torch 2.6
     `weights_only` defaults to True, so only an explicit False, or a project that still

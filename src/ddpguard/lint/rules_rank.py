@@ -58,8 +58,7 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
 @rule("DDP019", "exit-before-collective", "warning",
       "one rank class can leave (return, raise, assert, sys.exit) where the others go on to "
       "a collective",
-      "check the condition on every rank (or broadcast it) before anyone leaves",
-      default=False)
+      "check the condition on every rank (or broadcast it) before anyone leaves")
 def ddp019(info: ModuleInfo) -> Iterator[Hit]:
     """An `assert` or `return` that only rank 0 evaluates, just before a broadcast: when it
     fires, the other ranks wait in the broadcast for a rank that is gone."""
