@@ -338,11 +338,12 @@ _REDUCE_PREFIXES = ("all_gather", "all_reduce", "gather", "reduce")
       "and the per-rank results are gathered or reduced into a metric",
       "evaluate the padded tail once (drop the duplicates after all_gather, or shard with "
       "torch's SequentialSampler on rank 0 / an unpadded sampler), or check that len(dataset) "
-      "divides by the world size", default=False)
+      "divides by the world size")
 def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     """DistributedSampler makes every rank's share equal by repeating the first samples when
     the length does not divide; for evaluation those duplicates reach the metric (issue 20,
-    a first-contact miss). Off by default: whether the length divides is not in the code."""
+    a first-contact miss). The message says "when the length does not divide": that length
+    is not in the code."""
     if not any(is_collective(r) and r.last.startswith(_REDUCE_PREFIXES) for r in info.calls):
         return
     for rec in info.calls:
