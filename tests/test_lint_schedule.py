@@ -49,6 +49,9 @@ def codes(src: str) -> list[str]:
     ("", "not args.distributed or rank == 0", (TRUE, FALSE, FALSE)),
     ("", "epoch % 10 == 0 and rank == 0", (UNKNOWN, FALSE, FALSE)),
     ("", "dist.get_world_size() > 1", (TRUE, TRUE, TRUE)),
+    # the file's own definition wins over a predicate-like name
+    ("def is_main_process():\n    return int(os.environ['LOCAL_RANK']) == 0\n",
+     "is_main_process()", (TRUE, FALSE, TRUE)),
 ])
 def test_rank_classes(setup: str, test: str, values: tuple[int, int, int]) -> None:
     info = build(ast.parse(HEAD + setup))

@@ -50,6 +50,6 @@ def rank_dependent(info: ModuleInfo, obj: ast.expr) -> bool:
             d = dotted(n) or ""
             last = d.rsplit(".", 1)[-1].lower()
             if value_level(info, n) != NONE or any(h in last for h in ("local", "shard",
-                                                                          "rank", "part")):
+                                                                          "rank")):
                 return True
     return False

@@ -34,7 +34,8 @@ _LOCAL_NAMES = {"local_rank", "ddp_local_rank", "local_process_index", "gpu", "g
 _PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_rank0",
                "is_global_zero", "is_world_process_zero", "is_primary", "is_global_primary",
                "is_master_process", "is_local_main", "is_local_main_process",
-               "is_local_master", "is_local_process_zero", "is_local_primary"}
+               "is_local_master", "is_local_process_zero", "is_local_primary",
+               "master_process", "main_process", "is_chief", "is_root_process", "is_rank_0"}
 _RANK_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
                "get_node_local_rank": LOCAL}
 _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,

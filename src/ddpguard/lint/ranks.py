@@ -151,15 +151,15 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         return launch(info, node)
     if isinstance(node, ast.Call):
         last = info.callee_last(node)
-        if last in _PREDICATES:
-            return _predicate(last, cls)
-        if last in _LAUNCH_CALLS:
-            return TRUE
-        fns = info.funcs.get(last, [])
+        fns = info.funcs.get(last, [])  # this file's own definition wins over the name
         if len(fns) == 1 and fns[0].body and isinstance(fns[0].body[-1], ast.Return):
             ret = fns[0].body[-1].value
             if ret is not None and len(fns[0].body) <= 3:
                 return evaluate(info, ret, cls, depth + 1)
+        if last in _PREDICATES:
+            return _predicate(last, cls)
+        if last in _LAUNCH_CALLS:
+            return TRUE
         return UNKNOWN
     d = dotted(node)
     if d is None:

@@ -344,10 +344,19 @@ def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     the length does not divide; for evaluation those duplicates reach the metric (issue 20,
     a first-contact miss). The message says "when the length does not divide": that length
     is not in the code."""
-    if not any(is_collective(r) and r.last.startswith(_REDUCE_PREFIXES) for r in info.calls):
+    # The reduction that meets the duplicates: in the sampler's own function, or in an
+    # evaluation function (`validate`, `evaluate`, `test`).
+    reducing = {id(r.func) for r in info.calls if is_collective(r)
+                and r.last.startswith(_REDUCE_PREFIXES) and r.func is not None
+                and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
+    same = {id(r.func) if r.func is not None else 0 for r in info.calls
+            if is_collective(r) and r.last.startswith(_REDUCE_PREFIXES)}
+    if not same:
         return
     for rec in info.calls:
         if not info.is_dist_sampler(rec.node) or is_true(kwarg(rec.node, "drop_last")):
+            continue
+        if not reducing and (id(rec.func) if rec.func is not None else 0) not in same:
             continue
         data = rec.node.args[0] if rec.node.args else kwarg(rec.node, "dataset")
         name = (dotted(data) or "").lower() if data is not None else ""
