@@ -39,6 +39,9 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
     if hit is not None:
         return hit  # type: ignore[return-value]
     out: list[Divergence] = []
+    if not info.split_funcs:  # no rank test anywhere: every class runs the same code
+        info._memo[("divergences", 0)] = out
+        return out
     roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns)]
     # Local rank 0 of another node is a class of its own only where the code tests the local
     # rank and can run on several nodes.

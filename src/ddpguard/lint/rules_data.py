@@ -346,15 +346,16 @@ def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     is not in the code."""
     # The reduction that meets the duplicates: in the sampler's own function, or in an
     # evaluation function (`validate`, `evaluate`, `test`).
-    reducing = {id(r.func) for r in info.calls if is_collective(r)
-                and r.last.startswith(_REDUCE_PREFIXES) and r.func is not None
-                and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
-    same = {id(r.func) if r.func is not None else 0 for r in info.calls
-            if is_collective(r) and r.last.startswith(_REDUCE_PREFIXES)}
-    if not same:
+    samplers = [r for r in info.calls if r.last.endswith("Sampler")
+                and info.is_dist_sampler(r.node)]
+    if not samplers:
         return
-    for rec in info.calls:
-        if not info.is_dist_sampler(rec.node) or is_true(kwarg(rec.node, "drop_last")):
+    reduces = [r for r in info.calls if r.last.startswith(_REDUCE_PREFIXES) and is_collective(r)]
+    reducing = {id(r.func) for r in reduces if r.func is not None
+                and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
+    same = {id(r.func) if r.func is not None else 0 for r in reduces}
+    for rec in samplers:
+        if is_true(kwarg(rec.node, "drop_last")):
             continue
         if not reducing and (id(rec.func) if rec.func is not None else 0) not in same:
             continue
