@@ -43,6 +43,8 @@ def codes(src: str) -> list[str]:
     ("", "rank == 1", (FALSE, UNKNOWN, UNKNOWN)),          # some ranks > 0 only
     ("", "i % world_size != rank", (UNKNOWN, UNKNOWN, UNKNOWN)),
     ("", "is_main_process()", (TRUE, FALSE, FALSE)),
+    ("", "du.is_master_proc()", (TRUE, FALSE, FALSE)),     # a predicate by its shape
+    ("", "is_local_master_proc()", (TRUE, FALSE, TRUE)),
     ("", "args.rank % ngpus_per_node == 0", (TRUE, FALSE, TRUE)),
     ("ddp_rank = int(os.environ['RANK'])\nmaster_process = ddp_rank == 0\n"
      "master_process = True\n", "master_process", (TRUE, FALSE, FALSE)),

@@ -20,18 +20,17 @@ from typing import Protocol
 from .provenance import (
     _GLOBAL_NAMES,
     _LOCAL_NAMES,
-    _PREDICATES,
     GLOBAL,
     LOCAL,
     NONE,
     RankTable,
     dotted,
+    is_predicate,
     value_level,
 )
 
 FALSE, TRUE, UNKNOWN = 0, 1, 2
 POS = 1   # "some rank > 0": tests against constants <= 0 are decided, others are not
-_LOCAL_PREDICATES = {p for p in _PREDICATES if "local" in p}
 _DESIGNATED = {"dst", "src", "root", "main_rank", "master_rank", "dst_rank", "src_rank",
                "root_rank", "leader", "leader_rank"}
 # Tests of the launch mode, not of the rank: in a distributed run they hold on every rank.
@@ -74,7 +73,7 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
     d = dotted(node) if not isinstance(node, ast.Call | ast.Subscript) else None
     if d is not None:
         last = d.rsplit(".", 1)[-1].lower()
-        if last in _PREDICATES:
+        if is_predicate(last):
             return None
         if d not in info.rank_names and last not in _GLOBAL_NAMES and last not in _LOCAL_NAMES:
             return None
@@ -156,7 +155,7 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
             ret = fns[0].body[-1].value
             if ret is not None and len(fns[0].body) <= 3:
                 return evaluate(info, ret, cls, depth + 1)
-        if last in _PREDICATES:
+        if is_predicate(last):
             return _predicate(last, cls)
         if last in _LAUNCH_CALLS:
             return TRUE
@@ -177,7 +176,7 @@ def _against(val: int, op: ast.cmpop, other_node: ast.expr) -> int:
 
 
 def _predicate(name: str, cls: RankClass) -> int:
-    zero = cls.local if name.lower() in _LOCAL_PREDICATES else cls.glob
+    zero = cls.local if "local" in name.lower() else cls.glob
     return TRUE if zero == 0 else FALSE
 
 
@@ -193,7 +192,7 @@ def _flag(info: Table, d: str, node: ast.AST, cls: RankClass, depth: int) -> int
                 else _truth(_rank_value(info, v, cls)) for v in ranked}
         return vals.pop() if len(vals) == 1 else UNKNOWN
     last = d.rsplit(".", 1)[-1]
-    if last.lower() in _PREDICATES:
+    if is_predicate(last):
         return _predicate(last, cls)
     val = _rank_value(info, node, cls)
     return _truth(val) if val is not None else launch(info, node)
