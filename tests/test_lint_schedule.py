@@ -274,3 +274,17 @@ def test_cross_file_summary(tmp_path: Path) -> None:
     got = [(f.code, f.line) for f in lint_paths([tmp_path], ALL)]
     assert got == [("DDP005", HEAD.count("\n") + 4)]
     assert [f.code for f in lint_paths([script], ALL)] == []
+
+
+def test_cross_file_stays_in_its_tree(tmp_path: Path) -> None:
+    """Two repositories on one command line: `from comm import sync` in repo a does not
+    resolve to repo b's comm.py."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b" / "comm.py").write_text(HEAD + "def sync(t):\n    dist.broadcast(t, 0)\n")
+    (tmp_path / "a" / "train.py").write_text(
+        HEAD + "from comm import sync\ndef f(t):\n    if dist.get_rank() == 0:\n"
+        "        sync(t)\n")
+    assert [f.code for f in lint_paths([tmp_path], ALL)] == []
+    (tmp_path / "a" / "comm.py").write_text(HEAD + "def sync(t):\n    dist.barrier()\n")
+    assert [f.code for f in lint_paths([tmp_path], ALL)] == ["DDP005"]

@@ -5,6 +5,7 @@ inlined at the call. Modules are keyed by their dotted path suffixes (`comm`, `u
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .context import Func, ModuleInfo
@@ -23,6 +24,10 @@ class Project:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
+        paths = [str(Path(i.path).resolve()) for i in infos]
+        self.root = Path(os.path.commonpath(paths)) if paths else Path("/")
+        if len(infos) == 1:
+            self.root = self.root.parent
         for info in infos:
             parts = list(Path(info.path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
@@ -31,13 +36,20 @@ class Project:
                 self.index.setdefault(".".join(parts[-k:]), []).append(info)
             info.project = self
 
+    def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
+        """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves
+        within the caller's own top folder, never into a neighbour's module of that name."""
+        a, b = _top(self.root, m.path), _top(self.root, caller.path)
+        return len(a) < 2 or len(b) < 2 or a[0] == b[0]
+
     def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
         module, _, name = qual.rpartition(".")
         if not module or module.split(".", 1)[0] in _EXTERNAL:
             return None
         mod_parts = module.split(".")
         for k in range(min(4, len(mod_parts)), 0, -1):
-            cands = [m for m in self.index.get(".".join(mod_parts[-k:]), ()) if m is not caller]
+            cands = [m for m in self.index.get(".".join(mod_parts[-k:]), ())
+                     if m is not caller and self._same_tree(m, caller)]
             if not cands:
                 continue
             cands.sort(key=lambda m: -_common(m.path, caller.path))
@@ -47,6 +59,13 @@ class Project:
                     return m, fns[0]
             return None
         return None
+
+
+def _top(root: Path, path: str) -> tuple[str, ...]:
+    try:
+        return Path(path).resolve().relative_to(root).parts
+    except ValueError:
+        return ()
 
 
 def _common(a: str, b: str) -> int:
