@@ -226,6 +226,20 @@ def test_exit_in_callee_is_not_the_callers_exit() -> None:
     assert found(src.replace("log(t)", "assert t is not None")) == [("DDP019", 8)]
 
 
+def test_continue_in_an_inner_loop_is_no_exit() -> None:
+    src = """
+    def f(t, stats, rank):
+        if rank == 0:
+            for k, v in stats.items():
+                if v is None:
+                    continue
+                print(k, v)
+        dist.barrier()
+    """
+    assert codes(src) == []
+    assert found(src.replace("continue", "return")) == [("DDP019", 6)]
+
+
 def test_validation_sampler_needs_no_set_epoch() -> None:
     src = """
     val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))

@@ -108,19 +108,21 @@ def _no_yield(seq: Seq) -> Seq:
     return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
 
 
-def _first(seq: Seq, kinds: tuple[str, ...],
-           via: tuple[int, ...] = ()) -> tuple[Item, tuple[int, ...]] | None:
+def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = (),
+           in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
     """The first event of `kinds` in `seq`, and the call sites it sits behind. A callee's
-    own exits end the callee, not the caller: they are never the caller's exit."""
+    own exits end the callee, and a `continue`/`break` inside a loop ends that loop: neither
+    is an exit of the sequence compared."""
     for it in seq:
         if it.ev is not None:
-            if it.ev.kind in kinds:
+            if it.ev.kind in kinds and not (in_loop and it.ev.op in ("continue", "break")):
                 return it, via
             continue
         if it.kind == "call" and kinds == _EXITS:
             continue
         for arm in it.arms:
-            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()))
+            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()),
+                         in_loop or it.kind == "loop")
             if hit is not None:
                 return hit
     return None
