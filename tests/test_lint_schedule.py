@@ -46,6 +46,7 @@ def codes(src: str) -> list[str]:
     ("", "du.is_master_proc()", (TRUE, FALSE, FALSE)),     # a predicate by its shape
     ("", "is_local_master_proc()", (TRUE, FALSE, TRUE)),
     ("", "args.rank % ngpus_per_node == 0", (TRUE, FALSE, TRUE)),
+    ("", "rank % 2 == 0", (UNKNOWN, UNKNOWN, UNKNOWN)),      # rank 2 is even too
     ("ddp_rank = int(os.environ['RANK'])\nmaster_process = ddp_rank == 0\n"
      "master_process = True\n", "master_process", (TRUE, FALSE, FALSE)),
     ("", "not args.distributed or rank == 0", (TRUE, FALSE, FALSE)),

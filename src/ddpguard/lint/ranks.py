@@ -65,7 +65,12 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
     """0 or POS when `node` is the class's (global or local) rank itself, else None."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) \
             and value_level(info, node.left) == GLOBAL:
-        return cls.local  # `rank % ngpus_per_node`
+        # `rank % ngpus_per_node` is the local rank; `rank % 2` splits the ranks > 0 too
+        per_node = node.right if not isinstance(node.right, ast.Call) else node.right.func
+        name = (dotted(per_node) or "").lower()
+        if any(h in name for h in ("gpu", "per_node", "local", "device_count", "nproc")):
+            return cls.local
+        return None
     if isinstance(node, ast.Call) and info.callee_last(node) in ("int", "str") and node.args:
         return _rank_value(info, node.args[0], cls)
     if not isinstance(node, ast.Name | ast.Attribute | ast.Call | ast.Subscript):
