@@ -29,8 +29,8 @@ def params_of(fn: Func) -> set[str]:
     return out
 
 
-def is_generator(fn: Func) -> bool:
-    return any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(fn))
+def is_generator(info: ModuleInfo, fn: Func) -> bool:
+    return id(fn) in info.generators  # recorded by the walker
 
 
 def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
@@ -102,7 +102,7 @@ def interesting(info: ModuleInfo) -> set[int]:
             if callees:
                 edges.setdefault(key, set()).update(id(fn) for fn in callees)
                 event = continue_ = True
-                if any(id(fn) in info.split_funcs and is_generator(fn) for fn in callees):
+                if any(id(fn) in info.split_funcs and is_generator(info, fn) for fn in callees):
                     relevant.add(key)  # `with leader_first(rank):` around this code
         if not continue_ and cross and isinstance(f, ast.Name | ast.Attribute):
             head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]

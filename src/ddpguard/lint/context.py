@@ -62,6 +62,7 @@ class ModuleInfo:
     split_funcs: set[int] = field(default_factory=set)  # ids of functions with a rank test
     local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
     exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one
+    generators: set[int] = field(default_factory=set)   # functions that yield
     path: str = "<string>"
     project: object = None            # schedule.Project: the other files on the command line
     gloo_only: bool = False           # a "gloo" backend and no CUDA anywhere

@@ -24,10 +24,12 @@ class Project:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
-        paths = [str(Path(i.path).resolve()) for i in infos]
-        self.root = Path(os.path.commonpath(paths)) if paths else Path("/")
-        if len(infos) == 1:
-            self.root = self.root.parent
+        # Resolved once: path work per lookup costs more than the analysis it serves.
+        self.parts: dict[int, tuple[str, ...]] = {
+            id(i): Path(os.path.abspath(i.path)).parts for i in infos}
+        paths = [os.path.abspath(i.path) for i in infos]
+        root = Path(os.path.commonpath(paths)) if paths else Path("/")
+        self.depth = len((root.parent if len(infos) == 1 else root).parts)
         for info in infos:
             parts = list(Path(info.path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
@@ -39,7 +41,8 @@ class Project:
     def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
         """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves
         within the caller's own top folder, never into a neighbour's module of that name."""
-        a, b = _top(self.root, m.path), _top(self.root, caller.path)
+        a = self.parts.get(id(m), ())[self.depth:]
+        b = self.parts.get(id(caller), ())[self.depth:]
         return len(a) < 2 or len(b) < 2 or a[0] == b[0]
 
     def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
@@ -52,7 +55,8 @@ class Project:
                      if m is not caller and self._same_tree(m, caller)]
             if not cands:
                 continue
-            cands.sort(key=lambda m: -_common(m.path, caller.path))
+            mine = self.parts.get(id(caller), ())
+            cands.sort(key=lambda m: -_common(self.parts.get(id(m), ()), mine))
             for m in cands:
                 fns = [f for f in m.funcs.get(name, []) if f not in m.func_class]
                 if len(fns) == 1:
@@ -61,16 +65,9 @@ class Project:
         return None
 
 
-def _top(root: Path, path: str) -> tuple[str, ...]:
-    try:
-        return Path(path).resolve().relative_to(root).parts
-    except ValueError:
-        return ()
-
-
-def _common(a: str, b: str) -> int:
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     n = 0
-    for x, y in zip(Path(a).resolve().parts, Path(b).resolve().parts, strict=False):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

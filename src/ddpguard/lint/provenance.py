@@ -12,6 +12,7 @@ the others. Pure functions of the node and that table.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from typing import Protocol
 
@@ -42,6 +43,7 @@ _PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|chief|leader|rank_?0|ra
                            r"global_zero)", re.I)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_predicate(name: str) -> bool:
     """A name that answers "am I the (local) leader?" (`is_main_process`, `is_master_proc`)."""
     low = name.lower()

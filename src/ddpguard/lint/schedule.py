@@ -165,7 +165,7 @@ class Builder:
                     self.handles[item.optional_vars.id] = item.context_expr
             body = self.block(s.body)
             ctx = [n for n in out[start:] if isinstance(n, CallN)]
-            if ctx and is_generator(ctx[-1].target[1]):
+            if ctx and is_generator(*ctx[-1].target):
                 ctx[-1].ctx_body = body
             else:
                 out.extend(body)

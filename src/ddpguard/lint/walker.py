@@ -245,6 +245,8 @@ class Walker:
                 if (type(sl) is ast.Slice and sl.step is not None) \
                         or type(node.value) is ast.Call:  # type: ignore[attr-defined]
                     info.subscripts.append(node)  # type: ignore[arg-type]
+            elif t is ast.Yield or t is ast.YieldFrom:
+                info.generators.add(id(self.func) if self.func is not None else 0)
             elif t is ast.Attribute:
                 attr = node.attr  # type: ignore[attr-defined]
                 if attr == "cuda":
