@@ -65,6 +65,11 @@ class Walker:
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
         for s in stmts:
+            # The statement that holds the calls visited next (a compound statement's own
+            # expressions are visited before its blocks, so no restore is needed).
+            self.cur = s
+            if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
+                self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
             self.stmt(s)
             # `if not is_main: return` guards everything after it in this block.
             if isinstance(s, ast.If) and not s.orelse and s.body \
@@ -73,14 +78,6 @@ class Walker:
         self.guard = saved
 
     def stmt(self, s: ast.stmt) -> None:
-        outer_stmt = self.cur
-        self.cur = s
-        if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
-            self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
-        self._stmt(s)
-        self.cur = outer_stmt
-
-    def _stmt(self, s: ast.stmt) -> None:
         info = self.info
         t = type(s)
         if t is ast.If:
