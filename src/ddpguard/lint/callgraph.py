@@ -1,8 +1,8 @@
 """Who calls what, and which functions matter: the layer under the schedules.
 
 `resolve` finds the one function a call runs (this file, or another file on the command line
-through crossfile.Project); `interesting` marks the functions that reach a collective, a DDP
-forward, a parameter call or a file write (directly or through calls), and `relevant` those
+through crossfile.Project); `reaches` tells whether a function reaches a collective, a DDP
+forward, a parameter call or a file write (directly or through calls), and `candidates` those
 where a rank test guards such a thing or an exit: only their schedules are ever built.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 
 from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
+from .crossfile import EXTERNAL
 
 
 def is_collective(rec: CallRec) -> bool:
@@ -56,78 +57,112 @@ def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
 WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
 
 
-def interesting(info: ModuleInfo) -> set[int]:
-    """ids of the functions (0: the module's top level) that reach a collective, a DDP
+def reaches(info: ModuleInfo, key: int) -> bool:
+    """The function with id `key` (0: the module's top level) reaches a collective, a DDP
     forward, a parameter call (when the module has a DDP model) or a file write, directly or
-    through calls: only their schedules can differ or write; the rest are never built."""
-    hit = info._memo.get(("interesting", 0))
+    through calls (this file's, or another file's on the command line). Computed on demand
+    and memoised: functions nobody asks about are never looked at."""
+    memo: dict[int, bool] | None = info._memo.get(("reaches", 0))  # type: ignore[assignment]
+    if memo is None:
+        memo = info._memo[("reaches", 0)] = {}
+    assert memo is not None
+    hit = memo.get(key)
     if hit is not None:
-        return hit  # type: ignore[return-value]
-    info._memo[("interesting", 0)] = out = set()  # cut cycles between modules
+        return hit
+    memo[key] = False  # in progress: cycles end here
     ddp = info.ddp_names()
-    edges: dict[int, set[int]] = {}
-    info._memo[("edges", 0)] = edges
-    remote: dict[int, list[tuple[ModuleInfo, Func]]] = {}
-    info._memo[("remote", 0)] = remote
-    # Functions where a rank test guards something that matters (a collective, a forward, a
-    # call of this file's functions or another file's), or guards an exit: only there can
-    # the classes part (a call both classes make is left to the callee's own comparison).
-    relevant: set[int] = set(info.exit_splits)
-    info._memo[("relevant", 0)] = relevant
-    params: dict[int, set[str]] = {}
     cross = info.project is not None and getattr(info.project, "multi", False)
-    # Cheap pre-tests on the callee's last name before any dotted-name work.
-    ddp_lasts = {n.rsplit(".", 1)[-1] for n in ddp} | {"forward"} if ddp else set()
-    for rec in info.calls:
-        key = id(rec.func) if rec.func is not None else 0
+    params: set[str] | None = None
+    hit = False
+    for rec in calls_by_func(info).get(key, ()):
         last = rec.last
-        event = is_collective(rec)
-        if event or last in WRITE_LASTS:
-            out.add(key)
-            continue_ = True
-        else:
-            continue_ = False
+        if is_collective(rec) or last in WRITE_LASTS:
+            hit = True
+            break
         f = rec.node.func
-        if not continue_ and ddp and (last in ddp_lasts or (
-                rec.func is not None and isinstance(f, ast.Name))):
+        if ddp and (last in _ddp_lasts(info) or (rec.func is not None
+                                                 and isinstance(f, ast.Name))):
             d = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
                 else dotted(f)
-            if d is not None and rec.func is not None and key not in params:
-                params[key] = params_of(rec.func) - {"self", "cls"}
-            if d is not None and (d in ddp or d in params.get(key, ())):
-                out.add(key)
-                event = continue_ = True
-        if not continue_ and last in info.funcs:
+            if d is not None and params is None:
+                params = params_of(rec.func) - {"self", "cls"} if rec.func is not None \
+                    else set()
+            if d is not None and (d in ddp or d in (params or ())):
+                hit = True
+                break
+        if last in info.funcs:
             callees = info.local_callees(rec)
             if callees:
-                edges.setdefault(key, set()).update(id(fn) for fn in callees)
-                event = continue_ = True
-                if any(id(fn) in info.split_funcs and is_generator(info, fn) for fn in callees):
-                    relevant.add(key)  # `with leader_first(rank):` around this code
-        if not continue_ and cross and isinstance(f, ast.Name | ast.Attribute):
+                if any(reaches(info, id(fn)) for fn in callees):
+                    hit = True
+                    break
+                continue
+        if cross and isinstance(f, ast.Name | ast.Attribute):
             head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
             target = resolve(info, rec) if head in info.aliases else None
-            if target is not None and id(target[1]) in interesting(target[0]):
-                out.add(key)
-                remote.setdefault(key, []).append(target)
-                event = True
-        if event and rec.guard:
-            relevant.add(key)
-    changed = True
-    while changed:
-        changed = False
-        for key, targets in edges.items():
-            if key not in out and targets & out:
-                out.add(key)
-                changed = True
+            if target is not None and reaches(target[0], id(target[1])):
+                hit = True
+                break
+    memo[key] = hit
+    return hit
+
+
+def calls_by_func(info: ModuleInfo) -> dict[int, list[CallRec]]:
+    hit = info._memo.get(("calls_by_func", 0))
+    if hit is None:
+        out: dict[int, list[CallRec]] = {}
+        for rec in info.calls:
+            out.setdefault(id(rec.func) if rec.func is not None else 0, []).append(rec)
+        hit = info._memo[("calls_by_func", 0)] = out
+    return hit  # type: ignore[return-value]
+
+
+def _ddp_lasts(info: ModuleInfo) -> set[str]:
+    hit = info._memo.get(("ddp_lasts", 0))
+    if hit is None:
+        hit = info._memo[("ddp_lasts", 0)] = {
+            n.rsplit(".", 1)[-1] for n in info.ddp_names()} | {"forward"}
+    return hit  # type: ignore[return-value]
+
+
+def candidates(info: ModuleInfo) -> set[int]:
+    """Functions whose own rank tests guard a call or an exit (the walker's records), or that
+    run code inside a rank-splitting generator context manager (`with leader_first(rank):`)."""
+    hit = info._memo.get(("candidates", 0))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    out = set(info.exit_splits)
+    ddp = info.ddp_names()
+    ddp_lasts = _ddp_lasts(info) if ddp else set()
+    cross = info.project is not None and getattr(info.project, "multi", False)
+    for rec in info.guarded_calls:
+        # only a guarded call that can matter: a collective, a forward of the wrapper or of a
+        # parameter, a call of this file's functions or of another linted file's
+        f = rec.node.func
+        key = id(rec.func) if rec.func is not None else 0
+        if key in out:
+            continue
+        head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
+        if is_collective(rec) or rec.last in ddp_lasts or rec.last in info.funcs or (
+                cross and head in info.aliases
+                and info.aliases[head].split(".")[0] not in EXTERNAL) or (
+                ddp and rec.func is not None and isinstance(f, ast.Name)
+                and f.id in params_of(rec.func)):
+            out.add(key)
+    gens = {fn.name for fns in info.funcs.values() for fn in fns
+            if id(fn) in info.generators and id(fn) in info.split_funcs}
+    if gens:
+        for rec in info.calls:
+            if rec.last in gens and any(id(fn) in info.generators
+                                        for fn in info.local_callees(rec)):
+                out.add(id(rec.func) if rec.func is not None else 0)
+    info._memo[("candidates", 0)] = out
     return out
 
 
 def has_split(info: ModuleInfo, func: Func | None) -> bool:
-    """`func`'s own rank tests can make its classes part: it reaches something that matters
-    and a rank test guards some of it (or an exit). Read from the walker's records: no
-    schedule is built for the others."""
+    """`func`'s own rank tests can make its classes part: a rank test guards a call or an
+    exit there, and it reaches something that matters. Read from the walker's records and
+    the call graph: no schedule is built for the others."""
     key = id(func) if func is not None else 0
-    keep = interesting(info)
-    relevant: set[int] = info._memo[("relevant", 0)]  # type: ignore[assignment]
-    return key in keep and key in relevant
+    return key in candidates(info) and reaches(info, key)

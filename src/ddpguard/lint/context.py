@@ -63,6 +63,7 @@ class ModuleInfo:
     local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
     exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one
     generators: set[int] = field(default_factory=set)   # functions that yield
+    guarded_calls: list[CallRec] = field(default_factory=list)  # calls under a rank test
     path: str = "<string>"
     project: object = None            # schedule.Project: the other files on the command line
     gloo_only: bool = False           # a "gloo" backend and no CUDA anywhere

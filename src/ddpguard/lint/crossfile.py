@@ -12,7 +12,7 @@ from .context import Func, ModuleInfo
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
-_EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "logging", "pickle",
+EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "logging", "pickle",
              "random", "collections", "functools", "itertools", "typing", "re", "shutil",
              "subprocess", "argparse", "copy", "pathlib", "datetime", "warnings", "tqdm",
              "torchvision", "transformers", "accelerate", "PIL", "cv2", "scipy", "sklearn",
@@ -47,7 +47,7 @@ class Project:
 
     def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
         module, _, name = qual.rpartition(".")
-        if not module or module.split(".", 1)[0] in _EXTERNAL:
+        if not module or module.split(".", 1)[0] in EXTERNAL:
             return None
         mod_parts = module.split(".")
         for k in range(min(4, len(mod_parts)), 0, -1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .callgraph import interesting, is_collective
+from .callgraph import is_collective, reaches
 from .context import Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
 from .provenance import LOCAL, NONE
@@ -85,9 +85,8 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
         return
     called = {id(fn) for rec in info.calls for fn in info.local_callees(rec)}
     used: set[str] | None = None
-    keep = interesting(info)
     roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns
-                                        if id(f) not in called and id(f) in keep)]
+                                        if id(f) not in called and reaches(info, id(f)))]
     done: set[int] = set()
     for root in roots:
         zero = {id(ev) for ev, _ in project(info, root, RANK0).writes}

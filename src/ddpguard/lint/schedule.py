@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 from .callgraph import (
     WRITE_LASTS,
-    interesting,
+    calls_by_func,
     is_collective,
     is_generator,
     params_of,
+    reaches,
     resolve,
 )
 from .context import CallRec, Func, ModuleInfo, dotted
@@ -107,10 +108,7 @@ class Builder:
 
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
-        by_func: dict[int, list[CallRec]] = {}
-        for rec in info.calls:
-            by_func.setdefault(id(rec.func) if rec.func is not None else 0, []).append(rec)
-        self.by_func = by_func
+        self.by_func = calls_by_func(info)
         self.by_stmt: dict[int, list[CallRec]] = {}
         self.ddp = info.ddp_names()
         self.func: Func | None = None
@@ -218,7 +216,7 @@ class Builder:
                 info.project is None or target.split(".", 1)[0] not in info.aliases)):
             return None
         target_fn = resolve(info, rec)
-        if target_fn is not None and id(target_fn[1]) in interesting(target_fn[0]):
+        if target_fn is not None and reaches(target_fn[0], id(target_fn[1])):
             return CallN(line, target_fn, self.bind(rec, target_fn[1]))
         return None
 

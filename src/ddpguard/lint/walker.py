@@ -208,6 +208,8 @@ class Walker:
                     or last.startswith(COLLECTIVE_PREFIXES) else None
                 info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
                                           self.branch, self.cur))
+                if self.guard:
+                    info.guarded_calls.append(info.calls[-1])
                 if not info.distributed and (
                         last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
