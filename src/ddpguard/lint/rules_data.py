@@ -73,7 +73,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in _shuffling(info.samplers_of(node.iter)):
+        for sampler in _shuffling(info.samplers_of(node.iter), info):
             if id(epoch_loop) in reported:
                 continue
             if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
@@ -102,7 +102,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
             (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
         for key, arg in passed:
-            samplers = _shuffling(info.samplers_of(arg))
+            samplers = _shuffling(info.samplers_of(arg), info)
             if not samplers or not _iterates_param(info, callees, key):
                 continue  # the helper only reads `len(loader)`: it runs no epoch
             for sampler in samplers:
@@ -134,7 +134,7 @@ def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
             names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
             if names & params:
                 continue
-            out.extend(_shuffling(info.samplers_of(node.iter)))
+            out.extend(_shuffling(info.samplers_of(node.iter), info))
     return out
 
 
@@ -166,21 +166,29 @@ def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
 _EVAL = ("val", "test", "eval")
 
 
-def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:
+def _shuffling(samplers: list[ast.Call], info: ModuleInfo | None = None) -> list[ast.Call]:
     """set_epoch only reseeds the shuffle: a `shuffle=False` sampler has the same order every
     epoch whatever you call, and so may a validation sampler (`DistributedSampler(val_data)`):
     the order of evaluation does not change a metric."""
+    memo: dict[int, bool] = info._memo.setdefault(("shuffles", 0), {}) \
+        if info is not None else {}  # type: ignore[assignment]
     out = []
     for s in samplers:
-        sh = kwarg(s, "shuffle")
-        if isinstance(sh, ast.Constant) and sh.value is False:
-            continue
-        data = s.args[0] if s.args else kwarg(s, "dataset")
-        name = (dotted(data) or "").lower() if data is not None else ""
-        if any(h in name for h in _EVAL):
-            continue
-        out.append(s)
+        hit = memo.get(id(s))
+        if hit is None:
+            hit = memo[id(s)] = _shuffles(s)
+        if hit:
+            out.append(s)
     return out
+
+
+def _shuffles(s: ast.Call) -> bool:
+    sh = kwarg(s, "shuffle")
+    if isinstance(sh, ast.Constant) and sh.value is False:
+        return False
+    data = s.args[0] if s.args else kwarg(s, "dataset")
+    name = (dotted(data) or "").lower() if data is not None else ""
+    return not any(h in name for h in _EVAL)
 
 
 def _msg001(sampler: ast.Call) -> str:
