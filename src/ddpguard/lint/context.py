@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .provenance import GLOBAL, LOCAL, NONE, dotted, test_level
+from .provenance import NONE, dotted, test_level
 
 Func = ast.FunctionDef | ast.AsyncFunctionDef
 Loop = ast.For | ast.AsyncFor | ast.While
@@ -33,6 +33,7 @@ class CallRec:
     loops: tuple[Loop, ...]
     func: Func | None
     branch: tuple[tuple[int, int], ...] = ()   # (id(if), arm) from the function's top down
+    stmt: ast.stmt | None = None               # the innermost statement holding the call
 
 
 @dataclass(slots=True)
@@ -57,6 +58,15 @@ class ModuleInfo:
     rank_names: dict[str, int] = field(default_factory=dict)   # name -> GLOBAL/LOCAL
     rank_funcs: dict[str, int] = field(default_factory=dict)
     guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
+    func_class: dict[Func, str] = field(default_factory=dict)      # method -> its class name
+    split_funcs: set[int] = field(default_factory=set)  # ids of functions with a rank test
+    local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
+    exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one
+    generators: set[int] = field(default_factory=set)   # functions that yield
+    guarded_calls: list[CallRec] = field(default_factory=list)  # calls under a rank test
+    path: str = "<string>"
+    project: object = None            # schedule.Project: the other files on the command line
+    gloo_only: bool = False           # a "gloo" backend and no CUDA anywhere
     no_sync: bool = False
     uses_cuda: bool = False
     distributed: bool = False
@@ -242,37 +252,3 @@ def kwarg(call: ast.Call, name: str) -> ast.expr | None:
 
 def is_true(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
-
-
-def build(tree: ast.Module) -> ModuleInfo:
-    from .walker import Walker
-
-    info = ModuleInfo(tree)
-    Walker(info).block(tree.body)
-    _guard_functions(info)
-    return info
-
-
-def _guard_functions(info: ModuleInfo) -> None:
-    """A function every call site of which is rank-guarded runs under that guard."""
-    sites: dict[Func, list[CallRec]] = {}
-    for rec in info.calls:
-        for fn in info.local_callees(rec):
-            sites.setdefault(fn, []).append(rec)
-    for fns in info.funcs.values():
-        for fn in fns:
-            if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
-                   for d in fn.decorator_list):
-                info.guarded_funcs[fn] = GLOBAL
-    for _ in range(3):
-        changed = False
-        for fn, recs in sites.items():
-            if fn in info.guarded_funcs:
-                continue
-            levels = [info.effective_guard(r) for r in recs]
-            if all(levels):
-                # One local-rank site is enough for every node's local rank 0 to run it.
-                info.guarded_funcs[fn] = LOCAL if LOCAL in levels else GLOBAL
-                changed = True
-        if not changed:
-            break

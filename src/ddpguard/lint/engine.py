@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import ast
+import gc
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from . import rules_data, rules_model, rules_rank
-from .context import build
-from .findings import RULES, SEVERITIES, Finding
+from .catalog import RULES
+from .context import ModuleInfo
+from .crossfile import Project
 from .project import Version, project_torch_floor
+from .registry import SEVERITIES, Finding
+from .source import Unreadable, parse, read
+from .walker import build
 
-# A rule yields (node, code, message) or, where its certainty varies per finding,
-# (node, code, message, severity); a severity set in the configuration wins over both.
-RuleFn = Callable[..., Iterator[tuple[Any, ...]]]
-RULE_FUNCS: dict[str, RuleFn] = {**rules_data.RULES, **rules_rank.RULES, **rules_model.RULES}
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
 
@@ -36,7 +34,7 @@ class Selection:
         for code in (*self.select, *self.ignore, *self.extend_select, *self.severity):
             if code != "ALL" and not any(c.startswith(code) for c in RULES):
                 raise ValueError(f"unknown rule code {code!r}: known codes are "
-                                 f"DDP001..DDP018 (prefixes like DDP01 and ALL work too)")
+                                 f"DDP001..{max(RULES)} (prefixes like DDP01 and ALL work too)")
         for code, sev in self.severity.items():
             if sev not in SEVERITIES:
                 raise ValueError(f"severity {sev!r} for {code} is not one of {SEVERITIES}")
@@ -61,21 +59,33 @@ def lint_source(source: str, path: str = "<string>", selection: Selection | None
                 torch_floor: Version | None = None) -> list[Finding]:
     """Findings for one module's source, sorted by position; never imports or runs it.
     `torch_floor`: the oldest torch the project supports, when known (DDP010)."""
-    selection = selection or Selection()
-    try:
-        tree = ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        return [Finding(path, exc.lineno or 1, exc.offset or 1, "DDP000", "error",
-                        f"syntax error: {exc.msg}", RULES["DDP000"].fix)]
-    except ValueError as exc:  # null bytes
-        return [Finding(path, 1, 1, "DDP000", "error", f"cannot parse: {exc}",
-                        RULES["DDP000"].fix)]
-    info = build(tree)
+    info = analyse(source, path)
+    if isinstance(info, Finding):
+        return [info]
     info.torch_floor = torch_floor
+    Project([info])
+    return check(info, source, selection)
+
+
+def analyse(source: str, path: str) -> ModuleInfo | Finding:
+    try:
+        tree = parse(source, path)
+    except Unreadable as exc:
+        return _ddp000(path, exc)
+    return build(tree, path)
+
+
+def _ddp000(path: str, exc: Unreadable) -> Finding:
+    return Finding(path, exc.line, exc.col, "DDP000", "error", exc.why, RULES["DDP000"].fix)
+
+
+def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> list[Finding]:
+    selection = selection or Selection()
+    path = info.path
     lines = source.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
     for code in selection.codes():
-        for node, hit_code, message, *sev in RULE_FUNCS[code](info):
+        for node, hit_code, message, *sev in RULES[code](info):
             line = getattr(node, "lineno", 1)
             col = getattr(node, "col_offset", 0) + 1
             if _suppressed(lines, line, hit_code):
@@ -99,13 +109,45 @@ def _suppressed(lines: list[str], line: int, code: str) -> bool:
 
 
 def lint_file(path: str | Path, selection: Selection | None = None) -> list[Finding]:
-    p = Path(path)
+    return lint_group([Path(path)], selection)
+
+
+def lint_group(files: list[Path], selection: Selection | None = None) -> list[Finding]:
+    """Lint `files` together: calls from one into another use the callee's summary.
+    The cyclic garbage collector is paused meanwhile: the trees and summaries of every file
+    stay alive until the end, and its full passes over them cost more than the analysis."""
+    enabled = gc.isenabled()
+    gc.disable()
     try:
-        source = p.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return [Finding(str(p), 1, 1, "DDP000", "error", f"cannot read: {exc}",
-                        "check the file's path and encoding (UTF-8)")]
-    return lint_source(source, str(p), selection, project_torch_floor(p))
+        return _lint_group(files, selection)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]:
+    out: list[Finding] = []
+    infos: list[tuple[ModuleInfo, str]] = []
+    floors: dict[Path, Version | None] = {}
+    for p in files:
+        try:
+            source = read(p)
+        except Unreadable as exc:
+            out.append(_ddp000(str(p), exc))
+            continue
+        info = analyse(source, str(p))
+        if isinstance(info, Finding):
+            out.append(info)
+            continue
+        if p.parent not in floors:
+            floors[p.parent] = project_torch_floor(p)
+        info.torch_floor = floors[p.parent]
+        infos.append((info, source))
+    Project([i for i, _ in infos])
+    for info, source in infos:
+        out.extend(check(info, source, selection))
+    order = {str(p): k for k, p in enumerate(files)}
+    return sorted(out, key=lambda f: (order.get(f.path, 0), f.line, f.col, f.code))
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:
@@ -126,11 +168,17 @@ def discover(paths: Iterable[str | Path]) -> list[Path]:
 
 def lint_paths(paths: Iterable[str | Path], selection: Selection | None = None,
                jobs: int = 1) -> list[Finding]:
+    """With jobs > 1 the files are split by folder (a folder's files stay together, so
+    calls between neighbours still resolve); with one job every file sees every other."""
     files = discover(paths)
     if jobs > 1 and len(files) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
+        groups: dict[Path, list[Path]] = {}
+        for p in files:
+            groups.setdefault(p.parent, []).append(p)
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            chunks = pool.map(lint_file, files, [selection] * len(files), chunksize=16)
+            chunks = pool.map(lint_group, list(groups.values()),
+                              [selection] * len(groups))
             return [f for chunk in chunks for f in chunk]
-    return [f for p in files for f in lint_file(p, selection)]
+    return lint_group(files, selection)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from .findings import RULES, Finding
+from .catalog import RULES
+from .registry import Finding
 
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 

@@ -12,10 +12,19 @@ the others. Pure functions of the node and that table.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+import functools
+import re
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .context import ModuleInfo
+
+class RankTable(Protocol):
+    """What provenance reads of a module (ModuleInfo satisfies it): no import of context.py,
+    so the layers stay provenance <- context <- walker <- schedule <- rules."""
+
+    rank_names: dict[str, int]
+    rank_funcs: dict[str, int]
+
+    def callee_last(self, call: ast.Call) -> str: ...
 
 NONE, GLOBAL, LOCAL = 0, 1, 2
 
@@ -27,7 +36,20 @@ _LOCAL_NAMES = {"local_rank", "ddp_local_rank", "local_process_index", "gpu", "g
 _PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_rank0",
                "is_global_zero", "is_world_process_zero", "is_primary", "is_global_primary",
                "is_master_process", "is_local_main", "is_local_main_process",
-               "is_local_master", "is_local_process_zero", "is_local_primary"}
+               "is_local_master", "is_local_process_zero", "is_local_primary",
+               "master_process", "main_process", "is_chief", "is_root_process", "is_rank_0"}
+# Predicates by their shape: `is_master_proc()`, `is_main_rank`, `is_primary_worker` ...
+_PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|chief|leader|rank_?0|rank_zero|"
+                           r"global_zero)", re.I)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_predicate(name: str) -> bool:
+    """A name that answers "am I the (local) leader?" (`is_main_process`, `is_master_proc`)."""
+    low = name.lower()
+    return low in _PREDICATES or bool(_PREDICATE_RE.match(low))
+
+
 _RANK_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
                "get_node_local_rank": LOCAL}
 _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,
@@ -60,10 +82,9 @@ def combine(*levels: int) -> int:
 def name_level(name: str) -> int:
     """Level implied by the last component of a dotted name, case-insensitively (`RANK`)."""
     last = name.rsplit(".", 1)[-1].lower()
-    if last in _LOCAL_NAMES or last in ("is_local_main_process", "is_local_process_zero",
-                                        "is_local_master", "is_local_primary", "is_local_main"):
+    if last in _LOCAL_NAMES or (is_predicate(last) and "local" in last):
         return LOCAL
-    if last in _GLOBAL_NAMES or last in _PREDICATES:
+    if last in _GLOBAL_NAMES or is_predicate(last):
         return GLOBAL
     return NONE
 
@@ -72,7 +93,7 @@ def env_level(key: object) -> int:
     return _ENV.get(key, NONE) if isinstance(key, str) else NONE
 
 
-def value_level(info: ModuleInfo, node: ast.AST) -> int:
+def value_level(info: RankTable, node: ast.AST) -> int:
     """Level of a value: the rank itself, or anything computed from it."""
     t = type(node)
     if t is ast.Name or t is ast.Attribute:
@@ -86,7 +107,7 @@ def value_level(info: ModuleInfo, node: ast.AST) -> int:
         last = info.callee_last(node)
         if last in _RANK_CALLS:
             return _RANK_CALLS[last]
-        if last in _PREDICATES or last in info.rank_funcs:
+        if is_predicate(last) or last in info.rank_funcs:
             return info.rank_funcs.get(last) or name_level(last)
         if last in _PASS_THROUGH and node.args:
             return value_level(info, node.args[0])
@@ -110,7 +131,7 @@ def value_level(info: ModuleInfo, node: ast.AST) -> int:
     return test_level(info, node) if t in (ast.Compare, ast.BoolOp, ast.UnaryOp) else NONE
 
 
-def test_level(info: ModuleInfo, node: ast.AST | None) -> int:
+def test_level(info: RankTable, node: ast.AST | None) -> int:
     """GLOBAL/LOCAL when `node`, used as a condition, takes different values on different
     ranks; NONE for tests that only tell distributed from not (`local_rank != -1`,
     `args.gpu is not None`)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_true, kwarg
-
-Hit = tuple[ast.AST, str, str]   # (node, code, message)
+from .callgraph import is_collective
+from .context import CallRec, Func, Loop, LoopRec, ModuleInfo, dotted, is_true, kwarg
+from .registry import Hit, rule
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
@@ -62,6 +62,9 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
                                       for g in info.local_callees(rec)) for rec in info.calls)
 
 
+@rule('DDP001', 'missing-set-epoch', 'error',
+      'DistributedSampler drives an epoch loop but set_epoch is not called in it',
+      'call sampler.set_epoch(epoch) at the top of every epoch')
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     reported: set[int] = set()
     # Style 1: `for epoch ...: for batch in loader:` in one function.
@@ -70,12 +73,24 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in _shuffling(info.samplers_of(node.iter)):
+        for sampler in _shuffling(info.samplers_of(node.iter), info):
             if id(epoch_loop) in reported:
                 continue
             if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
+    # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
+    for rec in info.calls:
+        if not rec.loops or id(rec.loops[-1]) in reported or rec.last not in info.funcs:
+            continue
+        epoch_loop = rec.loops[-1]
+        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
+            continue
+        for sampler in _method_samplers(info, info.local_callees(rec)):
+            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+                break
     # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
     for rec in info.calls:
         if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
@@ -87,7 +102,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
             (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
         for key, arg in passed:
-            samplers = _shuffling(info.samplers_of(arg))
+            samplers = _shuffling(info.samplers_of(arg), info)
             if not samplers or not _iterates_param(info, callees, key):
                 continue  # the helper only reads `len(loader)`: it runs no epoch
             for sampler in samplers:
@@ -95,6 +110,32 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
                     reported.add(id(epoch_loop))
                     yield epoch_loop, "DDP001", _msg001(sampler)
                     break
+
+
+def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
+    """Shuffling samplers behind the loaders that `fns` iterate by themselves (`for b in
+    self.loader`), not through a parameter (style 2 handles those)."""
+    out: list[ast.Call] = []
+    hit = info._memo.get(("loops_by_func", 0))
+    by_func: dict[int, list[LoopRec]]
+    if hit is None:
+        by_func = {}
+        for lrec in info.loops:
+            if lrec.func is not None and not isinstance(lrec.node, ast.While):
+                by_func.setdefault(id(lrec.func), []).append(lrec)
+        info._memo[("loops_by_func", 0)] = by_func
+    else:
+        by_func = hit  # type: ignore[assignment]
+    for fn in fns:
+        params = {a.arg for a in fn.args.args} - {"self", "cls"}
+        for lrec in by_func.get(id(fn), ()):
+            node = lrec.node
+            assert isinstance(node, ast.For | ast.AsyncFor)
+            names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
+            if names & params:
+                continue
+            out.extend(_shuffling(info.samplers_of(node.iter), info))
+    return out
 
 
 def _iterates_param(info: ModuleInfo, fns: list[Func], key: int | str) -> bool:
@@ -122,15 +163,32 @@ def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
     return hit  # type: ignore[return-value]
 
 
-def _shuffling(samplers: list[ast.Call]) -> list[ast.Call]:
-    """set_epoch only reseeds the shuffle: a `shuffle=False` (validation) sampler has the same
-    order every epoch whatever you call."""
+_EVAL = ("val", "test", "eval")
+
+
+def _shuffling(samplers: list[ast.Call], info: ModuleInfo | None = None) -> list[ast.Call]:
+    """set_epoch only reseeds the shuffle: a `shuffle=False` sampler has the same order every
+    epoch whatever you call, and so may a validation sampler (`DistributedSampler(val_data)`):
+    the order of evaluation does not change a metric."""
+    memo: dict[int, bool] = info._memo.setdefault(("shuffles", 0), {}) \
+        if info is not None else {}  # type: ignore[assignment]
     out = []
     for s in samplers:
-        sh = kwarg(s, "shuffle")
-        if not (isinstance(sh, ast.Constant) and sh.value is False):
+        hit = memo.get(id(s))
+        if hit is None:
+            hit = memo[id(s)] = _shuffles(s)
+        if hit:
             out.append(s)
     return out
+
+
+def _shuffles(s: ast.Call) -> bool:
+    sh = kwarg(s, "shuffle")
+    if isinstance(sh, ast.Constant) and sh.value is False:
+        return False
+    data = s.args[0] if s.args else kwarg(s, "dataset")
+    name = (dotted(data) or "").lower() if data is not None else ""
+    return not any(h in name for h in _EVAL)
 
 
 def _msg001(sampler: ast.Call) -> str:
@@ -138,6 +196,9 @@ def _msg001(sampler: ast.Call) -> str:
             "but set_epoch is never called in it: every epoch repeats the same order")
 
 
+@rule('DDP002', 'shuffle-with-sampler', 'error',
+      'DataLoader gets a sampler and shuffle=True (mutually exclusive)',
+      'drop shuffle=True; shuffle in the sampler instead')
 def ddp002(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -150,6 +211,10 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
                                    "torch raises ValueError (they are mutually exclusive)")
 
 
+@rule('DDP003', 'uneven-manual-shard', 'warning',
+      'data sharded by hand (`x[rank::world_size]`, `array_split(x, world)[rank]`): ranks '
+      'can get different sample counts',
+      'use DistributedSampler (it pads), or pad/trim every shard to the same length')
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every
     rank gets the same number of samples; `data[rank::world_size]` and
@@ -158,7 +223,7 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
         sl = node.slice
         if isinstance(sl, ast.Slice):
             if sl.lower is not None and sl.step is not None and info.rank_level(sl.lower) \
-                    and _world_size(info, sl.step):
+                    and _world_size(info, sl.step) and not _padded(info, node.value):
                 yield node, "DDP003", _msg003(ast.unparse(node))
         elif isinstance(node.value, ast.Call) and info.rank_level(sl) and \
                 info.callee_last(node.value) in _SPLITS and \
@@ -167,6 +232,19 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
 
 
 _SPLITS = {"array_split", "chunk", "split", "tensor_split"}
+
+
+def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
+    """The list was padded to a multiple of the world size just above (`pad(...)`, `x +
+    x[:pad]`, a name with `pad` in it): every rank's slice has the same length."""
+    values = [seq, *(v for _, v in info.assigns.get(dotted(seq) or "", []))]
+    for v in values:
+        for n in ast.walk(v):
+            name = info.callee_last(n) if isinstance(n, ast.Call) else (
+                dotted(n) or "" if isinstance(n, ast.Name | ast.Attribute) else "")
+            if "pad" in name.lower():
+                return True
+    return False
 _WORLD_HINTS = ("world", "num_replicas", "nproc", "ngpus", "num_gpus", "num_processes")
 
 
@@ -219,6 +297,9 @@ def _empty_test(test: ast.expr, names: set[str]) -> bool:
     return False
 
 
+@rule('DDP004', 'rank-dependent-step-count', 'error',
+      'a collate_fn or batch loop can drop samples or batches on one rank only',
+      'never return None / drop samples in collate_fn; resample in the Dataset instead')
 def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -257,4 +338,43 @@ def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
     return "loader" in name or name in ("batches", "data_iter", "train_iter")
 
 
-RULES = {"DDP001": ddp001, "DDP002": ddp002, "DDP003": ddp003, "DDP004": ddp004}
+_REDUCE_PREFIXES = ("all_gather", "all_reduce", "gather", "reduce")
+
+
+@rule("DDP020", "padded-eval-sampler", "warning",
+      "an evaluation set is sharded with DistributedSampler (which pads by repeating samples) "
+      "and the per-rank results are gathered or reduced into a metric",
+      "evaluate the padded tail once (drop the duplicates after all_gather, or shard with "
+      "torch's SequentialSampler on rank 0 / an unpadded sampler), or check that len(dataset) "
+      "divides by the world size")
+def ddp020(info: ModuleInfo) -> Iterator[Hit]:
+    """DistributedSampler makes every rank's share equal by repeating the first samples when
+    the length does not divide; for evaluation those duplicates reach the metric (issue 20,
+    a first-contact miss). The message says "when the length does not divide": that length
+    is not in the code."""
+    # The reduction that meets the duplicates: in the sampler's own function, or in an
+    # evaluation function (`validate`, `evaluate`, `test`).
+    samplers = [r for r in info.calls if r.last.endswith("Sampler")
+                and info.is_dist_sampler(r.node)]
+    if not samplers:
+        return
+    reduces = [r for r in info.calls if r.last.startswith(_REDUCE_PREFIXES) and is_collective(r)]
+    reducing = {id(r.func) for r in reduces if r.func is not None
+                and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
+    same = {id(r.func) if r.func is not None else 0 for r in reduces}
+    for rec in samplers:
+        if is_true(kwarg(rec.node, "drop_last")):
+            continue
+        if not reducing and (id(rec.func) if rec.func is not None else 0) not in same:
+            continue
+        data = rec.node.args[0] if rec.node.args else kwarg(rec.node, "dataset")
+        name = (dotted(data) or "").lower() if data is not None else ""
+        sh = kwarg(rec.node, "shuffle")
+        if any(h in name for h in _EVAL) or (isinstance(sh, ast.Constant) and sh.value is False):
+            yield rec.node, "DDP020", (
+                f"DistributedSampler over `{name or 'the evaluation set'}` pads every rank's "
+                "share by repeating samples when the length does not divide by the world "
+                "size; the results gathered/reduced below count those samples twice")
+
+
+RULES = [ddp001, ddp002, ddp003, ddp004, ddp020]

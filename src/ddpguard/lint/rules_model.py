@@ -7,8 +7,8 @@ import re
 from collections.abc import Iterator
 
 from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
-
-Hit = tuple[ast.AST, str, str]
+from .paths import per_rank_path
+from .registry import Hit, rule
 
 _BAD_NCCL = re.compile(r"(?<![A-Z_])NCCL_(BLOCKING_WAIT|ASYNC_ERROR_HANDLING|TIMEOUT)\b")
 _NCCL_FIX = {
@@ -19,10 +19,19 @@ _NCCL_FIX = {
 }
 
 
+@rule('DDP008', 'save-ddp-state-dict', 'warning',
+      'state_dict() of the DDP wrapper is saved (keys get a `module.` prefix) and the same '
+      'script loads it strictly into the unwrapped model',
+      'save model.module.state_dict()')
 def ddp008(info: ModuleInfo) -> Iterator[Hit]:
-    """Only a state_dict that is saved: `sanity_check(model.state_dict())` is no checkpoint."""
+    """Only where the script's own loading cannot read it: the wrapper's state_dict (keys
+    `module.*`) is saved, and the same module loads a checkpoint strictly into an unwrapped
+    model (before the wrap, or `model.module`) under the key it was saved with."""
     ddp = info.ddp_names()
     if not ddp:
+        return
+    loads = _unwrapped_strict_loads(info, ddp)
+    if not loads:
         return
     seen: set[int] = set()
     for rec in info.calls:
@@ -33,19 +42,59 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
             if isinstance(arg, ast.Name):
                 roots.extend(v for _, v in info.assigns.get(arg.id, []))
         for root in roots:
-            for node in ast.walk(root):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "state_dict") or id(node) in seen:
+            for key, node in _state_dicts(root):
+                owner = dotted(node.func.value)  # type: ignore[attr-defined]
+                if owner not in ddp or node.lineno <= ddp[owner] or id(node) in seen:
                     continue
-                owner = dotted(node.func.value)
-                if owner in ddp and node.lineno > ddp[owner]:
-                    seen.add(id(node))
-                    yield node, "DDP008", (
-                        f"`{owner}.state_dict()` of the DDP wrapper is saved: every key gets a "
-                        "`module.` prefix, so an unwrapped model (evaluation, fine-tuning, a "
-                        "single-GPU resume) cannot load it without renaming")
+                hit = next((ld for k, ld in loads if k == key), None)
+                if hit is None:
+                    continue
+                seen.add(id(node))
+                yield node, "DDP008", (
+                    f"`{owner}.state_dict()` of the DDP wrapper is saved (every key gets a "
+                    f"`module.` prefix), and line {hit.lineno} loads it strictly into the "
+                    "unwrapped model: that resume fails with missing/unexpected keys")
 
 
+def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
+    """`x.state_dict()` calls in a saved expression, with the dict key they are stored under."""
+    if isinstance(root, ast.Dict):
+        for k, v in zip(root.keys, root.values, strict=True):
+            key = k.value if isinstance(k, ast.Constant) and isinstance(k.value, str) else None
+            for _, node in _state_dicts(v):
+                yield key, node
+        return
+    for sub in ast.walk(root):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
+                and sub.func.attr == "state_dict":
+            yield None, sub
+
+
+def _unwrapped_strict_loads(info: ModuleInfo,
+                            ddp: dict[str, int]) -> list[tuple[str | None, ast.Call]]:
+    out = []
+    for rec in info.calls:
+        f = rec.node.func
+        if rec.last != "load_state_dict" or not isinstance(f, ast.Attribute) or \
+                not rec.node.args:
+            continue
+        strict = kwarg(rec.node, "strict")
+        if strict is not None and not (isinstance(strict, ast.Constant) and strict.value):
+            continue
+        owner = dotted(f.value) or ""
+        wrapped = owner in ddp and rec.node.lineno > ddp[owner]
+        if wrapped and not owner.endswith(".module"):
+            continue
+        arg = rec.node.args[0]
+        key = arg.slice.value if isinstance(arg, ast.Subscript) and isinstance(
+            arg.slice, ast.Constant) and isinstance(arg.slice.value, str) else None
+        out.append((key, rec.node))
+    return out
+
+
+@rule('DDP009', 'batchnorm-without-sync', 'warning',
+      'BatchNorm model wrapped in DDP without SyncBatchNorm (or converted after wrapping)',
+      'model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(model)')
 def ddp009(info: ModuleInfo) -> Iterator[Hit]:
     if not info.batchnorm:
         return
@@ -61,6 +110,11 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
                                      "convert first, then wrap")
 
 
+@rule('DDP010', 'unsafe-torch-load', 'warning',
+      'torch.load with weights_only=False on a non-literal path, without weights_only where '
+      'the project supports torch < 2.6, or without map_location in a module that uses '
+      'torch.distributed',
+      'torch.load(path, map_location=device, weights_only=True)', default=False)
 def ddp010(info: ModuleInfo) -> Iterator[Hit]:
     """Advice that is true for the torch versions the project supports: since torch 2.6
     `weights_only` defaults to True, so only an explicit False, or a project that still
@@ -84,11 +138,15 @@ def ddp010(info: ModuleInfo) -> Iterator[Hit]:
             yield call, "DDP010", (f"the project allows torch {floor} (pyproject.toml), where "
                                    "torch.load defaults to weights_only=False (before 2.6): "
                                    f"loading {src} unpickles arbitrary objects")
-        elif info.distributed and info.uses_cuda and kwarg(call, "map_location") is None \
-                and len(call.args) < 2 and not _sibling_maps(rec, loads):
-            yield call, "DDP010", ("torch.load without map_location in a CUDA DDP script: every "
-                                   "rank restores the tensors onto the GPU that saved them "
-                                   "(usually cuda:0), which costs that GPU memory or OOMs")
+        elif info.distributed and not info.gloo_only and kwarg(call, "map_location") is None \
+                and not info.effective_guard(rec) \
+                and len(call.args) < 2 and not _sibling_maps(rec, loads) \
+                and not (path is not None and per_rank_path(info, path)):
+            yield call, "DDP010", ("torch.load without map_location in a module that uses "
+                                   "torch.distributed: every rank restores CUDA tensors onto "
+                                   "the GPU that saved them (usually cuda:0), whatever "
+                                   "torch's weights_only default; that GPU pays the memory "
+                                   "or OOMs")
 
 
 def _constant_path(node: ast.expr) -> bool:
@@ -105,6 +163,10 @@ def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
                for o in loads)
 
 
+@rule('DDP011', 'bad-nccl-variable', 'warning',
+      'deprecated or non-existent NCCL variable',
+      'use TORCH_NCCL_BLOCKING_WAIT / TORCH_NCCL_ASYNC_ERROR_HANDLING; timeouts go in '
+      'init_process_group(timeout=...)')
 def ddp011(info: ModuleInfo) -> Iterator[Hit]:
     for node in info.nccl_strings:
         m = _BAD_NCCL.search(str(node.value))
@@ -112,12 +174,18 @@ def ddp011(info: ModuleInfo) -> Iterator[Hit]:
             yield node, "DDP011", f"{m.group(0)} {_NCCL_FIX[m.group(1)]}"
 
 
+@rule('DDP012', 'missing-destroy', 'warning',
+      'a training script initializes a process group and never destroys it',
+      'call dist.destroy_process_group() on the way out (try/finally)')
 def ddp012(info: ModuleInfo) -> Iterator[Hit]:
     # A helper module's `init_distributed_mode()` cannot tear down what its caller still
     # uses; the finding belongs in the script (a DDP wrap or a `__main__` block).
     if not (info.has_main or info.wraps_ddp):
         return
-    inits = [r for r in info.calls if r.last == "init_process_group"]
+    # A one-process group (`world_size=1`, a HashStore, accelerate's single-GPU fallback) and
+    # a connectivity test worker (`_test_nccl_worker`) exit without peers to leave waiting.
+    inits = [r for r in info.calls if r.last == "init_process_group" and not _solo(r)
+             and not (r.func is not None and "test" in r.func.name.lower())]
     if inits and not any(r.last in ("destroy_process_group", "shutdown") for r in info.calls):
         yield inits[0].node, "DDP012", (
             "the process group is never destroyed: torch (2.4+) warns at exit that pending "
@@ -125,6 +193,9 @@ def ddp012(info: ModuleInfo) -> Iterator[Hit]:
             "blocked in a collective")
 
 
+@rule('DDP013', 'accumulation-without-no-sync', 'warning',
+      'gradient accumulation on a DDP model without no_sync',
+      'wrap the micro-steps in `with model.no_sync():`')
 def ddp013(info: ModuleInfo) -> Iterator[Hit]:
     if info.no_sync or not info.wraps_ddp:
         return
@@ -140,6 +211,13 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
                             "micro-step's backward all-reduces the gradients anyway: wrap the "
                             "micro-steps in model.no_sync()")
                         return
+
+
+def _solo(rec: CallRec) -> bool:
+    ws = kwarg(rec.node, "world_size")
+    store = kwarg(rec.node, "store")
+    return (isinstance(ws, ast.Constant) and ws.value == 1) or (
+        isinstance(store, ast.Call) and (dotted(store.func) or "").endswith("HashStore"))
 
 
 def _accumulates(test: ast.expr) -> bool:
@@ -161,6 +239,9 @@ def _is_optimizer_step(call: ast.Call) -> bool:
     return any("opt" in (dotted(x) or "").lower() for x in [f.value, *call.args])
 
 
+@rule('DDP014', 'data-parallel', 'warning',
+      'nn.DataParallel as the multi-GPU strategy (one GIL-bound process, slower than DDP)',
+      'use DistributedDataParallel with one process per device')
 def ddp014(info: ModuleInfo) -> Iterator[Hit]:
     # In a script that also wraps in DDP, DataParallel is the single-process fallback branch
     # (pytorch/examples' imagenet, yolov5): a deliberate choice, not a finding.
@@ -174,6 +255,10 @@ def ddp014(info: ModuleInfo) -> Iterator[Hit]:
                 "markedly slower than DistributedDataParallel")
 
 
+@rule('DDP015', 'ddp-device-placement', 'warning',
+      'model moved after DDP wrapping on the same path, or DDP without device_ids on a model '
+      'placed with a bare .cuda() and no set_device',
+      'move the model to its device first, then DDP(model, device_ids=[local_rank])')
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
     set_devices = [r for r in info.calls if r.last == "set_device"]
@@ -187,6 +272,7 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
                 yield rec.node, "DDP015", (f"`{owner}.{rec.last}()` after DDP wrapping: DDP "
                                            "already placed its buckets; move the model first")
         elif rec.last == "DistributedDataParallel" and info.uses_cuda and \
+                not any(k.arg is None for k in rec.node.keywords) and \
                 kwarg(rec.node, "device_ids") is None and len(rec.node.args) < 2 and \
                 not _placed_per_rank(info, rec, set_devices):
             yield rec.node, "DDP015", (
@@ -214,5 +300,4 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     return False
 
 
-RULES = {"DDP008": ddp008, "DDP009": ddp009, "DDP010": ddp010, "DDP011": ddp011,
-         "DDP012": ddp012, "DDP013": ddp013, "DDP014": ddp014, "DDP015": ddp015}
+RULES = [ddp008, ddp009, ddp010, ddp011, ddp012, ddp013, ddp014, ddp015]

@@ -1,126 +1,111 @@
-"""Rank rules DDP005-DDP007, DDP016-DDP018: code that runs on some ranks but not others."""
+"""Rank rules: what runs on some ranks but not others. DDP005/DDP006/DDP019 read the
+collective schedule (diverge.py), DDP007 the file writes each rank class reaches."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from .context import (
-    COLLECTIVE_EXACT,
-    COLLECTIVE_PREFIXES,
-    LOCAL,
-    NONE,
-    CallRec,
-    Func,
-    ModuleInfo,
-    dotted,
-    kwarg,
-)
-
-# (node, code, message[, severity]): see engine.RuleFn
-Hit = tuple[ast.AST, str, str] | tuple[ast.AST, str, str, str]
-
-_EVAL_HINTS = ("eval", "valid", "test", "predict", "infer")
-_LOG_CALLS = {"print", "info", "warning", "log", "add_scalar", "add_scalars", "write",
-              "log_metrics", "save", "save_checkpoint", "dump"}
+from .callgraph import is_collective, reaches
+from .context import Func, ModuleInfo, dotted, kwarg
+from .diverge import divergences
+from .provenance import LOCAL, NONE
+from .ranks import OTHERS, RANK0
+from .registry import Hit, rule
+from .schedule import project
 
 
-def is_collective(rec: CallRec) -> bool:
-    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
-        return False
-    return (rec.qual or "").startswith("torch.distributed.")
+class At(ast.AST):
+    """A position for a finding that is no single AST node (a divergence)."""
+
+    _fields = ()
+
+    def __init__(self, line: int, col: int = 0) -> None:
+        super().__init__()
+        self.lineno, self.col_offset = line, col
 
 
+@rule("DDP005", "collective-divergence", "error",
+      "two rank classes reach different collective sequences (a collective only some ranks "
+      "call, or a different one on each side)",
+      "call the same collectives, in the same order, on every rank (outside the rank branch)")
 def ddp005(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls:
-        if is_collective(rec) and info.effective_guard(rec):
-            yield rec.node, "DDP005", (f"{rec.last}() is called only on the ranks that take "
-                                       "this rank branch; the others never join and it hangs")
+    """Every rank must call the same collectives in the same order; one that waits in a
+    collective the others never reach waits until the NCCL timeout (seeds 000, 004)."""
+    for d in divergences(info):
+        if d.code == "DDP005":
+            yield At(d.line), "DDP005", d.message
 
 
+@rule("DDP006", "ddp-forward-divergence", "error",
+      "forward of the DDP-wrapped model on some rank classes only (directly or in a helper); "
+      "error when the module visibly has buffers (BatchNorm)",
+      "evaluate on every rank, or call model.module(...) on rank 0")
 def ddp006(info: ModuleInfo) -> Iterator[Hit]:
-    ddp = info.ddp_names()
-    if not ddp:
+    """DDP broadcasts the module's buffers at the start of each forward and waits for every
+    rank: a forward on rank 0 alone hangs as soon as the model has a buffer (seed 000)."""
+    found = [d for d in divergences(info) if d.code == "DDP006"]
+    if not found:
         return
-    # Certain to hang only when the wrapper has buffers to broadcast: BatchNorm (or an
-    # explicit register_buffer) in this module, and broadcast_buffers not switched off.
     sev = "error" if (info.batchnorm or info.buffers) and not any(
         isinstance(k.value, ast.Constant) and k.value.value is False
         for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
         for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
-    why = ("DDP's buffer broadcast at the start of every forward waits for the other ranks "
-           "(a hang whenever the model has buffers, e.g. BatchNorm)")
-    for rec in info.calls:
-        level = info.effective_guard(rec)
-        if not level:
-            continue
-        f = rec.node.func
-        target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
-            else dotted(f)
-        if target in ddp:
-            if rec.guard and rec.node.lineno > ddp[target]:
-                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` inside a "
-                       f"rank branch: {why}", sev)
-                continue
-            site = _guarded_site(info, rec)
-            if not rec.guard and site is not None and site.node.lineno > ddp[target] \
-                    and rec.func is not None and _global_to(rec.func, target):
-                yield (rec.node, "DDP006", f"forward of the DDP model `{target}` in "
-                       f"{rec.func.name}(), which is called only inside a rank branch (line "
-                       f"{site.node.lineno}): {why}", sev)
-                continue
-        if not rec.guard:
-            continue
-        # `if rank == 0: evaluate(model, ...)` with the DDP wrapper as an argument.
-        args = [dotted(a) for a in rec.node.args] + [dotted(k.value) for k in rec.node.keywords]
-        passed = [a for a in args if a in ddp and rec.node.lineno > ddp[a]]
-        if passed and (info.local_callees(rec) and _forwards_a_param(info.local_callees(rec))
-                       or any(h in rec.last.lower() for h in _EVAL_HINTS)):
-            yield (rec.node, "DDP006", f"{rec.last}() runs the DDP model `{passed[0]}` on the "
-                   f"ranks of this branch only: {why}", sev)
+    for d in found:
+        yield At(d.line), "DDP006", d.message, sev
 
 
-def _guarded_site(info: ModuleInfo, rec: CallRec) -> CallRec | None:
-    """The rank-guarded call that makes `rec`'s function run on some ranks only."""
-    for site in info.calls:
-        if site.guard and rec.func in info.local_callees(site):
-            return site
-    return None
+@rule("DDP019", "exit-before-collective", "warning",
+      "one rank class can leave (return, raise, assert, sys.exit) where the others go on to "
+      "a collective",
+      "check the condition on every rank (or broadcast it) before anyone leaves")
+def ddp019(info: ModuleInfo) -> Iterator[Hit]:
+    """An `assert` or `return` that only rank 0 evaluates, just before a broadcast: when it
+    fires, the other ranks wait in the broadcast for a rank that is gone."""
+    for d in divergences(info):
+        if d.code == "DDP019":
+            yield At(d.line), "DDP019", d.message
 
 
-def _global_to(fn: Func, name: str) -> bool:
-    """`name` inside `fn` is the module's (or the instance's) object, not a parameter."""
-    if name.startswith("self."):
-        return True
-    params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
-    return name.split(".", 1)[0] not in params
+_WRITE_HINT = {"save", "dump", "savez", "savez_compressed"}
 
 
-def _forwards_a_param(fns: list[Func]) -> bool:
-    for fn in fns:
-        params = {a.arg for a in fn.args.args} - {"self"}
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id in params:
-                return True
-    return False
-
-
+@rule("DDP007", "shared-file-write", "warning",
+      "every rank writes the same file (torch.save, pickle.dump, np.save to a path that does "
+      "not depend on the rank)",
+      "write on rank 0 only (then barrier), or put the rank in the file name")
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
+    """Rank 0 and the ranks > 0 both reach a write of one path: the writes race, and when
+    the contents differ per rank (shards, per-rank state) all but one are lost."""
     if not info.distributed:
         return
+    # Only writes outside every rank branch (the walker's guards) can be reached by all
+    # classes; the schedule then decides, through callers, launch-mode arms and other files.
+    if not any(r.last in _WRITE_HINT and not info.effective_guard(r) for r in info.calls):
+        return
+    called = {id(fn) for rec in info.calls for fn in info.local_callees(rec)}
     used: set[str] | None = None
-    for rec in info.calls:
-        if rec.qual != "torch.save" or info.effective_guard(rec) or _in_memory(info, rec.node):
+    roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns
+                                        if id(f) not in called and reaches(info, id(f)))]
+    done: set[int] = set()
+    for root in roots:
+        zero = {id(ev) for ev, _ in project(info, root, RANK0).writes}
+        if not zero:
             continue
-        # A helper nobody here calls (`utils.save_checkpoint`) runs under its caller's guard,
-        # which lives in another module: no claim about it can be true here.
-        if rec.func is not None:
-            used = _referenced_names(info) if used is None else used
-            if rec.func.name not in used:
+        for ev, via in project(info, root, OTHERS).writes:
+            if id(ev) not in zero or ev.per_rank or id(ev) in done:
                 continue
-        yield rec.node, "DDP007", ("torch.save runs on every rank: all ranks write the same "
-                                   "file at once (torn or clobbered checkpoints)")
+            if root is not None and not via:
+                # A helper nobody here calls runs under its caller's guard, elsewhere.
+                used = _referenced_names(info) if used is None else used
+                if root.name not in used:
+                    continue
+            done.add(id(ev))
+            how = f" (through the call at line {via[0]})" if via else ""
+            yield At(ev.line), "DDP007", (
+                f"rank 0 and the ranks > 0 all reach this {ev.op} of `{ev.text}`{how}: every "
+                "rank writes the same file at once (torn or clobbered, and only one rank's "
+                "contents survive)")
 
 
 def _referenced_names(info: ModuleInfo) -> set[str]:
@@ -146,6 +131,9 @@ def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
                for v in [dest, *info.values_of(dest)])
 
 
+@rule('DDP016', 'reduce-read-on-all-ranks', 'error',
+      'result of dist.reduce read on every rank (only dst holds the sum)',
+      'use dist.all_reduce, or read the result only on rank dst')
 def ddp016(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "reduce" or not is_collective(rec) or not rec.node.args:
@@ -157,14 +145,15 @@ def ddp016(info: ModuleInfo) -> Iterator[Hit]:
         end = rec.node.end_lineno or rec.node.lineno
         # Statements that end before the reduce cannot read its result: skip their subtrees.
         scope = [st for st in scope if (st.end_lineno or st.lineno) > end]
-        for node, guard in _guarded_nodes(info, scope):
-            if guard or node.lineno <= end:
-                continue
-            if isinstance(node, ast.Name | ast.Attribute) and dotted(node) == name \
-                    and isinstance(getattr(node, "ctx", None), ast.Load):
-                yield node, "DDP016", (f"`{name}` is read on every rank after dist.reduce "
-                                       f"(line {rec.node.lineno}); only the dst rank holds the sum")
-                break
+        uses = [(node, guard) for node, guard in _guarded_nodes(info, scope)
+                if node.lineno > end and isinstance(node, ast.Name | ast.Attribute)
+                and dotted(node) == name]
+        if any(guard for _, guard in uses):
+            continue  # the author treats it under a rank test too: dst's result is the point
+        reads = [(n, g) for n, g in uses if isinstance(getattr(n, "ctx", None), ast.Load)]
+        for node, _ in reads[:1]:
+            yield node, "DDP016", (f"`{name}` is read on every rank after dist.reduce "
+                                   f"(line {rec.node.lineno}); only the dst rank holds the sum")
 
 
 def _guarded_nodes(info: ModuleInfo, stmts: list[ast.stmt],
@@ -175,6 +164,9 @@ def _guarded_nodes(info: ModuleInfo, stmts: list[ast.stmt],
             yield from _expr_nodes(s.test, guard)
             yield from _guarded_nodes(info, s.body, guard or level)
             yield from _guarded_nodes(info, s.orelse, guard or level)
+            if level and not s.orelse and s.body and isinstance(
+                    s.body[-1], ast.Return | ast.Raise | ast.Continue | ast.Break):
+                guard = guard or level  # `if rank != dst: return`: the rest is dst's only
             continue
         if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             continue
@@ -191,6 +183,10 @@ def _expr_nodes(root: ast.expr, guard: int) -> Iterator[tuple[ast.expr, int]]:
             yield node, guard
 
 
+@rule('DDP017', 'local-rank-zero-writes', 'warning',
+      'a local-rank test (`local_rank == 0`, `rank % ngpus_per_node == 0`) decides '
+      'checkpointing in a multi-node script',
+      'use the global rank (dist.get_rank() == 0)')
 def ddp017(info: ModuleInfo) -> Iterator[Hit]:
     if not info.multi_node:
         return
@@ -203,9 +199,10 @@ def ddp017(info: ModuleInfo) -> Iterator[Hit]:
                 f"{rec.last}() writes a checkpoint (torch.save, line {saved}) under a "
                 "local-rank test in a multi-node script: local rank 0 of every node writes "
                 "the same file")
-        elif rec.last in _LOG_CALLS and (rec.last != "save" or rec.qual == "torch.save"):
-            yield rec.node, "DDP017", (f"{rec.last}() is guarded by the local rank in a "
-                                       "multi-node script: local rank 0 of every node runs it")
+        elif rec.qual == "torch.save" and not _in_memory(info, rec.node):
+            yield rec.node, "DDP017", ("torch.save is guarded by the local rank in a "
+                                       "multi-node script: local rank 0 of every node writes "
+                                       "the same file")
 
 
 def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
@@ -219,6 +216,9 @@ def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
     return None
 
 
+@rule('DDP018', 'unguarded-print', 'info',
+      'print on every rank',
+      'guard with `if rank == 0:` or include the rank in the message', default=False)
 def ddp018(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed:
         return
@@ -232,5 +232,4 @@ def ddp018(info: ModuleInfo) -> Iterator[Hit]:
             yield rec.node, "DDP018", "print runs on every rank (duplicated output)"
 
 
-RULES = {"DDP005": ddp005, "DDP006": ddp006, "DDP007": ddp007, "DDP016": ddp016,
-         "DDP017": ddp017, "DDP018": ddp018}
+RULES = [ddp005, ddp006, ddp007, ddp016, ddp017, ddp018, ddp019]

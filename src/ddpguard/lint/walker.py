@@ -1,4 +1,4 @@
-"""The single traversal that fills a ModuleInfo (see context.py)."""
+"""The single traversal that fills a ModuleInfo (see context.py), and `build`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import ast
 
 from .context import (
     COLLECTIVE_PREFIXES,
-    GLOBAL,
-    NONE,
     QUALIFIED,
     CallRec,
     Func,
@@ -16,8 +14,10 @@ from .context import (
     ModuleInfo,
     dotted,
 )
+from .provenance import GLOBAL, LOCAL, NONE
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
+_EXIT_TYPES = {ast.Return, ast.Continue, ast.Raise, ast.Break, ast.Assert}
 _MULTI_NODE_STRINGS = {"RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NODEID", "GROUP_RANK",
                        "nnodes", "node_rank", "--nnodes"}
 # (MASTER_ADDR is not among them: single-node scripts set it to localhost.)
@@ -58,10 +58,18 @@ class Walker:
         self.func: Func | None = None
         self.in_class = False
         self.branch: tuple[tuple[int, int], ...] = ()
+        self.cur: ast.stmt | None = None
+        self.cls: str | None = None
+        self.gloo = False
 
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
         for s in stmts:
+            # The statement that holds the calls visited next (a compound statement's own
+            # expressions are visited before its blocks, so no restore is needed).
+            self.cur = s
+            if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
+                self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
             self.stmt(s)
             # `if not is_main: return` guards everything after it in this block.
             if isinstance(s, ast.If) and not s.orelse and s.body \
@@ -76,7 +84,13 @@ class Walker:
             assert isinstance(s, ast.If)
             self.expr(s.test)
             saved = self.guard
-            self.guard = _combine(saved, info.rank_level(s.test))
+            level = info.rank_level(s.test)
+            if level:
+                key = id(self.func) if self.func is not None else 0
+                info.split_funcs.add(key)
+                if level == LOCAL:
+                    info.local_tests = True
+            self.guard = _combine(saved, level)
             saved_branch = self.branch
             self.branch = saved_branch + ((id(s), 0),)
             self.block(s.body)
@@ -102,6 +116,8 @@ class Walker:
             for d in s.decorator_list:
                 self.expr(d)
             info.funcs.setdefault(s.name, []).append(s)
+            if self.in_class and self.cls is not None:
+                info.func_class[s] = self.cls
             if len(s.body) >= 1:
                 last = s.body[-1]
                 if isinstance(last, ast.Return) and last.value is not None:
@@ -117,10 +133,10 @@ class Walker:
             info.classes[s.name] = s
             for b in s.bases:
                 self.expr(b)
-            saved_cls = self.in_class
-            self.in_class = True
+            saved_cls, saved_name = self.in_class, self.cls
+            self.in_class, self.cls = True, s.name
             self.block(s.body)
-            self.in_class = saved_cls
+            self.in_class, self.cls = saved_cls, saved_name
         elif t is ast.Assign or t is ast.AnnAssign:
             assert isinstance(s, ast.Assign | ast.AnnAssign)
             value = s.value
@@ -191,7 +207,9 @@ class Walker:
                 qual = info.qualify(node.func) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
                 info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
-                                          self.branch))
+                                          self.branch, self.cur))
+                if self.guard:
+                    info.guarded_calls.append(info.calls[-1])
                 if not info.distributed and (
                         last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
@@ -216,6 +234,8 @@ class Walker:
                         info.multi_node = True
                     elif v in ("cuda", "nccl"):
                         info.uses_cuda = True
+                    elif v == "gloo":
+                        self.gloo = True
                     elif v == "LOCAL_RANK":
                         info.distributed = True
                 continue
@@ -224,6 +244,8 @@ class Walker:
                 if (type(sl) is ast.Slice and sl.step is not None) \
                         or type(node.value) is ast.Call:  # type: ignore[attr-defined]
                     info.subscripts.append(node)  # type: ignore[arg-type]
+            elif t is ast.Yield or t is ast.YieldFrom:
+                info.generators.add(id(self.func) if self.func is not None else 0)
             elif t is ast.Attribute:
                 attr = node.attr  # type: ignore[attr-defined]
                 if attr == "cuda":
@@ -241,3 +263,38 @@ class Walker:
                     extend(v)
                 elif v is not None:
                     push(v)
+
+
+def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
+    """One walk over `tree`, then the functions' guard levels."""
+    info = ModuleInfo(tree, path=path)
+    walker = Walker(info)
+    walker.block(tree.body)
+    info.gloo_only = walker.gloo and not info.uses_cuda
+    _guard_functions(info)
+    return info
+
+
+def _guard_functions(info: ModuleInfo) -> None:
+    """A function every call site of which is rank-guarded runs under that guard."""
+    sites: dict[Func, list[CallRec]] = {}
+    for rec in info.calls:
+        for fn in info.local_callees(rec):
+            sites.setdefault(fn, []).append(rec)
+    for fns in info.funcs.values():
+        for fn in fns:
+            if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
+                   for d in fn.decorator_list):
+                info.guarded_funcs[fn] = GLOBAL
+    for _ in range(3):
+        changed = False
+        for fn, recs in sites.items():
+            if fn in info.guarded_funcs:
+                continue
+            levels = [info.effective_guard(r) for r in recs]
+            if all(levels):
+                # One local-rank site is enough for every node's local rank 0 to run it.
+                info.guarded_funcs[fn] = LOCAL if LOCAL in levels else GLOBAL
+                changed = True
+        if not changed:
+            break

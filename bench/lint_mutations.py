@@ -1,0 +1,74 @@
+"""Take each inference of the lint's analysis out in turn and check that a test fails
+(issue 20: "every inference the analysis makes needs a test that fails without it").
+
+    python bench/lint_mutations.py        # from the repository root; restores every file
+
+Each entry: a name, the file under src/ddpguard/lint/, the text of the inference, and what
+replaces it. KILLED means some test in tests/test_lint*.py failed without it.
+"""
+
+# ruff: noqa: E501  (a table of source snippets: each entry stays on one line)
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+L = str(ROOT / "src/ddpguard/lint") + "/"
+M = [
+ ("flag provenance", "ranks.py", "    if ranked:\n", "    if ranked and False:\n"),
+ ("designated rank", "ranks.py", "    return d is not None and d.rsplit(\".\", 1)[-1].lower() in _DESIGNATED", "    return False"),
+ ("yield split", "diverge.py", "    return tuple(i for i in seq if i.ev is None or i.ev.kind != \"yield\")", "    return seq"),
+ ("launch mode", "ranks.py", "    if node is None:\n        return UNKNOWN\n    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):\n        v = launch", "    return UNKNOWN\n    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):\n        v = launch"),
+ ("per-rank path via assignment", "paths.py", "        if depth < 2 and any(per_rank_path", "        if depth < 0 and any(per_rank_path"),
+ ("per-rank loop var", "paths.py", " or d in _rank_loop_vars(info):", ":"),
+ ("callee resolution", "callgraph.py", "    fns = info.local_callees(rec)\n    if len(fns) > 1", "    return None\n    fns = info.local_callees(rec)\n    if len(fns) > 1"),
+ ("parameter forward binding", "schedule.py", "            if b is None:\n                continue", "            if True:\n                continue"),
+ ("call alignment by callee", "diverge.py", "    return (\"call\", it.name, it.key[3]) if it.kind == \"call\" else (it.kind, it.site)", "    return (it.kind, it.site)"),
+ ("DDP016 early return guard", "rules_rank.py", "                guard = guard or level  #", "                pass  #"),
+ ("callee exits not caller's", "diverge.py", "        if it.kind == \"call\" and kinds == _EXITS:\n            continue", "        pass"),
+ ("padded shards", "rules_data.py", "            if \"pad\" in name.lower():\n                return True", "            pass"),
+ ("validation sampler", "rules_data.py", "    return not any(h in name for h in _EVAL)", "    return True"),
+ ("one-process group", "rules_model.py", "    return (isinstance(ws, ast.Constant) and ws.value == 1) or (", "    return False and (isinstance(ws, ast.Constant) and ws.value == 1) or ("),
+ ("guarded load", "rules_model.py", "                and not info.effective_guard(rec) \\\n", ""),
+ ("cross-file", "crossfile.py", "        module, _, name = qual.rpartition(\".\")\n", "        return None\n        module, _, name = qual.rpartition(\".\")\n"),
+ ("same-contents pickle", "schedule.py", "            if not any(rank_dependent(self.info, o) for o in obj):\n                return None", "            pass"),
+ ("BOM strip", "source.py", "    if source.startswith(\"\\ufeff\"):  # a str", "    if False:  # a str"),
+ ("continue in an inner loop", "diverge.py", ' and not (in_loop and it.ev.op in ("continue", "break"))', ''),
+ ("rank % a per-node count", "ranks.py", 'if any(h in name for h in ("gpu", "per_node", "local", "device_count", "nproc")):', 'if True:'),
+ ("predicate by its shape", "provenance.py", "return low in _PREDICATES or bool(_PREDICATE_RE.match(low))", "return low in _PREDICATES"),
+ ("own definition wins", "ranks.py", "fns = info.funcs.get(last, [])  # this file's own definition wins over the name", "fns = []"),
+ ("cross-file within its tree", "crossfile.py", "if m is not caller and self._same_tree(m, caller)]", "if m is not caller]"),
+ ("BOM decode", "source.py", "        text = data.decode(encoding)", "        text = data.decode(\"utf-8\")"),
+]
+
+
+def main() -> int:
+    survived = 0
+    for name, f, old, new in M:
+        p = pathlib.Path(L + f)
+        s = p.read_text()
+        if old not in s:
+            print(f"!! {name}: pattern not found")
+            survived += 1
+            continue
+        p.write_text(s.replace(old, new, 1))
+        try:
+            r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/test_lint.py",
+                                "tests/test_lint_schedule.py", "tests/test_lint_cli.py"],
+                               capture_output=True, text=True, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+            lines = [x for x in r.stdout.splitlines()
+                     if "FAILED" in x or "passed" in x or "failed" in x]
+            print(f"{'KILLED' if r.returncode else 'SURVIVED'}: {name}: "
+                  f"{lines[0] if lines else r.stdout[-200:]}")
+            survived += r.returncode == 0
+        finally:
+            p.write_text(s)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

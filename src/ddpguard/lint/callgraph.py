@@ -1,0 +1,168 @@
+"""Who calls what, and which functions matter: the layer under the schedules.
+
+`resolve` finds the one function a call runs (this file, or another file on the command line
+through crossfile.Project); `reaches` tells whether a function reaches a collective, a DDP
+forward, a parameter call or a file write (directly or through calls), and `candidates` those
+where a rank test guards such a thing or an exit: only their schedules are ever built.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
+from .crossfile import EXTERNAL
+
+
+def is_collective(rec: CallRec) -> bool:
+    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
+        return False
+    return (rec.qual or "").startswith("torch.distributed.")
+
+
+def params_of(fn: Func) -> set[str]:
+    a = fn.args
+    out = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+    if a.vararg:
+        out.add(a.vararg.arg)
+    if a.kwarg:
+        out.add(a.kwarg.arg)
+    return out
+
+
+def is_generator(info: ModuleInfo, fn: Func) -> bool:
+    return id(fn) in info.generators  # recorded by the walker
+
+
+def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
+    """The one function a call runs: in this file (a method of the caller's class first), or
+    in another file on the command line through the import that names it."""
+    fns = info.local_callees(rec)
+    if len(fns) > 1 and rec.func is not None and rec.func in info.func_class:
+        mine = [f for f in fns if info.func_class.get(f) == info.func_class[rec.func]]
+        fns = mine or fns
+    if len(fns) == 1:
+        return info, fns[0]
+    if fns:
+        return None
+    project = info.project
+    if project is None:
+        return None
+    qual = info.qualify(rec.node.func)
+    if qual is None or "." not in qual:
+        return None
+    return project.find(qual, info)  # type: ignore[attr-defined]
+
+
+WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
+
+
+def reaches(info: ModuleInfo, key: int) -> bool:
+    """The function with id `key` (0: the module's top level) reaches a collective, a DDP
+    forward, a parameter call (when the module has a DDP model) or a file write, directly or
+    through calls (this file's, or another file's on the command line). Computed on demand
+    and memoised: functions nobody asks about are never looked at."""
+    memo: dict[int, bool] | None = info._memo.get(("reaches", 0))  # type: ignore[assignment]
+    if memo is None:
+        memo = info._memo[("reaches", 0)] = {}
+    assert memo is not None
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    memo[key] = False  # in progress: cycles end here
+    ddp = info.ddp_names()
+    cross = info.project is not None and getattr(info.project, "multi", False)
+    params: set[str] | None = None
+    hit = False
+    for rec in calls_by_func(info).get(key, ()):
+        last = rec.last
+        if is_collective(rec) or last in WRITE_LASTS:
+            hit = True
+            break
+        f = rec.node.func
+        if ddp and (last in _ddp_lasts(info) or (rec.func is not None
+                                                 and isinstance(f, ast.Name))):
+            d = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
+                else dotted(f)
+            if d is not None and params is None:
+                params = params_of(rec.func) - {"self", "cls"} if rec.func is not None \
+                    else set()
+            if d is not None and (d in ddp or d in (params or ())):
+                hit = True
+                break
+        if last in info.funcs:
+            callees = info.local_callees(rec)
+            if callees:
+                if any(reaches(info, id(fn)) for fn in callees):
+                    hit = True
+                    break
+                continue
+        if cross and isinstance(f, ast.Name | ast.Attribute):
+            head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
+            target = resolve(info, rec) if head in info.aliases else None
+            if target is not None and reaches(target[0], id(target[1])):
+                hit = True
+                break
+    memo[key] = hit
+    return hit
+
+
+def calls_by_func(info: ModuleInfo) -> dict[int, list[CallRec]]:
+    hit = info._memo.get(("calls_by_func", 0))
+    if hit is None:
+        out: dict[int, list[CallRec]] = {}
+        for rec in info.calls:
+            out.setdefault(id(rec.func) if rec.func is not None else 0, []).append(rec)
+        hit = info._memo[("calls_by_func", 0)] = out
+    return hit  # type: ignore[return-value]
+
+
+def _ddp_lasts(info: ModuleInfo) -> set[str]:
+    hit = info._memo.get(("ddp_lasts", 0))
+    if hit is None:
+        hit = info._memo[("ddp_lasts", 0)] = {
+            n.rsplit(".", 1)[-1] for n in info.ddp_names()} | {"forward"}
+    return hit  # type: ignore[return-value]
+
+
+def candidates(info: ModuleInfo) -> set[int]:
+    """Functions whose own rank tests guard a call or an exit (the walker's records), or that
+    run code inside a rank-splitting generator context manager (`with leader_first(rank):`)."""
+    hit = info._memo.get(("candidates", 0))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    out = set(info.exit_splits)
+    ddp = info.ddp_names()
+    ddp_lasts = _ddp_lasts(info) if ddp else set()
+    cross = info.project is not None and getattr(info.project, "multi", False)
+    for rec in info.guarded_calls:
+        # only a guarded call that can matter: a collective, a forward of the wrapper or of a
+        # parameter, a call of this file's functions or of another linted file's
+        f = rec.node.func
+        key = id(rec.func) if rec.func is not None else 0
+        if key in out:
+            continue
+        head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
+        if is_collective(rec) or rec.last in ddp_lasts or rec.last in info.funcs or (
+                cross and head in info.aliases
+                and info.aliases[head].split(".")[0] not in EXTERNAL) or (
+                ddp and rec.func is not None and isinstance(f, ast.Name)
+                and f.id in params_of(rec.func)):
+            out.add(key)
+    gens = {fn.name for fns in info.funcs.values() for fn in fns
+            if id(fn) in info.generators and id(fn) in info.split_funcs}
+    if gens:
+        for rec in info.calls:
+            if rec.last in gens and any(id(fn) in info.generators
+                                        for fn in info.local_callees(rec)):
+                out.add(id(rec.func) if rec.func is not None else 0)
+    info._memo[("candidates", 0)] = out
+    return out
+
+
+def has_split(info: ModuleInfo, func: Func | None) -> bool:
+    """`func`'s own rank tests can make its classes part: a rank test guards a call or an
+    exit there, and it reaches something that matters. Read from the walker's records and
+    the call graph: no schedule is built for the others."""
+    key = id(func) if func is not None else 0
+    return key in candidates(info) and reaches(info, key)

@@ -1,0 +1,74 @@
+"""The other files on the command line: resolve `from utils import save_on_master` (or
+`comm.synchronize()`) to the function defined in one of them, so its schedule summary is
+inlined at the call. Modules are keyed by their dotted path suffixes (`comm`, `utils.comm`,
+`detectron2.utils.comm`); among several candidates the one nearest to the caller wins."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .context import Func, ModuleInfo
+
+# Packages that are never one of the files being linted (`torch.distributed.barrier` must
+# not resolve to a project file named distributed.py).
+EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "logging", "pickle",
+             "random", "collections", "functools", "itertools", "typing", "re", "shutil",
+             "subprocess", "argparse", "copy", "pathlib", "datetime", "warnings", "tqdm",
+             "torchvision", "transformers", "accelerate", "PIL", "cv2", "scipy", "sklearn",
+             "yaml", "omegaconf", "hydra", "wandb", "apex", "timm", "fvcore", "iopath",
+             "deepspeed", "lightning", "pytorch_lightning", "contextlib", "io", "glob"}
+
+
+class Project:
+    def __init__(self, infos: list[ModuleInfo]) -> None:
+        self.index: dict[str, list[ModuleInfo]] = {}
+        self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
+        # Resolved once: path work per lookup costs more than the analysis it serves.
+        self.parts: dict[int, tuple[str, ...]] = {
+            id(i): Path(os.path.abspath(i.path)).parts for i in infos}
+        paths = [os.path.abspath(i.path) for i in infos]
+        root = Path(os.path.commonpath(paths)) if paths else Path("/")
+        self.depth = len((root.parent if len(infos) == 1 else root).parts)
+        for info in infos:
+            parts = list(Path(info.path).with_suffix("").parts)
+            if parts and parts[-1] == "__init__":
+                parts.pop()
+            for k in range(1, min(4, len(parts)) + 1):
+                self.index.setdefault(".".join(parts[-k:]), []).append(info)
+            info.project = self
+
+    def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
+        """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves
+        within the caller's own top folder, never into a neighbour's module of that name."""
+        a = self.parts.get(id(m), ())[self.depth:]
+        b = self.parts.get(id(caller), ())[self.depth:]
+        return len(a) < 2 or len(b) < 2 or a[0] == b[0]
+
+    def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
+        module, _, name = qual.rpartition(".")
+        if not module or module.split(".", 1)[0] in EXTERNAL:
+            return None
+        mod_parts = module.split(".")
+        for k in range(min(4, len(mod_parts)), 0, -1):
+            cands = [m for m in self.index.get(".".join(mod_parts[-k:]), ())
+                     if m is not caller and self._same_tree(m, caller)]
+            if not cands:
+                continue
+            mine = self.parts.get(id(caller), ())
+            cands.sort(key=lambda m: -_common(self.parts.get(id(m), ()), mine))
+            for m in cands:
+                fns = [f for f in m.funcs.get(name, []) if f not in m.func_class]
+                if len(fns) == 1:
+                    return m, fns[0]
+            return None
+        return None
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,226 @@
+"""Compare the schedules of two rank classes (schedule.py) and say where they part.
+
+For every function whose rank tests (its own or its callees') split the ranks, and for the
+module's top level, the sequences of rank 0 and of the ranks > 0 (and, in multi-node code,
+of local rank 0 on the other nodes) are aligned item by item. Matching collectives in the two
+arms of a rank test (`if local_rank > 0: barrier()` ... `yield` ... `if local_rank == 0:
+barrier()`; `gather(t, lst, dst)` / `gather(t, dst=dst)`) align and are no finding. What does
+not align is a divergence, carrying both classes and both lines: a collective one class
+reaches and the other does not (DDP005), a forward through the DDP wrapper (DDP006), or an
+exit one class may take before a collective the other waits in (DDP019). A call made by both
+classes whose callee then differs is left to the callee's own comparison (reported once).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+from .callgraph import has_split
+from .context import Func, ModuleInfo
+from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
+from .schedule import Item, Seq, project
+
+_OPS = ("coll", "fwd")
+_EXITS = ("exit", "mayexit")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    code: str           # DDP005 collective, DDP006 DDP forward, DDP019 exit before collective
+    line: int
+    message: str
+    other_line: int
+
+
+def divergences(info: ModuleInfo) -> list[Divergence]:
+    hit = info._memo.get(("divergences", 0))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    out: list[Divergence] = []
+    if not info.split_funcs:  # no rank test anywhere: every class runs the same code
+        info._memo[("divergences", 0)] = out
+        return out
+    roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns)]
+    # Local rank 0 of another node is a class of its own only where the code tests the local
+    # rank and can run on several nodes.
+    pairs = [(RANK0, OTHERS)] + ([(NODE_LEADERS, OTHERS)] if info.multi_node
+                                 and info.local_tests else [])
+    for root in roots:
+        if not has_split(info, root):
+            continue
+        for a, b in pairs:
+            pa, pb = project(info, root, a), project(info, root, b)
+            # A generator's own `yield` is where its caller's body runs: compare what each
+            # class does around it as a whole (leader-goes-first context managers).
+            _diff(_no_yield(pa.seq), _no_yield(pb.seq), a, b, out)
+    info._memo[("divergences", 0)] = out
+    return out
+
+
+def _coarse(it: Item) -> tuple[object, ...]:
+    """Alignment key: an event by what it is; a branch or loop by where it is; a call by
+    the function it runs (the same helper called in both arms of a rank test aligns)."""
+    if it.kind == "ev":
+        return it.key
+    return ("call", it.name, it.key[3]) if it.kind == "call" else (it.kind, it.site)
+
+
+def _pairable(x: Item, y: Item) -> bool:
+    """The same branch or loop, or the same call site, as the two classes see it."""
+    return x.kind == y.kind and x.site == y.site and x.kind != "ev" and \
+        (x.kind != "call" or x.name == y.name)
+
+
+def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence]) -> None:
+    if [i.key for i in sa] == [i.key for i in sb]:
+        return
+    ka, kb = [_coarse(i) for i in sa], [_coarse(i) for i in sb]
+    sm = SequenceMatcher(None, ka, kb, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        a, b = sa[i1:i2], sb[j1:j2]
+        if tag == "equal":
+            for x, y in zip(a, b, strict=True):
+                if x.key == y.key or x.kind == "call":
+                    continue  # a call both classes make: the callee's own comparison
+                if len(x.arms) == len(y.arms):
+                    for ax, ay in zip(x.arms, y.arms, strict=True):
+                        _diff(ax, ay, ca, cb, out)
+            continue
+        if tag == "replace" and len(a) == len(b) and all(map(_pairable, a, b)):
+            for x, y in zip(a, b, strict=True):
+                if x.kind != "call" and len(x.arms) == len(y.arms):
+                    for ax, ay in zip(x.arms, y.arms, strict=True):
+                        _diff(ax, ay, ca, cb, out)
+            continue  # a call both classes make: the callee's own comparison
+        if tag == "replace":
+            _report(a, b, sa[i2:], sb[j2:], ca, cb, out)
+            continue
+        for k, it in enumerate(a or b):
+            if a:
+                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out)
+            else:
+                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out)
+
+
+def _no_yield(seq: Seq) -> Seq:
+    return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
+
+
+def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = (),
+           in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
+    """The first event of `kinds` in `seq`, and the call sites it sits behind. A callee's
+    own exits end the callee, and a `continue`/`break` inside a loop ends that loop: neither
+    is an exit of the sequence compared."""
+    for it in seq:
+        if it.ev is not None:
+            if it.ev.kind in kinds and not (in_loop and it.ev.op in ("continue", "break")):
+                return it, via
+            continue
+        if it.kind == "call" and kinds == _EXITS:
+            continue
+        for arm in it.arms:
+            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()),
+                         in_loop or it.kind == "loop")
+            if hit is not None:
+                return hit
+    return None
+
+
+def _who(cls: RankClass, it: Item) -> str:
+    if it.cond is None:
+        return cls.name
+    test, value = it.cond
+    return f"{cls.name} (`{ast.unparse(test)}` is {'true' if value == TRUE else 'false'})"
+
+
+def _v(cls: RankClass, verb: str) -> str:
+    """`rank 0 reaches`, `ranks > 0 reach`."""
+    if cls.name.startswith("ranks") or cls.name.startswith("local rank 0 of"):
+        return verb
+    return {"reach": "reaches", "go": "goes", "leave": "leaves", "skip": "skips",
+            "can": "can"}.get(verb, verb + "s")
+
+
+def _what(it: Item, via: tuple[int, ...]) -> str:
+    ev = it.ev
+    assert ev is not None
+    name = f"{ev.op}()" if ev.kind == "coll" else f"a forward of the DDP model `{ev.text}`"
+    where = f"line {ev.line}"
+    if via and via[0] != ev.line:
+        where += f" (through the call at line {via[0]})"
+    return f"{name} at {where}"
+
+
+def _line(it: Item, via: tuple[int, ...]) -> int:
+    ev = it.ev
+    assert ev is not None
+    if ev.kind == "fwd" or not via:
+        return ev.line
+    return via[0]
+
+
+def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
+            out: list[Divergence]) -> None:
+    ea, eb = _first(a, _OPS), _first(b, _OPS)
+    if ea is None and eb is None:
+        for x, cx, rest, co in ((_first(a, _EXITS), ca, rest_b, cb),
+                                (_first(b, _EXITS), cb, rest_a, ca)):
+            nxt = _first(rest, ("coll",))
+            if x is None or nxt is None or x[0].ev is None or x[0].ev.op in ("yield",):
+                continue
+            ex, nx = x[0].ev, nxt[0].ev
+            assert nx is not None
+            out.append(Divergence("DDP019", _line(*x), (
+                f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
+                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt)}: "
+                "the ranks still in it wait for "
+                "ranks that are gone"), nx.line))
+        return
+    if ea is None:
+        ea, eb, a, b, rest_b, ca, cb = eb, None, b, a, rest_a, cb, ca
+    assert ea is not None
+    it, via = ea
+    ev = it.ev
+    assert ev is not None
+    code = "DDP005" if ev.kind == "coll" else "DDP006"
+    if eb is not None:
+        other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb)} instead"
+        other_line = _line(*eb)
+    else:
+        x = _first(b, _EXITS)
+        nxt = _first(rest_b, _OPS)
+        if x is not None and x[0].ev is not None:
+            ev = x[0].ev
+            other = f"{_who(cb, x[0])} {_v(cb, 'leave')} at line {ev.line} ({ev.op}) first"
+            other_line = x[0].ev.line
+        elif nxt is not None:
+            other = f"{_who(cb, nxt[0])} {_v(cb, 'skip')} it and go on to {_what(*nxt)}"
+            other_line = _line(*nxt)
+        else:
+            other = f"{cb.name} never {'reach' if _v(cb, 'reach') == 'reach' else 'reaches'} it"
+            other_line = 0
+    tail = "; the ranks reach different collective sequences and wait on each other" \
+        if code == "DDP005" else ("; DDP's buffer broadcast at the start of every forward "
+                                  "waits for the other ranks (a hang whenever the model has "
+                                  "buffers, e.g. BatchNorm)")
+    out.append(Divergence(code, _line(it, via),
+                          f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via)}, {other}{tail}",
+                          other_line))
+
+
+def explain(info: ModuleInfo, func: Func | None = None) -> str:
+    """The schedules of each class for `func` (the module when None), one line per item:
+    the reasoning behind a verdict, for tests and for `python -m`-style debugging."""
+    lines = []
+    for cls in (RANK0, OTHERS, NODE_LEADERS):
+        lines.append(f"{cls.name}: " + "; ".join(_show(i) for i in project(info, func, cls).seq))
+    return "\n".join(lines)
+
+
+def _show(it: Item) -> str:
+    if it.ev is not None:
+        return f"{it.ev.op}@{it.ev.line}"
+    inner = " | ".join(", ".join(_show(i) for i in arm) for arm in it.arms)
+    return f"{it.kind}[{inner}]"

@@ -1,0 +1,265 @@
+"""Rank classes and how a rank test splits them.
+
+The code's own tests create the classes: `rank == 0`, `local_rank > 0`, `rank == dst`,
+`is_main_process()`, a flag such as `master_process = ddp_rank == 0`. Each class is stood for
+by a representative process: rank 0 (global and local rank 0), a rank > 0 (global and local
+rank > 0) and, where the code tests the local rank, local rank 0 of another node (global
+rank > 0, local rank 0). A test evaluates to TRUE or FALSE for a class, or UNKNOWN: it does not
+depend on the rank (the same on every rank: both arms are possible, for every class alike),
+or it depends on more than the class tells (`i % world_size != rank`, `rank == 1`).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from .provenance import (
+    _GLOBAL_NAMES,
+    _LOCAL_NAMES,
+    GLOBAL,
+    LOCAL,
+    NONE,
+    RankTable,
+    dotted,
+    is_predicate,
+    value_level,
+)
+
+FALSE, TRUE, UNKNOWN = 0, 1, 2
+POS = 1   # "some rank > 0": tests against constants <= 0 are decided, others are not
+_DESIGNATED = {"dst", "src", "root", "main_rank", "master_rank", "dst_rank", "src_rank",
+               "root_rank", "leader", "leader_rank"}
+# Tests of the launch mode, not of the rank: in a distributed run they hold on every rank.
+_LAUNCH_NAME = re.compile(r"(^|_)(distributed|ddp|multiprocessing_distributed|multi_gpu|"
+                          r"is_dist|use_dist|dist_enabled|use_ddp|is_ddp)$", re.I)
+_LAUNCH_CALLS = {"is_initialized", "is_available", "is_dist_avail_and_initialized",
+                 "is_distributed", "is_dist_available_and_initialized", "is_torchelastic_launched"}
+_WORLD = re.compile(r"(^|_)(world_size|num_gpus|ngpus|n_gpus|nprocs|num_processes|"
+                    r"num_replicas|gpus)$", re.I)
+_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
+        ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+@dataclass(frozen=True)
+class RankClass:
+    name: str
+    glob: int   # 0 or POS
+    local: int  # 0 or POS
+
+
+RANK0 = RankClass("rank 0", 0, 0)
+OTHERS = RankClass("ranks > 0", POS, POS)
+NODE_LEADERS = RankClass("local rank 0 of the other nodes", POS, 0)
+
+
+class Table(RankTable, Protocol):
+    assigns: dict[str, list[tuple[int, ast.expr]]]
+    funcs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]
+
+
+def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
+    """0 or POS when `node` is the class's (global or local) rank itself, else None."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) \
+            and value_level(info, node.left) == GLOBAL:
+        # `rank % ngpus_per_node` is the local rank; `rank % 2` splits the ranks > 0 too
+        per_node = node.right if not isinstance(node.right, ast.Call) else node.right.func
+        name = (dotted(per_node) or "").lower()
+        if any(h in name for h in ("gpu", "per_node", "local", "device_count", "nproc")):
+            return cls.local
+        return None
+    if isinstance(node, ast.Call) and info.callee_last(node) in ("int", "str") and node.args:
+        return _rank_value(info, node.args[0], cls)
+    if not isinstance(node, ast.Name | ast.Attribute | ast.Call | ast.Subscript):
+        return None
+    d = dotted(node) if not isinstance(node, ast.Call | ast.Subscript) else None
+    if d is not None:
+        last = d.rsplit(".", 1)[-1].lower()
+        if is_predicate(last):
+            return None
+        if d not in info.rank_names and last not in _GLOBAL_NAMES and last not in _LOCAL_NAMES:
+            return None
+    level = value_level(info, node)
+    if level == GLOBAL:
+        return cls.glob
+    if level == LOCAL:
+        return cls.local
+    return None
+
+
+def _const(node: ast.AST) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) \
+            and isinstance(node.operand, ast.Constant) and isinstance(node.operand.value, int):
+        return -node.operand.value
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        vals = [_const(e) for e in node.elts]
+        return tuple(vals) if all(isinstance(v, int) for v in vals) else None
+    return None
+
+
+def _designated(node: ast.AST) -> bool:
+    """`dst`, `args.src`, `root`: the rank a collective names, in practice rank 0."""
+    d = dotted(node)
+    return d is not None and d.rsplit(".", 1)[-1].lower() in _DESIGNATED
+
+
+def _compare(val: int, op: ast.cmpop, other: object) -> int:
+    if isinstance(op, ast.In | ast.NotIn):
+        if not isinstance(other, tuple):
+            return UNKNOWN
+        if val == 0:
+            hit = 0 in other
+        elif all(o <= 0 for o in other):
+            hit = False
+        else:
+            return UNKNOWN
+        return TRUE if hit == isinstance(op, ast.In) else FALSE
+    fn = _CMP.get(type(op))
+    if fn is None or not isinstance(other, int) or isinstance(other, bool):
+        return UNKNOWN
+    if val == 0:
+        return TRUE if fn(0, other) else FALSE
+    if other > 0:
+        return UNKNOWN  # `rank == 1`, `rank < 4`: some ranks > 0 pass, some do not
+    # every rank > 0 compares the same way against a constant <= 0
+    return TRUE if fn(1, other) else FALSE
+
+
+def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) -> int:
+    """TRUE / FALSE / UNKNOWN for the test `node` on the ranks of `cls`."""
+    if node is None or depth > 4:
+        return UNKNOWN
+    if isinstance(node, ast.BoolOp):
+        vals = [evaluate(info, v, cls, depth) for v in node.values]
+        stop = FALSE if isinstance(node.op, ast.And) else TRUE
+        if stop in vals:
+            return stop
+        return UNKNOWN if UNKNOWN in vals else 1 - stop
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = evaluate(info, node.operand, cls, depth)
+        return v if v == UNKNOWN else 1 - v
+    if isinstance(node, ast.Compare):
+        if len(node.ops) != 1:
+            return UNKNOWN
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        lv, rv = _rank_value(info, left, cls), _rank_value(info, right, cls)
+        if lv is not None and rv is None:
+            return _against(lv, op, right)
+        if rv is not None and lv is None and isinstance(op, ast.Eq | ast.NotEq):
+            return _against(rv, op, left)
+        return launch(info, node)
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        fns = info.funcs.get(last, [])  # this file's own definition wins over the name
+        if len(fns) == 1 and fns[0].body and isinstance(fns[0].body[-1], ast.Return):
+            ret = fns[0].body[-1].value
+            if ret is not None and len(fns[0].body) <= 3:
+                return evaluate(info, ret, cls, depth + 1)
+        if is_predicate(last):
+            return _predicate(last, cls)
+        if last in _LAUNCH_CALLS:
+            return TRUE
+        return UNKNOWN
+    d = dotted(node)
+    if d is None:
+        return launch(info, node)
+    return _flag(info, d, node, cls, depth)
+
+
+def _against(val: int, op: ast.cmpop, other_node: ast.expr) -> int:
+    other = _const(other_node)
+    if other is None and _designated(other_node) and isinstance(op, ast.Eq | ast.NotEq):
+        other = 0
+    if other is None:
+        return UNKNOWN
+    return _compare(val, op, other)
+
+
+def _predicate(name: str, cls: RankClass) -> int:
+    zero = cls.local if "local" in name.lower() else cls.glob
+    return TRUE if zero == 0 else FALSE
+
+
+def _flag(info: Table, d: str, node: ast.AST, cls: RankClass, depth: int) -> int:
+    """A name used as a test: a flag assigned from a rank test (`master_process = ddp_rank
+    == 0`; constant fallbacks such as `master_process = True` for the single-process launch do
+    not count), a predicate-named attribute (`accelerator.is_main_process`), or a rank value
+    itself (`if rank:`)."""
+    values = [v for _, v in info.assigns.get(d, [])]
+    ranked = [v for v in values if v is not node and value_level(info, v) != NONE]
+    if ranked:
+        vals = {evaluate(info, v, cls, depth + 1) if not _is_value(info, v)
+                else _truth(_rank_value(info, v, cls)) for v in ranked}
+        return vals.pop() if len(vals) == 1 else UNKNOWN
+    last = d.rsplit(".", 1)[-1]
+    if is_predicate(last):
+        return _predicate(last, cls)
+    val = _rank_value(info, node, cls)
+    return _truth(val) if val is not None else launch(info, node)
+
+
+def _is_value(info: Table, node: ast.AST) -> bool:
+    return _rank_value(info, node, RANK0) is not None
+
+
+def _truth(val: int | None) -> int:
+    if val is None:
+        return UNKNOWN
+    return FALSE if val == 0 else TRUE
+
+
+def launch(info: Table, node: ast.AST | None) -> int:
+    """TRUE/FALSE for a test of the launch mode as a distributed run sees it (`if
+    args.distributed:`, `if not dist.is_initialized():`, `if world_size > 1:`); UNKNOWN for
+    anything else. The same on every rank: it splits no ranks, it only picks the arm."""
+    if node is None:
+        return UNKNOWN
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = launch(info, node.operand)
+        return v if v == UNKNOWN else 1 - v
+    if isinstance(node, ast.BoolOp):
+        vals = [launch(info, v) for v in node.values]
+        stop = FALSE if isinstance(node.op, ast.And) else TRUE
+        if stop in vals:
+            return stop
+        return UNKNOWN if UNKNOWN in vals else 1 - stop
+    if isinstance(node, ast.Call):
+        return TRUE if info.callee_last(node) in _LAUNCH_CALLS else UNKNOWN
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        c = _const(node.comparators[0])
+        if isinstance(c, int) and not isinstance(c, bool) and _is_world(info, node.left):
+            fn = _CMP.get(type(node.ops[0]))
+            if fn is not None and c in (1, 2):
+                # world size >= 2: `> 1`, `!= 1`, `>= 2` hold; `== 1`, `< 2`, `<= 1` do not
+                return TRUE if fn(2, c) and fn(3, c) else FALSE if not (fn(2, c) or
+                                                                          fn(3, c)) else UNKNOWN
+        return UNKNOWN
+    d = dotted(node)
+    if d is not None and _LAUNCH_NAME.search(d.rsplit(".", 1)[-1]):
+        return TRUE
+    return UNKNOWN
+
+
+def _is_world(info: Table, node: ast.AST) -> bool:
+    if isinstance(node, ast.Call):
+        return info.callee_last(node) == "get_world_size"
+    d = dotted(node)
+    return d is not None and bool(_WORLD.search(d.rsplit(".", 1)[-1]))
+
+
+def splits(info: Table, node: ast.AST | None) -> bool:
+    """The test can take different values on different rank classes."""
+    if node is None:
+        return False
+    vals = {evaluate(info, node, c) for c in (RANK0, OTHERS, NODE_LEADERS)}
+    return len(vals) > 1
+
+
+def uses_local(info: Table, node: ast.AST) -> bool:
+    return evaluate(info, node, RANK0) != evaluate(info, node, NODE_LEADERS) or \
+        evaluate(info, node, OTHERS) != evaluate(info, node, NODE_LEADERS)

@@ -1,0 +1,409 @@
+"""The collective schedule of every function, per rank class (ranks.py).
+
+A function's body becomes a small tree of what matters to the other ranks: collectives (op and
+group), forwards through the DDP wrapper, early exits, file writes with their path expression,
+calls into functions of this file or of the other files on the command line, rank and non-rank
+branches, loops, and context managers built from generators (split at their `yield`). The tree
+is built once per function; a *projection* walks it for one rank class, taking the arm its
+rank tests choose (both arms, as an alternative, where a test does not depend on the rank),
+inlining callees' projections (memoised), and yields a sequence of items. Two classes whose
+sequences differ reach different collectives: diverge.py compares them. Callees that cannot be
+resolved are unknown and contribute nothing, never a collective.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .callgraph import (
+    WRITE_LASTS,
+    calls_by_func,
+    is_collective,
+    is_generator,
+    params_of,
+    reaches,
+    resolve,
+)
+from .context import CallRec, Func, ModuleInfo, dotted
+from .paths import per_rank_path, rank_dependent
+from .ranks import TRUE, UNKNOWN, RankClass, evaluate, launch, splits
+
+_EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
+_EXIT_LASTS = {"exit", "quit", "_exit"}
+_WRITES = {"torch.save": 1, "pickle.dump": 1, "numpy.save": 0, "numpy.savez": 0,
+           "numpy.savez_compressed": 0, "np.save": 0, "np.savez": 0}
+MAX_DEPTH = 8
+
+
+# -- the tree built once per function -------------------------------------------------------
+@dataclass(slots=True)
+class Ev:
+    kind: str          # coll fwd pcall write exit mayexit yield
+    op: str
+    line: int
+    text: str = ""     # the collective's group, the forwarded model, the written path
+    per_rank: bool = False
+
+
+@dataclass(slots=True)
+class IfN:
+    test: ast.expr
+    body: list[object]
+    orelse: list[object]
+    split: bool
+    line: int
+    fixed: int   # TRUE/FALSE for launch-mode tests (`if args.distributed:`), else UNKNOWN
+
+
+@dataclass(slots=True)
+class LoopN:
+    body: list[object]
+    line: int
+
+
+@dataclass(slots=True)
+class CallN:
+    site: int
+    target: tuple[ModuleInfo, Func]
+    bind: dict[str, tuple[str, str]]   # callee parameter -> ("ddp", name) | ("param", name)
+    ctx_body: list[object] | None = None   # `with helper(): body` on a generator helper
+
+
+# -- projected items ------------------------------------------------------------------------
+Cond = tuple[ast.expr, int] | None
+
+@dataclass(slots=True, eq=False)
+class Item:
+    key: tuple[object, ...]
+    kind: str                      # ev alt loop call
+    ev: Ev | None = None
+    arms: tuple[tuple[Item, ...], ...] = ()
+    site: int = 0
+    name: str = ""
+    cond: Cond = None              # the rank test (and its value) that chose this item's arm
+    via: tuple[int, ...] = ()      # call sites from the compared function down to the event
+
+
+Seq = tuple[Item, ...]
+
+
+@dataclass
+class Projection:
+    seq: Seq
+    exit: str | None                               # definite exit: return/raise/exit/...
+    writes: list[tuple[Ev, tuple[int, ...]]] = field(default_factory=list)
+
+
+def _ev_key(ev: Ev) -> tuple[object, ...]:
+    if ev.kind == "coll":
+        return ("c", ev.op, ev.text)
+    if ev.kind == "fwd":
+        return ("f",)
+    return ("x", ev.kind, ev.op)
+
+
+class Builder:
+    """Builds (and memoises on the ModuleInfo) the tree of one function or the module."""
+
+    def __init__(self, info: ModuleInfo) -> None:
+        self.info = info
+        self.by_func = calls_by_func(info)
+        self.by_stmt: dict[int, list[CallRec]] = {}
+        self.ddp = info.ddp_names()
+        self.func: Func | None = None
+        self.params: set[str] = set()
+        self.handles: dict[str, ast.expr] = {}
+
+    def tree(self, func: Func | None) -> list[object]:
+        key = ("tree", id(func) if func is not None else 0)
+        hit = self.info._memo.get(key)
+        if hit is None:
+            self.func, self.handles = func, {}
+            self.params = params_of(func) if func is not None else set()
+            self.by_stmt = {}
+            for rec in self.by_func.get(key[1], ()):
+                if rec.stmt is not None:
+                    self.by_stmt.setdefault(id(rec.stmt), []).append(rec)
+            for recs in self.by_stmt.values():
+                recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
+            body = func.body if func is not None else self.info.tree.body
+            hit = self.info._memo[key] = self.block(body)
+        return hit  # type: ignore[return-value]
+
+    def block(self, stmts: list[ast.stmt]) -> list[object]:
+        out: list[object] = []
+        for s in stmts:
+            self.stmt(s, out)
+        return out
+
+    def stmt(self, s: ast.stmt, out: list[object]) -> None:
+        t = type(s)
+        if t is ast.FunctionDef or t is ast.AsyncFunctionDef or t is ast.ClassDef:
+            return
+        start = len(out)
+        self.calls(s, out)
+        if t is ast.If:
+            assert isinstance(s, ast.If)
+            body, orelse = self.block(s.body), self.block(s.orelse)
+            split = splits(self.info, s.test)
+            if body or orelse or split:
+                fixed = UNKNOWN if split else launch(self.info, s.test)
+                out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
+        elif t is ast.For or t is ast.AsyncFor or t is ast.While:
+            assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
+            body = self.block(s.body)
+            if body:
+                out.append(LoopN(body, s.lineno))
+            out.extend(self.block(s.orelse))
+        elif t is ast.With or t is ast.AsyncWith:
+            assert isinstance(s, ast.With | ast.AsyncWith)
+            for item in s.items:
+                if isinstance(item.optional_vars, ast.Name):
+                    self.handles[item.optional_vars.id] = item.context_expr
+            body = self.block(s.body)
+            ctx = [n for n in out[start:] if isinstance(n, CallN)]
+            if ctx and is_generator(*ctx[-1].target):
+                ctx[-1].ctx_body = body
+            else:
+                out.extend(body)
+        elif t is ast.Try or t is getattr(ast, "TryStar", None):
+            assert isinstance(s, ast.Try)
+            out.extend(self.block(s.body))
+            out.extend(self.block(s.orelse))
+            out.extend(self.block(s.finalbody))
+        elif t is ast.Return:
+            out.append(Ev("exit", "return", s.lineno))
+        elif t is ast.Raise:
+            out.append(Ev("exit", "raise", s.lineno))
+        elif t is ast.Continue or t is ast.Break:
+            out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno))
+        elif t is ast.Assert:
+            out.append(Ev("mayexit", "assert", s.lineno))
+        elif t is ast.Expr and isinstance(s.value, ast.Yield | ast.YieldFrom):  # type: ignore
+            out.append(Ev("yield", "yield", s.lineno))
+
+    def calls(self, s: ast.stmt, out: list[object]) -> None:
+        for rec in self.by_stmt.get(id(s), ()):
+            node = self.event(rec)
+            if node is not None:
+                out.append(node)
+
+    def event(self, rec: CallRec) -> object | None:
+        info, line = self.info, rec.node.lineno
+        if is_collective(rec):
+            group = next((ast.unparse(k.value) for k in rec.node.keywords if k.arg == "group"
+                          and not (isinstance(k.value, ast.Constant) and k.value.value is None)),
+                         "")
+            return Ev("coll", rec.last, line, group)
+        f = rec.node.func
+        target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
+            else dotted(f)
+        if target is not None:
+            if target in self.ddp and line > self.ddp[target] and \
+                    target.split(".", 1)[0] not in self.params:
+                return Ev("fwd", "forward", line, target)
+            if target in self.params and target not in ("self", "cls") and self.ddp:
+                return Ev("pcall", target, line)
+        last = rec.last
+        if last in _EXIT_LASTS or last in WRITE_LASTS:
+            qual = rec.qual or info.qualify(f) or ""
+            if qual in _EXIT_CALLS:
+                return Ev("exit", "exit", line)
+            if qual in _WRITES or (last == "save" and qual.endswith("torch.save")):
+                return self.write(rec, qual)
+        if target is None or (not info.local_callees(rec) and (
+                info.project is None or target.split(".", 1)[0] not in info.aliases)):
+            return None
+        target_fn = resolve(info, rec)
+        if target_fn is not None and reaches(target_fn[0], id(target_fn[1])):
+            return CallN(line, target_fn, self.bind(rec, target_fn[1]))
+        return None
+
+    def write(self, rec: CallRec, qual: str) -> Ev | None:
+        pos = _WRITES.get(qual, 1)
+        args = rec.node.args
+        dest = args[pos] if len(args) > pos else next(
+            (k.value for k in rec.node.keywords if k.arg in ("f", "file")), None)
+        if dest is None:
+            return None
+        if isinstance(dest, ast.Name) and dest.id in self.handles:
+            dest = self.handles[dest.id]
+        if isinstance(dest, ast.Call):
+            last = self.info.callee_last(dest)
+            if last == "BytesIO":
+                return None
+            if last == "open" and dest.args:
+                dest = dest.args[0]
+        elif isinstance(dest, ast.Name) and any(
+                isinstance(v, ast.Call) and self.info.callee_last(v) == "BytesIO"
+                for _, v in self.info.assigns.get(dest.id, [])):
+            return None
+        op = qual.rsplit(".", 1)[-1] if qual else rec.last
+        if not qual.endswith("torch.save"):
+            obj = [*args[:pos], *args[pos + 1:], *(k.value for k in rec.node.keywords
+                                                   if k.arg not in ("f", "file"))]
+            if not any(rank_dependent(self.info, o) for o in obj):
+                return None  # the same contents from every rank (`params.pkl`): a benign race
+        return Ev("write", op, rec.node.lineno, ast.unparse(dest),
+                  per_rank_path(self.info, dest))
+
+    def bind(self, rec: CallRec, fn: Func) -> dict[str, tuple[str, str]]:
+        names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if names and names[0] in ("self", "cls") and isinstance(rec.node.func, ast.Attribute):
+            names = names[1:]
+        pairs = list(zip(names, rec.node.args, strict=False)) + [
+            (k.arg, k.value) for k in rec.node.keywords if k.arg is not None]
+        params = self.params
+        out: dict[str, tuple[str, str]] = {}
+        for name, arg in pairs:
+            d = dotted(arg)
+            if d is None:
+                continue
+            if d in self.ddp and rec.node.lineno > self.ddp[d] and d.split(".")[0] not in params:
+                out[name] = ("ddp", d)
+            elif d in params:
+                out[name] = ("param", d)
+        return out
+
+
+# -- projection per rank class --------------------------------------------------------------
+def builder(info: ModuleInfo) -> Builder:
+    hit = info._memo.get(("builder", 0))
+    if hit is None:
+        hit = info._memo[("builder", 0)] = Builder(info)
+    return hit  # type: ignore[return-value]
+
+
+def project(info: ModuleInfo, func: Func | None, cls: RankClass,
+            stack: tuple[int, ...] = ()) -> Projection:
+    key = ("proj", id(func) if func is not None else 0, cls)
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    writes: list[tuple[Ev, tuple[int, ...]]] = []
+    seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None)
+    proj = Projection(tuple(seq), exit_, writes)
+    info._memo[key] = proj
+    return proj
+
+
+def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
+           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond) -> tuple[list[Item], str | None]:
+    out: list[Item] = []
+    for n in nodes:
+        t = type(n)
+        if t is Ev:
+            assert isinstance(n, Ev)
+            if n.kind == "write":
+                writes.append((n, ()))
+            elif n.kind == "mayexit":
+                ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
+                out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
+                                cond=cond))
+            else:
+                out.append(Item(_ev_key(n), "ev", n, cond=cond))
+                if n.kind == "exit":
+                    return out, n.op
+        elif t is IfN:
+            assert isinstance(n, IfN)
+            v = evaluate(info, n.test, cls) if n.split else n.fixed
+            if v != UNKNOWN and not n.split:
+                seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
+                                 cond)
+                out.extend(seq)
+                if ex:
+                    return out, ex
+                continue
+            if v != UNKNOWN:
+                why = (n.test, v)
+                seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
+                                 why)
+                out.extend(seq)
+                if ex:
+                    return out, ex
+                continue
+            b, bx = _block(info, n.body, cls, stack, writes, cond)
+            o, ox = _block(info, n.orelse, cls, stack, writes, cond)
+            kb, ko = tuple(i.key for i in b), tuple(i.key for i in o)
+            if kb == ko:
+                out.extend(b)
+            else:
+                out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
+                                cond=cond))
+            if bx and ox:
+                return out, bx
+        elif t is LoopN:
+            assert isinstance(n, LoopN)
+            body, _ = _block(info, n.body, cls, stack, writes, cond)
+            if body:
+                out.append(Item(("l", tuple(i.key for i in body)), "loop", arms=(tuple(body),),
+                                site=n.line, cond=cond))
+        elif t is CallN:
+            assert isinstance(n, CallN)
+            ex = _call(info, n, cls, stack, writes, cond, out)
+            if ex:
+                return out, ex
+    return out, None
+
+
+def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
+          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item]) -> str | None:
+    minfo, fn = n.target
+    if id(fn) in stack or len(stack) > MAX_DEPTH:
+        return None
+    callee = project(minfo, fn, cls, stack)
+    writes.extend((ev, (n.site, *via)) for ev, via in callee.writes)
+    seq = _rebind(callee.seq, n)
+    pre: Seq = seq
+    post: Seq = ()
+    if n.ctx_body is not None:
+        cut = next((i for i, it in enumerate(seq) if it.ev is not None
+                    and it.ev.kind == "yield"), len(seq))
+        pre, post = seq[:cut], seq[cut + 1:]
+    # Kept even when empty: a call both classes make must align, whatever the callee does.
+    out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
+                    arms=(pre,), site=n.site, name=fn.name, cond=cond))
+    if n.ctx_body is not None:
+        body, ex = _block(info, n.ctx_body, cls, stack, writes, cond)
+        out.extend(body)
+        if ex:
+            return ex
+        if post:
+            out.append(Item(("i", n.site, fn.name + ".exit", tuple(i.key for i in post)),
+                            "call", arms=(post,), site=n.site, name=fn.name, cond=cond))
+    return callee.exit if callee.exit in ("raise", "exit") else None
+
+
+def _rebind(seq: Seq, n: CallN) -> Seq:
+    """A callee's calls of its parameters: a forward when the caller passed the DDP model."""
+    out: list[Item] = []
+    for it in seq:
+        ev = it.ev
+        if ev is not None and ev.kind == "pcall":
+            b = n.bind.get(ev.op)
+            if b is None:
+                continue
+            new = Ev("fwd", "forward", n.site, b[1]) if b[0] == "ddp" else \
+                Ev("pcall", b[1], n.site)
+            out.append(Item(_ev_key(new), "ev", new, cond=it.cond))
+        elif it.kind == "ev" and ev is not None and ev.kind == "yield" and n.ctx_body is None:
+            continue
+        elif it.arms and _has_pcall(it):
+            arms = tuple(_rebind(a, n) for a in it.arms)
+            keys = tuple(tuple(i.key for i in a) for a in arms)
+            key: tuple[object, ...] = ("a", *keys) if it.kind == "alt" else \
+                ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
+            if any(arms):
+                out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via))
+        else:
+            out.append(it)
+    return tuple(out)
+
+
+def _has_pcall(it: Item) -> bool:
+    return any(i.ev is not None and i.ev.kind == "pcall" or (i.arms and _has_pcall(i))
+               for a in it.arms for i in a)
+
+
+__all__ = ["Item", "Projection", "project"]
