@@ -385,3 +385,27 @@ def test_a_slow_trickle_counts_only_while_the_training_thread_reads(in_training_
         assert kinds.count("socket") >= 2, kinds
     else:
         assert kinds.count(None) == len(kinds), kinds
+
+
+def test_after_a_gap_two_fresh_samples_are_needed():
+    # While the training thread shows life of its own the rest of the rank is not looked at
+    # (skip()); the sample after such a gap spans the training thread's last op and the
+    # OpenMP spin-down after it: it is neither life nor the first of two.
+    from ddpguard.guard.rank_life import RankLife
+
+    stop = threading.Event()
+    t = threading.Thread(target=_pool_map, args=(stop,), daemon=True)
+    t.start()
+    try:
+        time.sleep(0.3)
+        rank = RankLife(None)
+        got = []
+        for skip in (False, False, False, True, False, False):
+            if skip:
+                rank.skip()
+            time.sleep(0.3)
+            got.append(rank.sample())
+    finally:
+        t.join(30)
+    assert got[1:3] == ["children", "children"], got
+    assert got[3:] == [None, None, "children"], got

@@ -179,7 +179,8 @@ class RankLife:
             active.add("socket")
         # A sample after a gap spans the training thread's own last work (and the OpenMP
         # spin-down after its last op): it neither counts nor serves as the first of two.
-        was, self._was = self._was, (set() if stale else active)
+        was = set() if stale else self._was
+        self._was = set() if stale else active
         if "socket" in active and reading and not stale:
             return "socket"
         for kind in ("children", "threads", "socket"):
