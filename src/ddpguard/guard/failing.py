@@ -4,17 +4,17 @@ workers) before it exits, so nothing of the job is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import logging
 import os
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import procs
+from . import channel, procs
 from .diagnose import diagnose
-from .report import format_text, report_path, write_json
+from .report import announce, report_path, write_json
 from .rules import Decision
 from .stacks import capture_all, user_frame
 
@@ -64,6 +64,10 @@ class Failure:
                 if won.get("by") != me:
                     self._follow(won)
                     return
+                with contextlib.suppress(Exception):  # a report exists from here on, even if
+                    # this rank dies while collecting: the launcher prints it (report.py)
+                    write_json(report_path(g.config.report_dir, g.run_id, me), {**self.build(
+                        decision, peers, {me: self._dump()}), "partial": True})
                 g.store_set(f"dump/{me}", self._dump())
                 dumps = self._collect(peers)
                 peers = g.read_peers()
@@ -76,10 +80,9 @@ class Failure:
         try:
             path = write_json(report_path(g.config.report_dir, g.run_id, me), rep)
         except OSError as exc:
-            log.warning("could not write the report: %s", exc)
+            channel.write(f"ddpguard: could not write the report: {exc}")
         try:
-            print(format_text(rep, path), file=sys.stderr, flush=True)
-            sys.stdout.flush()
+            announce(rep, path)
             if not store_lost:
                 g.store_set("reported", {"path": path})
                 self._await_followers(peers)
@@ -105,10 +108,9 @@ class Failure:
             while time.monotonic() < deadline and reported is None:
                 reported = g.store_get_many(["reported"]).get("reported")
                 time.sleep(0.05)
-            print(f"ddpguard: rank {g.rank} stopped: rank {trigger.get('by')} found "
-                  f"{trigger.get('reason', 'a hang')} (report: "
-                  f"{(reported or {}).get('path') or 'see rank ' + str(trigger.get('by'))})",
-                  file=sys.stderr, flush=True)
+            where = (reported or {}).get("path") or f"see rank {trigger.get('by')}"
+            channel.write(f"ddpguard: rank {g.rank} stopped: rank {trigger.get('by')} found "
+                          f"{trigger.get('reason', 'a hang')} (report: {where})")
             g.store_set(f"left/{g.rank}", 1)
         except Exception as exc:
             log.debug("could not follow the failing rank: %s", exc)

@@ -13,13 +13,12 @@ import json
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
-from . import procs
+from . import channel, procs
 from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
@@ -383,7 +382,7 @@ class Guard:
                 and hb.get("state") == "running"]
         first = first_pending(self._pending)
         what = f"in {describe_entry(first)}" if first else self._doing[1]
-        print(f"ddpguard: rank {self.rank} has waited {waited:.0f} s {what} at {self._where}; "
-              f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
-              f"while it shows signs of life (it stops after {self.config.no_life:.0f} s "
-              "without any).", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard: rank {self.rank} has waited {waited:.0f} s {what} at "
+                      f"{self._where}; {'; '.join(busy) or 'the other ranks are busy'}. The "
+                      "guard keeps waiting while it shows signs of life (it stops after "
+                      f"{self.config.no_life:.0f} s without any).")
