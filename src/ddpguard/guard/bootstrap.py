@@ -69,6 +69,16 @@ def _peer_error(exc: BaseException) -> bool:
                                   "remote worker", "broken pipe"))
 
 
+def _user_tb(exc: BaseException) -> Any:
+    """The traceback from the script's first frame on: this module's and runpy's frames are
+    ours, not the user's (Python run directly would not show them)."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
 def _crashed(exc: BaseException) -> int:
     """This rank's own code raised: say where, whether a peer failed first, and whether the
     ranks had desynchronized just before (which turns a nonsense error into its cause)."""
@@ -91,7 +101,7 @@ def _crashed(exc: BaseException) -> int:
     rank = os.environ.get("RANK", "?")
     # The traceback Python would have printed, through our descriptor: the script's own
     # sys.stderr may be /dev/null on this rank.
-    channel.write("".join(traceback.format_exception(exc)).rstrip())
+    channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
     waiting = crash.waiting_on(g) if g is not None else ""
     others = crash.peer_failures(g) if g is not None and _peer_error(exc) else []
     cause = g.exchange.on_crash() if g is not None and not others else None

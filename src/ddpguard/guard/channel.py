@@ -16,7 +16,8 @@ import contextlib
 import os
 import sys
 
-__all__ = ["open_channel", "write", "flush_user_streams", "under_launcher", "LAUNCHER_ENV"]
+__all__ = ["open_channel", "write", "write_bytes", "flush_user_streams", "under_launcher",
+           "LAUNCHER_ENV"]
 
 # Set by `ddpguard run` for its ranks: the launcher prints the verdict, the ranks only say
 # one line each (docs/guard.md, "Where the verdict appears").
@@ -41,8 +42,12 @@ def open_channel() -> int | None:
 def write(text: str) -> None:
     """Write `text` plus a newline, whole, to the guard's descriptor. Never raises: the guard
     must not fail because its output cannot be written."""
+    write_bytes((text if text.endswith("\n") else text + "\n").encode("utf-8", "replace"))
+
+
+def write_bytes(data: bytes) -> None:
+    """Write `data` whole (os.write may write less than asked); never raises."""
     fd = open_channel()
-    data = (text if text.endswith("\n") else text + "\n").encode("utf-8", "replace")
     for target in ((fd,) if fd is not None else ()) + (2,):
         try:
             view = memoryview(data)
