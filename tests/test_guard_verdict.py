@@ -128,3 +128,21 @@ def test_without_the_launcher_the_rank_prints_the_block_through_its_own_descript
                                       out, err)
     cause, culprits, texts = CASES["mismatch"]
     check_verdict(res, tmp_path, cause, culprits, texts)
+
+
+def test_paths_are_shown_as_the_user_knows_them():
+    import os
+    import sysconfig
+
+    from ddpguard.guard import stacks
+
+    site = sysconfig.get_paths()["purelib"]
+    lib = f"{site}/torch/nn/parallel/distributed.py"
+    mine = os.path.join(stacks.START_DIR, "moco", "builder.py")
+    assert stacks.short_path(lib) == "torch/nn/parallel/distributed.py"
+    assert stacks.short_path(mine) == "moco/builder.py"
+    assert stacks.short_path("tests/x.py") == "tests/x.py"  # as typed on the command line
+    assert stacks.short_path("/elsewhere/y.py") == "/elsewhere/y.py"
+    text = f"rank 1 at {mine}:187 in forward, innermost `{lib}:1640`"
+    assert stacks.short_text(text) == ("rank 1 at moco/builder.py:187 in forward, innermost "
+                                       "`torch/nn/parallel/distributed.py:1640`")
