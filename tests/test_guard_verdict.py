@@ -146,3 +146,44 @@ def test_paths_are_shown_as_the_user_knows_them():
     text = f"rank 1 at {mine}:187 in forward, innermost `{lib}:1640`"
     assert stacks.short_text(text) == ("rank 1 at moco/builder.py:187 in forward, innermost "
                                        "`torch/nn/parallel/distributed.py:1640`")
+
+
+def _fake_report(partial: bool, rank: int = 1) -> dict:
+    pos = {"doing": "waiting in all_reduce #5 (group 0) 8 Float", "user": "train.py:9",
+           "innermost": "?"}
+    return {"event": "training hang detected", "reason": "rank 0 died", "proof": True,
+            "created": time.time(), "run_id": "x-0", "reporter_rank": rank, "world_size": 2,
+            "diagnosis": {"cause": "crashed_rank", "title": "a rank crashed or died",
+                          "explanation": "e", "fix": "f", "culprits": [0],
+                          "positions": {"0": pos, "1": pos}},
+            "ranks": [{"rank": r, "state": "running", "hb": {}} for r in (0, 1)],
+            **({"partial": True} if partial else {})}
+
+
+def test_launcher_finishes_a_report_its_rank_could_not(tmp_path, monkeypatch):
+    """The deciding rank wrote its first report, then died collecting the others' stacks:
+    `ddpguard run` prints that one, completed, once; older runs' reports are not this run's."""
+    import os
+
+    from ddpguard.guard import channel, verdict
+    from ddpguard.guard.report import LAUNCH_ENV, write_json
+
+    monkeypatch.setenv(LAUNCH_ENV, "old")
+    write_json(str(tmp_path / "ddpguard-x-0-1-rank0.json"), _fake_report(False, 0))
+    monkeypatch.setenv(LAUNCH_ENV, "this")
+    path = write_json(str(tmp_path / "ddpguard-x-0-2-rank1.json"), _fake_report(True))
+    out = tmp_path / "stderr"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    monkeypatch.setattr(channel, "_fd", fd)
+    try:
+        reports = verdict.find_reports(str(tmp_path), "this")
+        assert [p for p, _ in reports] == [path]
+        verdict.print_verdict(reports, ["ddpguard run: rank 1 (pid 7) died from signal SIGKILL"])
+    finally:
+        os.close(fd)
+    text = out.read_text()
+    assert text.count(BLOCK) == 1 and "likely cause: a rank crashed or died" in text
+    assert "note: rank 1 decided to stop the job but ended before" in text
+    assert "note: ddpguard run: rank 1 (pid 7) died from signal SIGKILL" in text
+    done = json.loads(Path(path).read_text())
+    assert done["partial"] is False and done["finished_by"] == "launcher"

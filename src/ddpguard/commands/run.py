@@ -179,14 +179,14 @@ def main(argv: list[str]) -> int:
     logs = RankLogs(log_dir).start() if f"--log-dir={log_dir}" in full else None
     failures: dict[int, Any] = {}
     try:
-        torchrun_main(full)
-    except ChildFailedError as exc:
-        failures = dict(exc.failures)
-    finally:
-        if logs is not None:
-            logs.stop()
-        _end_leftovers()
-    try:
+        try:
+            torchrun_main(full)
+        except ChildFailedError as exc:
+            failures = dict(exc.failures)
+        finally:
+            if logs is not None:
+                logs.stop()
+            _end_leftovers()
         return _conclude(failures, launch, oom0, logs)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
