@@ -101,6 +101,17 @@ def test_error_raised_by_the_guard_inside_a_rank_is_the_same_verdict(tmp_path):
     check_verdict(res, tmp_path, "uneven_batches", None, ["rank 0: 4, rank 1: 3"])
 
 
+def test_native_crash_is_told_apart_and_quoted(tmp_path):
+    # gloo aborts a rank on a size mismatch: SIGABRT is a crash inside native code, and the
+    # launcher quotes that rank's own last words (kept from its stderr file).
+    res, _ = run_job("abort", "", tmp_path)
+    err = res.stderr
+    assert res.returncode != 0
+    assert "died from signal SIGABRT: a crash inside native code" in err, err[-4000:]
+    quoted = [ln for ln in err.splitlines() if ln.startswith("    | ")]
+    assert any("Received data size doesn't match" in ln for ln in quoted), err[-4000:]
+
+
 def test_healthy_silenced_job_exits_0_and_the_guard_says_nothing(tmp_path):
     res, _ = run_job("healthy", ALL, tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -6,7 +6,7 @@
 --silence RANK:WAYS,...  per rank, any of: print (builtins.print replaced by `def p(*a)`, as
 DINO/MoCo's setup_for_distributed does), streams (sys.stdout = sys.stderr = /dev/null), fd2
 (os.dup2 of /dev/null onto fd 2), logging (logging.disable()).
---case: mismatch | crash | stall | uneven | healthy.  --init: ddpguard.init() (no launcher).
+--case: mismatch | crash | stall | uneven | abort | healthy.  --init: ddpguard.init() (no launcher).
 """
 
 import argparse
@@ -68,6 +68,8 @@ elif args.case == "stall":
         while True:  # verdict: endless loop
             n += 1
     dist.all_reduce(t)  # verdict: rank 0 waits for the looping rank
+elif args.case == "abort":
+    dist.all_reduce(torch.ones(4 if rank == 0 else 5))  # gloo aborts the process
 elif args.case == "uneven":
     loader = DataLoader(list(range(8 if rank == 0 else 6)), batch_size=2)
     for _batch in loader:  # verdict: uneven loader
