@@ -27,7 +27,7 @@ BLOCK = "=============== ddpguard:"
 SIDES = {"r0_print_streams": "0:print+streams,1:fd2+logging",
          "r0_fd2_logging": "0:fd2+logging,1:print+streams"}
 ALL = "0:print+streams+fd2+logging,1:print+streams+fd2+logging"
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow  # the real jobs; the unit tests below run always
 
 
 def line_of(snippet: str) -> str:
@@ -79,6 +79,7 @@ def run_job(case: str, silence: str, folder: Path, timeout: float = 120):
     return res, time.monotonic() - t0
 
 
+@slow
 @pytest.mark.parametrize("side", sorted(SIDES))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_verdict_reaches_the_user_through_silenced_ranks(case, side, tmp_path):
@@ -94,6 +95,7 @@ def test_verdict_reaches_the_user_through_silenced_ranks(case, side, tmp_path):
         assert "bad record in shard 7" in json.dumps(rep)
 
 
+@slow
 def test_error_raised_by_the_guard_inside_a_rank_is_the_same_verdict(tmp_path):
     # The loader-length check raises UnevenBatchesError in the training thread: on ranks whose
     # print is replaced this used to end with exit 1 and a TypeError out of the bootstrap.
@@ -101,6 +103,7 @@ def test_error_raised_by_the_guard_inside_a_rank_is_the_same_verdict(tmp_path):
     check_verdict(res, tmp_path, "uneven_batches", None, ["rank 0: 4, rank 1: 3"])
 
 
+@slow
 def test_native_crash_is_told_apart_and_quoted(tmp_path):
     # gloo aborts a rank on a size mismatch: SIGABRT is a crash inside native code, and the
     # launcher quotes that rank's own last words (kept from its stderr file).
@@ -112,6 +115,7 @@ def test_native_crash_is_told_apart_and_quoted(tmp_path):
     assert any("Received data size doesn't match" in ln for ln in quoted), err[-4000:]
 
 
+@slow
 def test_healthy_silenced_job_exits_0_and_the_guard_says_nothing(tmp_path):
     res, _ = run_job("healthy", ALL, tmp_path)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -119,6 +123,7 @@ def test_healthy_silenced_job_exits_0_and_the_guard_says_nothing(tmp_path):
     assert "ddpguard" not in res.stderr and "ddpguard" not in res.stdout, res.stderr[-3000:]
 
 
+@slow
 def test_without_the_launcher_the_rank_prints_the_block_through_its_own_descriptor(tmp_path):
     """`ddpguard.init()` under plain torchrun: no launcher of ours reads the reports, so the
     reporting rank prints the block through the duplicate of fd 2 it took at start."""
