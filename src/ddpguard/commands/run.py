@@ -8,7 +8,9 @@ as torchrun documents them.
 from __future__ import annotations
 
 import os
-import sys
+import shutil
+import tempfile
+import uuid
 from typing import Any
 
 NAME = "run"
@@ -29,7 +31,11 @@ Launches through torch.distributed.run. Defaults added when absent:
 All other options go to torchrun unchanged (see `torchrun --help`).
 
 Unless --no-guard is given, the script runs under `python -m ddpguard.guard.bootstrap`, which
-starts the hang guard when the script forms its process group: no change to the script."""
+starts the hang guard when the script forms its process group: no change to the script.
+When the guard stops the job, this command prints its report once, at the end, and exits 17,
+whatever the script did to its ranks' output. Each rank's stderr passes through a file
+(torchrun --redirects 2, shown here as it is written) unless you pass --redirects, --tee or
+--log-dir yourself: a rank that crashes inside native code is shown with its last words."""
 
 BOOTSTRAP = "ddpguard.guard.bootstrap"
 OUR_FLAGS = {"--no-guard"}
@@ -101,14 +107,16 @@ def default_nproc(gpu_count: int) -> int:
 
 
 def build_torchrun_argv(
-    argv: list[str], *, gpu_count: int, flags: set[str], guard: bool = True
+    argv: list[str], *, gpu_count: int, flags: set[str], guard: bool = True,
+    log_dir: str | None = None,
 ) -> list[str]:
     """The exact argv handed to torch.distributed.run. Pure, so every default is testable.
 
     With `guard` (and unless `--no-guard` is among the options) the script is wrapped:
     `-m ddpguard.guard.bootstrap script.py args`; a user's own `-m module` becomes
     `-m ddpguard.guard.bootstrap -m module args`. `--no-python` runs a non-Python program,
-    which cannot be guarded, so it is left alone."""
+    which cannot be guarded, so it is left alone. With `log_dir`, and unless the user chose
+    how torchrun keeps logs, each rank's stderr goes to a file there (`--redirects=2`)."""
     opts, rest = split_launcher_args(argv, flags | OUR_FLAGS)
     if not rest:
         raise ValueError("no script given: usage is `ddpguard run [torchrun options] script.py`")
@@ -121,6 +129,8 @@ def build_torchrun_argv(
         rest = ["-m", BOOTSTRAP, *(["-m"] if user_module else []), *rest]
     if guard and not _given(opts, "--monitor-interval", "--monitor_interval"):
         opts.append("--monitor-interval=1")
+    if guard and log_dir and not user_logs(opts):
+        opts += ["--redirects=2", f"--log-dir={log_dir}"]
     if not _given(opts, "--nproc-per-node", "--nproc_per_node"):
         opts.append(f"--nproc-per-node={default_nproc(gpu_count)}")
     multi_node = _given(
@@ -132,6 +142,12 @@ def build_torchrun_argv(
     return opts + rest
 
 
+def user_logs(opts: list[str]) -> bool:
+    """Did the user choose how torchrun keeps the ranks' output? Then we leave it alone."""
+    return _given(opts, "--redirects", "-r", "--tee", "-t", "--log-dir", "--log_dir",
+                  "--local-ranks-filter", "--local_ranks_filter")
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -140,60 +156,102 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    from ddpguard.guard import procs
+    from ddpguard.guard import channel, procs
+    from ddpguard.guard.verdict import RankLogs
 
     flags = _flag_options()
+    log_dir = tempfile.mkdtemp(prefix="ddpguard-run-")
     try:
-        full = build_torchrun_argv(argv, gpu_count=torch.cuda.device_count(), flags=flags)
+        full = build_torchrun_argv(argv, gpu_count=torch.cuda.device_count(), flags=flags,
+                                   log_dir=log_dir)
         _, settings = pop_our_options(split_launcher_args(argv, flags | OUR_FLAGS)[0])
     except ValueError as exc:
-        print(f"ddpguard run: {exc}", file=sys.stderr)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        channel.write(f"ddpguard run: {exc}")
         return 2
     os.environ.update(settings)
+    launch = _verdict_env()
+    os.environ.update(launch)
     # Orphans of the job (DataLoader workers of a rank that was killed) come back to us, so
     # that nothing of the job outlives this command.
     procs.become_subreaper()
     oom0 = procs.oom_kills()
+    logs = RankLogs(log_dir).start() if f"--log-dir={log_dir}" in full else None
+    failures: dict[int, Any] = {}
     try:
-        torchrun_main(full)
-    except ChildFailedError as exc:
-        _explain_failures(exc.failures, oom0)
-        codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
-        return next((c for c in codes if c > 0), 1)
+        try:
+            torchrun_main(full)
+        except ChildFailedError as exc:
+            failures = dict(exc.failures)
+        finally:
+            if logs is not None:
+                logs.stop()
+            _end_leftovers()
+        return _conclude(failures, launch, oom0, logs)
     finally:
-        _end_leftovers()
-    return 0
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _verdict_env() -> dict[str, str]:
+    """What the ranks need so that the launcher can print their verdict: a report folder it
+    knows (absolute: the script may chdir), this launch's id (to tell its reports from older
+    ones in the same folder), the directory paths are shown relative to, and the word that
+    makes the ranks leave the block to the launcher."""
+    from ddpguard.guard.channel import LAUNCHER_ENV
+    from ddpguard.guard.report import LAUNCH_ENV
+
+    folder = os.environ.get("DDPGUARD_REPORT_DIR") or "ddpguard-reports"
+    return {LAUNCHER_ENV: "1", LAUNCH_ENV: uuid.uuid4().hex,
+            "DDPGUARD_REPORT_DIR": os.path.abspath(folder),
+            "DDPGUARD_START_DIR": os.environ.get("DDPGUARD_START_DIR") or os.getcwd()}
+
+
+def _conclude(failures: dict[int, Any], launch: dict[str, str], oom0: int | None,
+              logs: Any) -> int:
+    """One line per failed rank, then the guard's stop block once; the exit code."""
+    from ddpguard.guard import channel
+    from ddpguard.guard.config import EXIT_CODE
+    from ddpguard.guard.report import LAUNCH_ENV
+    from ddpguard.guard.verdict import find_reports, print_verdict
+
+    reports = find_reports(launch["DDPGUARD_REPORT_DIR"], launch[LAUNCH_ENV])
+    lines = _explain_failures(failures, oom0, logs, bool(reports))
+    for line in lines:
+        channel.write(line)
+    if reports:
+        print_verdict(reports, lines)
+        return EXIT_CODE
+    codes = [f.exitcode for f in failures.values() if f.exitcode]
+    return next((c for c in codes if c > 0), 1) if failures else 0
 
 
 def _end_leftovers() -> None:
-    from ddpguard.guard import procs
+    from ddpguard.guard import channel, procs
 
     left = procs.kill_tree(os.getpid(), wait=3.0)
     if left:
-        print(f"ddpguard run: ended {len(left)} process(es) the job left behind "
-              f"(pids {', '.join(map(str, left[:10]))})", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard run: ended {len(left)} process(es) the job left behind "
+                      f"(pids {', '.join(map(str, left[:10]))})")
 
 
-def _explain_failures(failures: dict[int, Any], oom0: int | None = None) -> None:
+def _explain_failures(failures: dict[int, Any], oom0: int | None, logs: Any,
+                      reported: bool) -> list[str]:
     """One line per failed rank: torchrun's own summary buries a SIGKILL in a table."""
     from ddpguard.guard import procs
     from ddpguard.guard.config import EXIT_CODE
+    from ddpguard.guard.verdict import NATIVE_SIGNALS, signal_text
 
     oom = procs.oom_kills()
-    oom_text = (" The kernel's OOM killer ended a process of this job: out of host memory."
-                if oom is not None and oom0 is not None and oom > oom0 else "")
+    out = []
     for rank, f in sorted(failures.items()):
-        if f.exitcode is not None and f.exitcode < 0 and f.signal_name() == "SIGTERM":
-            print(f"ddpguard run: rank {rank} was stopped (SIGTERM) after another rank failed",
-                  file=sys.stderr, flush=True)
-        elif f.exitcode is not None and f.exitcode < 0:
-            print(f"ddpguard run: rank {rank} (pid {f.pid}) died from signal {f.signal_name()}: "
-                  "a crashed rank (killed by hand, the OOM killer or the scheduler?); the "
-                  f"other ranks were stopped.{oom_text if f.signal_name() == 'SIGKILL' else ''}",
-                  file=sys.stderr, flush=True)
+        if f.exitcode is not None and f.exitcode < 0:
+            sig = f.signal_name()
+            tail = logs.tail(f.local_rank) if logs is not None and sig in NATIVE_SIGNALS else []
+            out.append(signal_text(rank, f.pid, sig, oom0, oom, tail))
         elif f.exitcode == EXIT_CODE:
-            print(f"ddpguard run: rank {rank} was stopped by the hang guard (report above)",
-                  file=sys.stderr, flush=True)
+            out.append(f"ddpguard run: rank {rank} was stopped by the hang guard " + (
+                "(report below)" if reported else "(its report is not in this host's report "
+                "folder: see that rank's output)"))
         else:
-            print(f"ddpguard run: rank {rank} exited with code {f.exitcode}",
-                  file=sys.stderr, flush=True)
+            out.append(f"ddpguard run: rank {rank} exited with code {f.exitcode}")
+    return out

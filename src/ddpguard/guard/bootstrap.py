@@ -4,6 +4,10 @@ with the guard. `ddpguard run` hands this to torchrun in place of the script.
 We hook `torch.distributed.init_process_group` (the guard starts once the script's group
 exists) and `destroy_process_group` (the guard stops first, so a clean exit is not mistaken
 for a hang); DataLoader and optimizer hooks are installed by the guard itself.
+
+Everything this module says goes through the guard's own descriptor (channel.py), and nothing
+of ours may end the rank with a traceback of its own: a script that replaced `print` or its
+streams still gets the guard's verdict and exit code 17.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import runpy
 import sys
 import traceback
 from typing import Any
+
+from ddpguard.guard import channel
 
 __all__ = ["main"]
 
@@ -41,7 +47,7 @@ def _hook_process_group() -> None:
             if dist.get_world_size() > 1 and world.world_size == dist.get_world_size():
                 guard.start(world)
         except Exception as exc:  # never break the user's set-up because of the guard
-            print(f"ddpguard: guard not started: {exc}", file=sys.stderr, flush=True)
+            channel.write(f"ddpguard: guard not started: {exc}")
         return out
 
     @functools.wraps(orig_destroy)
@@ -63,6 +69,16 @@ def _peer_error(exc: BaseException) -> bool:
                                   "remote worker", "broken pipe"))
 
 
+def _user_tb(exc: BaseException) -> Any:
+    """The traceback from the script's first frame on: this module's and runpy's frames are
+    ours, not the user's (Python run directly would not show them)."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or "runpy" in tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
 def _crashed(exc: BaseException) -> int:
     """This rank's own code raised: say where, whether a peer failed first, and whether the
     ranks had desynchronized just before (which turns a nonsense error into its cause)."""
@@ -70,6 +86,7 @@ def _crashed(exc: BaseException) -> int:
 
     from ddpguard import guard
     from ddpguard.guard import crash
+    from ddpguard.guard.stacks import is_library_file, short_path
 
     g = guard.active()
     if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
@@ -77,25 +94,27 @@ def _crashed(exc: BaseException) -> int:
         # collective): let the guard thread finish its report and exit.
         time.sleep(30)
     tb = traceback.extract_tb(exc.__traceback__)
-    user = next((f for f in reversed(tb) if "site-packages" not in f.filename
-                 and "/ddpguard/" not in f.filename), tb[-1] if tb else None)
-    place = f" at {user.filename}:{user.lineno}" if user else ""
+    user = next((f for f in reversed(tb) if not is_library_file(f.filename)),
+                tb[-1] if tb else None)
+    place = f" at {short_path(user.filename)}:{user.lineno}" if user else ""
     text = f"{type(exc).__name__}: {exc}{place}"
     rank = os.environ.get("RANK", "?")
-    traceback.print_exc()
+    # The traceback Python would have printed, through our descriptor: the script's own
+    # sys.stderr may be /dev/null on this rank.
+    channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
     waiting = crash.waiting_on(g) if g is not None else ""
     others = crash.peer_failures(g) if g is not None and _peer_error(exc) else []
     cause = g.exchange.on_crash() if g is not None and not others else None
     if others:
         text = f"{type(exc).__name__} because {'; '.join(others)}"
-        print(f"ddpguard: rank {rank} stopped{place}{waiting}: a peer failed first: "
-              f"{'; '.join(others)}", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard: rank {rank} stopped{place}{waiting}: a peer failed first: "
+                      f"{'; '.join(others)}")
     elif cause:
         text = f"{type(exc).__name__} after a desync: {cause}"
-        print(f"ddpguard: rank {rank} crashed: {type(exc).__name__}: {exc}{place}\n"
-              f"ddpguard: the real cause: {cause}", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard: rank {rank} crashed: {type(exc).__name__}: {exc}{place}\n"
+                      f"ddpguard: the real cause: {cause}")
     else:
-        print(f"ddpguard: rank {rank} crashed: {text}", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard: rank {rank} crashed: {text}")
     guard.stop("crashed", text)
     if g is not None and not others:
         crash.await_report(g, g.config.grace + 3.0)
@@ -105,11 +124,12 @@ def _crashed(exc: BaseException) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m ddpguard.guard.bootstrap script.py [args...]", file=sys.stderr)
+        channel.write("usage: python -m ddpguard.guard.bootstrap script.py [args...]")
         return 2
     from ddpguard import guard
     from ddpguard.guard.ledger import ensure_recorder_env
 
+    channel.open_channel()  # before the script can dup2 anything onto fd 2
     ensure_recorder_env()
     _hook_process_group()
     as_module = argv[0] in ("-m", "--module")
@@ -127,19 +147,37 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code not in (None, 0) and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+            channel.write(str(exc.code))
     except guard.UnevenBatchesError as exc:
-        g = guard.active()
-        print(str(exc), file=sys.stderr, flush=True)
+        return _guard_raised(exc)
+    except BaseException as exc:
+        try:
+            return _crashed(exc)
+        except BaseException as inner:  # our own handling failed: say so in one line
+            channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
+                          f"{type(exc).__name__}: {exc} (and the guard could not report it: "
+                          f"{type(inner).__name__}: {inner})")
+            return 1
+    guard.stop("exited")
+    return code
+
+
+def _guard_raised(exc: BaseException) -> int:
+    """The guard itself stopped the training thread (loader lengths differ): the same report
+    and exit code as any other stop, never a traceback out of this module."""
+    from ddpguard import guard
+
+    channel.write(str(exc))
+    g = guard.active()
+    try:
         if g is not None:
             from ddpguard.guard.rules import Decision
 
+            # Ends the process (os._exit) once the report is written.
             g.failure.fail(Decision("uneven_batches", g.mismatch or str(exc)), g.read_peers())
-        return guard.EXIT_CODE
-    except BaseException as exc:
-        return _crashed(exc)
-    guard.stop("exited")
-    return code
+    except Exception as inner:
+        channel.write(f"ddpguard: the report could not be written: {inner}")
+    return guard.EXIT_CODE
 
 
 if __name__ == "__main__":

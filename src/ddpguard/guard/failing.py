@@ -4,18 +4,18 @@ workers) before it exits, so nothing of the job is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Any
 
-from . import procs
+from . import channel, procs
 from .assemble import assemble
 from .ddpstate import ddp_training
 from .handles import GuardHandle
-from .report import format_text, report_path, write_json
+from .report import announce, report_path, write_json
 from .rules import Decision
 from .stacks import capture_all
 
@@ -86,6 +86,10 @@ class Failure:
                     self._follow(won)
                     return
                 mine = self._dump()
+                with contextlib.suppress(Exception):  # a report exists from here on, even if
+                    # this rank dies while collecting: the launcher prints it (report.py)
+                    write_json(report_path(g.config.report_dir, g.run_id, me), {**self.build(
+                        decision, peers, {me: mine}), "partial": True})
                 g.store_set(f"dump/{me}", mine)
                 dumps = self._collect(peers)
                 peers = g.read_peers()
@@ -98,10 +102,9 @@ class Failure:
         try:
             path = write_json(report_path(g.config.report_dir, g.run_id, me), rep)
         except OSError as exc:
-            log.warning("could not write the report: %s", exc)
+            channel.write(f"ddpguard: could not write the report: {exc}")
         try:
-            print(format_text(rep, path), file=sys.stderr, flush=True)
-            sys.stdout.flush()
+            announce(rep, path)
             if not store_lost:
                 g.store_set("reported", {"path": path})
                 self._end_stopped(peers)
@@ -128,10 +131,9 @@ class Failure:
             while time.monotonic() < deadline and reported is None:
                 reported = g.store_get_many(["reported"]).get("reported")
                 time.sleep(0.05)
-            print(f"ddpguard: rank {g.rank} stopped: rank {trigger.get('by')} found "
-                  f"{trigger.get('reason', 'a hang')} (report: "
-                  f"{(reported or {}).get('path') or 'see rank ' + str(trigger.get('by'))})",
-                  file=sys.stderr, flush=True)
+            where = (reported or {}).get("path") or f"see rank {trigger.get('by')}"
+            channel.write(f"ddpguard: rank {g.rank} stopped: rank {trigger.get('by')} found "
+                          f"{trigger.get('reason', 'a hang')} (report: {where})")
             g.store_set(f"left/{g.rank}", 1)
         except Exception as exc:
             log.debug("could not follow the failing rank: %s", exc)
@@ -162,8 +164,8 @@ class Failure:
             pid = int(hb.get("pid", 0) or 0)
             if (r != g.rank and r not in self._answered and hb.get("host") == g.host
                     and pid > 0 and procs.stopped(pid)):
-                log.warning("ending rank %d (pid %d): it is stopped and cannot leave by itself",
-                            r, pid)
+                channel.write(f"ddpguard: ending rank {r} (pid {pid}): it is stopped and "
+                              "cannot leave by itself")
                 procs.kill_tree(pid, include_self=True, wait=1.0)
 
     def exit(self) -> None:

@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from . import channel
 from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
@@ -129,9 +130,9 @@ class Guard:
             time.sleep(pause)
             n = self.store.add(key, 0)
         if n < self.world_size:
-            log.warning("guard on rank %d: only %d of %d ranks started a guard within %.0f s; "
-                        "start every rank with the same guard setting", self.rank, n,
-                        self.world_size, limit)
+            channel.write(f"ddpguard: guard on rank {self.rank}: only {n} of "
+                          f"{self.world_size} ranks started a guard within {limit:.0f} s; start "
+                          "every rank with the same guard setting")
 
     def stop(self, state: str = "exited", error: str | None = None) -> None:
         """Publish the final state (peers then know this rank left on purpose) and join."""

@@ -4,9 +4,9 @@ Never a reason to stop; only so that a person watching the log knows the guard s
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from . import channel
 from .ledger import describe_entry, first_pending
 from .rules import notice_due
 
@@ -48,7 +48,7 @@ class Notices:
                 and hb.get("state") == "running" and not hb.get("gone")]
         first = first_pending(v0.get("pending") or [])
         what = f"in {describe_entry(first)}" if first else v0.get("doing", "waiting")
-        print(f"ddpguard: rank {r0} has waited {waited:.0f} s {what} at {v0.get('where')}; "
-              f"{'; '.join(busy) or 'the other ranks are busy'}. The guard keeps waiting "
-              f"while it shows signs of life (it stops after {self.no_life:.0f} s "
-              "without any).", file=sys.stderr, flush=True)
+        channel.write(f"ddpguard: rank {r0} has waited {waited:.0f} s {what} at "
+                      f"{v0.get('where')}; {'; '.join(busy) or 'the other ranks are busy'}. "
+                      "The guard keeps waiting while it shows signs of life (it stops after "
+                      f"{self.no_life:.0f} s without any).")

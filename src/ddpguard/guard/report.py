@@ -1,4 +1,8 @@
-"""The failure report: one printed block per rank and one JSON file with everything known."""
+"""The failure report: one JSON file with everything known, and the block printed from it.
+
+Under `ddpguard run` the launcher prints the block (commands/run.py reads the JSON the ranks
+leave); the rank that wrote the report says one line. Without the launcher the rank prints
+the block itself, through the guard's own descriptor (channel.py)."""
 
 from __future__ import annotations
 
@@ -7,24 +11,38 @@ import os
 import time
 from typing import Any
 
-__all__ = ["format_text", "write_json", "report_path", "load"]
+from . import channel
+from .stacks import short_text
+
+__all__ = ["format_text", "write_json", "report_path", "load", "announce", "LAUNCH_ENV"]
+
+# A token `ddpguard run` gives its ranks; every report they write carries it, so the launcher
+# prints this run's reports and never an older one from the same folder.
+LAUNCH_ENV = "DDPGUARD_LAUNCH_ID"
 
 VERSION = 1
 
 
+_paths: dict[tuple[str, str, int], str] = {}
+
+
 def report_path(report_dir: str | None, run_id: str, rank: int) -> str:
+    """One path per (folder, run, rank) in a process: the partial report a rank writes first
+    and its finished report are the same file, whatever the clock did in between."""
     base = report_dir or os.path.join(os.getcwd(), "ddpguard-reports")
     os.makedirs(base, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in run_id)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join(base, f"ddpguard-{safe}-{stamp}-rank{rank}.json")
+    return _paths.setdefault((base, safe, rank),
+                             os.path.join(base, f"ddpguard-{safe}-{stamp}-rank{rank}.json"))
 
 
 def write_json(path: str, report: dict[str, Any]) -> str:
     """Write atomically: a half-written report after os._exit would be worse than none."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"version": VERSION, **report}, fh, indent=1, default=str)
+        json.dump({"version": VERSION, "launch_id": os.environ.get(LAUNCH_ENV), **report}, fh,
+                  indent=1, default=str)
     os.replace(tmp, path)
     return path
 
@@ -59,8 +77,23 @@ def format_text(report: dict[str, Any], path: str | None) -> str:
             f"\n      epoch {hb.get('epoch', '?')}, steps {hb.get('steps', '?')} "
             f"({hb.get('steps_epoch', '?')} this epoch), batches {hb.get('batches', '?')}"
         )
+    for note in report.get("notes") or []:
+        lines.append(f"note: {note}")
     if path:
         lines.append(f"full report (all threads' stacks, timeline): {path}")
         lines.append(f"  render it: ddpguard report {path}")
     lines.append("=" * 80)
-    return "\n".join(lines)
+    return short_text("\n".join(lines))
+
+
+def announce(report: dict[str, Any], path: str | None) -> None:
+    """Say that this rank stopped the job. Under `ddpguard run` one line (the launcher prints
+    the block from the JSON file, so it appears once whatever the ranks' streams are); alone,
+    the whole block. Both through the guard's own descriptor, never the script's streams."""
+    channel.flush_user_streams()
+    if channel.under_launcher() and path:
+        title = report["diagnosis"]["title"]
+        channel.write(f"ddpguard: rank {report['reporter_rank']} stopped the job: {title} "
+                      f"(report: {path}; `ddpguard run` prints it)")
+    else:
+        channel.write(format_text(report, path))

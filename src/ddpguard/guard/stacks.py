@@ -22,6 +22,9 @@ __all__ = [
     "innermost",
     "activity",
     "is_blocked",
+    "fmt_frame",
+    "short_path",
+    "short_text",
 ]
 
 Frame = dict[str, Any]
@@ -32,6 +35,46 @@ _LIB_DIRS = tuple(
                  sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib"))
      if p}
 )
+
+
+# The directory the job was started from: `ddpguard run` passes its own (a script may chdir
+# before the guard loads); otherwise the working directory when the guard was loaded.
+START_DIR = os.path.abspath(os.environ.get("DDPGUARD_START_DIR") or os.getcwd())
+# Longest first, so a venv's site-packages inside the stdlib tree is stripped whole.
+_STRIP = sorted({d for d in _LIB_DIRS if d} | {os.path.dirname(_PKG_DIR)}, key=len, reverse=True)
+
+
+def short_path(path: str) -> str:
+    """The path as the user knows it: library files from their package down
+    (`torch/nn/parallel/distributed.py`, `threading.py`, `ddpguard/guard/...`), the script's
+    own files relative to the directory the job was started from (`moco/builder.py`, not the
+    absolute path of a checkout or temporary folder), anything else unchanged."""
+    if not path or path.startswith("<") or not os.path.isabs(path):
+        return path  # relative: already as given on the command line, from START_DIR
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    for d in _STRIP:
+        if path.startswith(d + os.sep):
+            return path[len(d) + 1:]
+    if path.startswith(START_DIR + os.sep):
+        return path[len(START_DIR) + 1:]
+    return path
+
+
+def short_text(text: str) -> str:
+    """short_path for every absolute path inside a finished text (file:line references that
+    other modules formatted themselves, such as the flight recorder's frames)."""
+    for marker in ("site-packages/", "dist-packages/"):
+        while marker in text:
+            i = text.index(marker)
+            start = max(text.rfind(c, 0, i) for c in " `'\"(\n") + 1
+            text = text[:start] + text[i + len(marker):]
+    for d in _STRIP:
+        text = text.replace(d + os.sep, "")
+    if len(START_DIR) > 1:  # never strip a bare '/'
+        text = text.replace(START_DIR + os.sep, "")
+    return text
 
 
 def is_library_file(path: str) -> bool:
@@ -139,4 +182,4 @@ def fmt_frame(fr: Frame | None) -> str:
     if fr is None:
         return "?"
     code = f"  `{fr['code']}`" if fr["code"] else ""
-    return f"{fr['file']}:{fr['line']} in {fr['func']}{code}"
+    return f"{short_path(fr['file'])}:{fr['line']} in {fr['func']}{code}"
