@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many optimizer steps (a quick check)")
     parser.add_argument("--max-tokens", type=int, default=1024,
                         help="token budget of one batch on one rank")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps")
     parser.add_argument("--corpus-bytes", type=int, default=400_000,
                         help="text taken from the standard library's docstrings")

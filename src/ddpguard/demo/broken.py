@@ -9,7 +9,8 @@ would, so the guard's report points at a line of a file you can open.
 Bugs (each is explained in docs/pitfalls.md):
   uneven            rank 1 filters its shard, so it has fewer batches: ranks do different
                     numbers of steps and the extra step's all-reduce has no partner
-  rank0-collective  an all_reduce for logging under `if rank == 0`: the other rank never joins
+  rank0-collective  rank 0 saves a checkpoint, then calls barrier() inside its `if rank == 0:`
+                    block: the other rank never joins
   crash             rank 1 raises on a bad record mid-epoch while rank 0 waits in all_reduce
   bn-eval           rank 0 evaluates a BatchNorm model through the DDP wrapper: the wrapper's
                     buffer broadcast waits for a rank that is training
@@ -17,6 +18,7 @@ Bugs (each is explained in docs/pitfalls.md):
 
 import argparse
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ddpguard.demo.net import ByteLM, collate, lm_loss
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 BUGS = ("uneven", "rank0-collective", "crash", "bn-eval")
 
 p = argparse.ArgumentParser()
@@ -74,11 +77,11 @@ for epoch in range(args.epochs):
         loss.backward()
         opt.step()
         if args.bug == "rank0-collective" and rank == 0 and step == args.bug_step:
-            dist.all_reduce(loss.detach())  # the BUG: only rank 0 gets here
+            torch.save(net.state_dict(), os.path.join(HERE, "broken_ckpt.pt"))
+            dist.barrier()  # the BUG: only rank 0 gets here; the others never join
         if args.bug == "bn-eval" and rank == 0 and step == args.bug_step:
-            model.eval()
-            with torch.no_grad():
-                lm_loss(model, val_batch)  # the BUG: DDP forward on rank 0 only
+            model.eval()  # (no torch.no_grad(): as in many scripts; see docs/demo.md)
+            lm_loss(model, val_batch)  # the BUG: a DDP forward on rank 0 only
             model.train()
     if rank == 0:
         print(f"epoch {epoch} done", flush=True)

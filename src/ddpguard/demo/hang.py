@@ -8,6 +8,7 @@ so that they can run it themselves with plain torchrun to compare.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -15,7 +16,6 @@ import time
 from pathlib import Path
 
 from ..guard.config import EXIT_CODE
-from . import broken
 
 __all__ = ["KINDS", "WITHOUT_GUARD", "run_hang"]
 
@@ -23,7 +23,7 @@ __all__ = ["KINDS", "WITHOUT_GUARD", "run_hang"]
 # (measured once with a 120 s limit, see docs/demo.md; not re-run each time).
 KINDS: dict[str, str] = {
     "uneven": "rank 1 filters its hand-made shard and has fewer batches than rank 0",
-    "rank0-collective": "an all_reduce for logging under `if rank == 0`",
+    "rank0-collective": "a barrier() inside rank 0's `if rank == 0:` checkpoint block",
     "crash": "rank 1 raises on a bad record mid-epoch while rank 0 waits",
     "bn-eval": "rank 0 evaluates a BatchNorm model through the DDP wrapper",
 }
@@ -39,7 +39,11 @@ def _script(out: Path) -> Path:
     """Copy the broken job next to the output; the guard names its lines."""
     out.mkdir(parents=True, exist_ok=True)
     dest = out / "broken_train.py"
-    shutil.copyfile(broken.__file__, dest)
+    # Located, never imported: importing the script would run it.
+    spec = importlib.util.find_spec("ddpguard.demo.broken")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("ddpguard/demo/broken.py is missing from this installation")
+    shutil.copyfile(spec.origin, dest)
     return dest
 
 

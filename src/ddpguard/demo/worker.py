@@ -21,12 +21,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
-    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--context", type=int, default=4)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP checks)
         train = JsonlDataset(args.train, length_key="len")
         val = JsonlDataset(args.val, length_key="len")
-        model = ByteLM(d_model=args.d_model, n_layers=args.layers)
+        model = ByteLM(d_model=args.d_model, n_layers=args.layers,
+                       context=args.context)
         out = Path(args.out)
         cfg = FitConfig(
             epochs=args.epochs, batch_size=None, max_tokens=args.max_tokens,
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": res.seconds, "wall_seconds": time.perf_counter() - started,
                 "train_loss": res.train_loss, "eval_loss": res.eval_loss,
                 "resumed_from": res.resumed_from, "lr": args.lr, "d_model": args.d_model,
-                "layers": args.layers, "max_tokens": args.max_tokens,
+                "layers": args.layers, "context": args.context, "max_tokens": args.max_tokens,
             }
             (out / "summary.json").write_text(json.dumps(summary))
     finally:
