@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         # state in the checkpoint continues the same curve.
         per_epoch = len(TokenBatchSampler(train.lengths, args.max_tokens, world.world_size,
                                           world.rank, seed=args.seed))
-        total = args.max_steps or per_epoch * args.epochs
+        total = per_epoch * args.epochs  # not max_steps: a longer resumed run keeps the curve
         sched = None
         if args.schedule == "cosine":
             sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, args.warmup))
