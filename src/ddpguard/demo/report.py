@@ -71,12 +71,16 @@ def _read_tokens(path: Path) -> dict[int, int]:
 
 
 def _epoch_means(train: list[tuple[int, int, float, float]]) -> list[tuple[float, float]]:
-    """Mean training loss of each epoch, placed at the epoch's last step (a step plot)."""
+    """Mean training loss of each epoch as a flat segment over the epoch's steps: pairs of
+    points (first step, mean), (last step, mean)."""
     by_epoch: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for epoch, step, loss, _ in train:
         by_epoch[epoch].append((step, loss))
-    return [(float(max(s for s, _ in rows)), sum(v for _, v in rows) / len(rows))
-            for _, rows in sorted(by_epoch.items())]
+    out: list[tuple[float, float]] = []
+    for _, rows in sorted(by_epoch.items()):
+        mean = sum(v for _, v in rows) / len(rows)
+        out += [(float(rows[0][0] - 1), mean), (float(rows[-1][0]), mean)]
+    return out
 
 
 def _throughput(train: list[tuple[int, int, float, float]], tokens: dict[int, int],
@@ -106,7 +110,7 @@ def write_page(out: Path, summary: dict[str, Any], base: Baselines | None) -> Pa
     steps = [(float(s), v) for _, s, v, _ in train]
     lines: list[Series] = [
         Series("train, per step (rank 0)", steps, "#9ab7d8", width=1.0),
-        Series("train, epoch mean", _epoch_means(train), "#1f4e99", "steps", width=2.5),
+        Series("train, epoch mean", _epoch_means(train), "#1f4e99", "segments", width=2.5),
         Series("eval, exact (all ranks)", [(float(s), v) for s, v in evals], "#d1495b",
                "dots", width=2.0),
     ]
@@ -128,7 +132,7 @@ def write_page(out: Path, summary: dict[str, Any], base: Baselines | None) -> Pa
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>ddpguard demo</title>"
         "<style>body{font-family:sans-serif;margin:16px;color:#222}"
-        "pre{background:#f6f6f6;padding:8px;font-size:13px}</style></head><body>"
+        "pre{background:#f6f6f6;padding:8px;font-size:13px;white-space:pre-wrap;max-width:760px}</style></head><body>"
         "<h2>ddpguard demo: a byte-level language model on the standard library's "
         "docstrings</h2>"
         f"<pre>{text}</pre>{losses}<br>{speed}</body></html>"

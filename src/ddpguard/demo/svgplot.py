@@ -19,7 +19,7 @@ class Series:
     label: str
     points: Sequence[Point]
     colour: str
-    style: str = "line"  # "line", "dots" (with a line through them), "steps" or "hline"
+    style: str = "line"  # "line", "dots" (with a line through them), "segments" or "hline"
     width: float = 1.5
     opacity: float = 1.0
 
@@ -33,12 +33,9 @@ def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
     raw = (hi - lo) / max(1, count - 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    ticks, t = [], first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 10))
-        t += step
-    return ticks
+    first = math.floor(lo / step + 1e-9)
+    last = math.ceil(hi / step - 1e-9)  # the last tick is at or beyond hi: nothing is cut off
+    return [round(i * step, 10) for i in range(first, last + 1)]
 
 
 def _fmt(v: float) -> str:
@@ -106,10 +103,9 @@ def _draw(s: Series, fx: Callable[[float], float], fy: Callable[[float], float],
         return [f'<line x1="{xa}" y1="{y:.1f}" x2="{xb}" y2="{y:.1f}" stroke="{col}" '
                 f'stroke-width="{s.width}" stroke-dasharray="6 4"/>']
     pts = list(s.points)
-    if s.style == "steps":  # a value that holds over [x_prev, x]: one flat segment each
-        segs = []
-        for (xp, _), (x, y) in zip([(pts[0][0], 0.0), *pts[:-1]], pts, strict=True):
-            segs.append(f"M{fx(xp):.1f},{fy(y):.1f}H{fx(x):.1f}")
+    if s.style == "segments":  # points in pairs: (start, end) of one separate segment each
+        segs = [f"M{fx(a[0]):.1f},{fy(a[1]):.1f}L{fx(b[0]):.1f},{fy(b[1]):.1f}"
+                for a, b in zip(pts[::2], pts[1::2], strict=False)]
         return [f'<path d="{" ".join(segs)}" fill="none" stroke="{col}" '
                 f'stroke-width="{s.width}"{op}/>']
     path = " ".join(f"{fx(x):.1f},{fy(y):.1f}" for x, y in pts)
