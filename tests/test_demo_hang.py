@@ -39,7 +39,7 @@ def test_hang_kind_is_stopped_by_the_guard(kind: str, tmp_path: Path) -> None:
     assert named in whole, (named, res.stderr[-3000:])
     assert "the guard's lanes picture" in res.stdout
     assert Path(reports[0].with_suffix(".html")).read_text().count('<g class="lane') == 2
-    assert "without the guard: plain torchrun" in res.stdout
+    assert "without the guard (measured once, docs/demo.md): plain torchrun" in res.stdout
     assert took < 100, f"{kind} took {took:.0f} s"
 
 

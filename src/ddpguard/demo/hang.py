@@ -28,10 +28,15 @@ KINDS: dict[str, str] = {
     "bn-eval": "rank 0 evaluates a BatchNorm model through the DDP wrapper",
 }
 WITHOUT_GUARD: dict[str, str] = {
-    "uneven": "plain torchrun: see docs/demo.md",
-    "rank0-collective": "plain torchrun: see docs/demo.md",
-    "crash": "plain torchrun: see docs/demo.md",
-    "bn-eval": "plain torchrun: see docs/demo.md",
+    "uneven": "plain torchrun ran on for 70 s with the ranks' gradient all-reduces paired one "
+              "step apart (silently wrong training), then failed with gloo's 'Connection closed "
+              "by peer' when rank 1 ran out of batches",
+    "rank0-collective": "plain torchrun printed nothing and was still hanging when stopped at "
+                        "120 s (gloo's default timeout is 30 minutes, NCCL's 10)",
+    "crash": "plain torchrun exited with code 1 after 27 s, the real ValueError printed next to "
+             "rank 0's 'Connection closed by peer' traceback",
+    "bn-eval": "plain torchrun printed nothing and was still hanging when stopped at 120 s "
+               "(gloo's default timeout is 30 minutes, NCCL's 10)",
 }
 
 
@@ -97,7 +102,7 @@ def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) ->
         _render(report)
     print(f"\nddpguard demo --hang {kind}: exit code {code} after {took:.0f} s"
           f"{' (the guard stopped the job)' if code == EXIT_CODE else ''}")
-    print(f"  without the guard: {WITHOUT_GUARD[kind]}")
+    print(f"  without the guard (measured once, docs/demo.md): {WITHOUT_GUARD[kind]}")
     if code == 0:
         print("  the bug did not bite this time (it should): please report it", file=sys.stderr)
     return code
