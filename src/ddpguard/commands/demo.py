@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=None,
                         help="stop after this many optimizer steps (a quick check)")
-    parser.add_argument("--max-tokens", type=int, default=1024,
+    parser.add_argument("--max-tokens", type=int, default=512,
                         help="token budget of one batch on one rank")
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps")

@@ -21,7 +21,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val", required=True)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
