@@ -52,9 +52,11 @@ def chart(series: Sequence[Series], *, title: str, xlabel: str, ylabel: str,
     ys = [p[1] for s in shown for p in s.points] or [0.0, 1.0]
     left, right, top, bottom = 64, 200, 34, 46
     pw, ph = width - left - right, height - top - bottom
-    xt = nice_ticks(min(xs), max(xs))
+    # x spans the data exactly (steps have no round end); y gets round ends for reading values.
+    x0, x1 = min(xs), max(xs)
+    xt = [t for t in nice_ticks(x0, x1) if x0 <= t <= x1]
     yt = nice_ticks(*(ylim or (min(ys), max(ys))))
-    x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
+    y0, y1 = yt[0], yt[-1]
 
     def px(x: float) -> float:
         return left + (x - x0) / ((x1 - x0) or 1.0) * pw
