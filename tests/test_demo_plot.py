@@ -48,7 +48,7 @@ def test_page_from_a_two_run_log(tmp_path: Path) -> None:
                "resumed_from": "ckpt-00000003.pt"}
     page = write_page(tmp_path, summary, Baselines(3.4, 2.9, 8.0, 100)).read_text()
     assert page.count("<svg") == 2 and "<script" not in page
-    assert "beats the bigram by +0.200" in page and "resumed from" in page
+    assert "beats the bigram by 0.200" in page and "resumed from" in page
 
 
 def test_baselines_on_a_tiny_corpus(tmp_path: Path) -> None:

@@ -38,10 +38,11 @@ def summary_lines(s: dict[str, Any], base: Baselines | None = None) -> list[str]
                      f" (uniform guess: {UNIFORM:.3f})")
     if ev and base is not None:
         last = ev[-1][1]
-        verdict = "beats" if last < base.bigram else "does NOT beat"
+        gap = abs(base.bigram - last)
+        verdict = (f"the model beats the bigram by {gap:.3f}" if last < base.bigram else
+                   f"the model is {gap:.3f} above the bigram: not beaten (yet)")
         lines.append(f"same eval bytes, nats/byte: model {last:.3f} | byte bigram "
-                     f"{base.bigram:.3f} | byte unigram {base.unigram:.3f} -> the model "
-                     f"{verdict} the bigram by {base.bigram - last:+.3f}")
+                     f"{base.bigram:.3f} | byte unigram {base.unigram:.3f} -> {verdict}")
     return lines
 
 

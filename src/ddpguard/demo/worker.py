@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -68,11 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         sched = None
         if args.schedule == "cosine":
             sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, args.warmup))
-        tokens_at: Counter[int] = Counter()
+        tokens_at: dict[int, torch.Tensor] = {}
 
         def count(epoch: int, step: int, batch: torch.Tensor) -> None:
             # Predicted bytes of this micro-batch, booked to the optimizer step it ends in.
-            tokens_at[step + 1] += int((batch[:, 1:] != PAD).sum())
+            # Kept as tensors and read once at the end: an int() per step would stall a GPU.
+            n = (batch[:, 1:] != PAD).sum()
+            tokens_at[step + 1] = tokens_at[step + 1] + n if step + 1 in tokens_at else n
 
         started = time.perf_counter()
         res = fit(model, train, lm_loss, opt, config=cfg, scheduler=sched, eval_data=val,
@@ -96,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _append_tokens(path: Path, tokens_at: Counter[int]) -> None:
+def _append_tokens(path: Path, tokens_at: dict[int, torch.Tensor]) -> None:
+    """Rank 0's predicted bytes per optimizer step, for the throughput chart."""
     fresh = not path.exists()
+    steps = sorted(tokens_at)
+    counts = torch.stack([tokens_at[s] for s in steps]).tolist() if steps else []
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if fresh:
             w.writerow(["step", "tokens"])
-        for step in sorted(tokens_at):
-            w.writerow([step, tokens_at[step]])
+        for step, n in zip(steps, counts, strict=True):
+            w.writerow([step, int(n)])
 
 
 if __name__ == "__main__":
