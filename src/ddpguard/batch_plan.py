@@ -1,4 +1,4 @@
-"""The global batch as the one number a user states (seed 002).
+"""The global batch as the one number a user states (docs/pitfalls.md, docs/batching.md).
 
 `BatchPlan` splits `global_batch_size` exactly into world size x accumulation steps x micro-batch,
 or refuses with the nearest valid choices: never a silent rounding. `find_micro_batch` shrinks

@@ -173,7 +173,7 @@ def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World
     """Exact evaluation over the whole set, the same result on every rank, or a loud refusal.
 
     Runs through the unwrapped module, so no DDP collective happens inside (a DDP forward with
-    broadcast_buffers is a collective: evaluating on rank 0 only hangs, seed 000). Padded
+    broadcast_buffers is a collective: evaluating on rank 0 only hangs, docs/pitfalls.md). Padded
     duplicates are dropped: those of ddpguard's samplers, of torch's DistributedSampler (it
     repeats the epoch's first indices) and TokenBatchSampler's padding batches, also under
     `batch_size=` / `batch_sampler=` loaders (see `ddpguard.sampling.coverage`). Per-rank sums

@@ -1,4 +1,4 @@
-"""Wrap a model for DDP the way seeds 001/002 do by hand, and accumulate gradients correctly.
+"""Wrap a model for DDP as careful scripts do by hand, and accumulate gradients correctly.
 
 `prepare_model` converts BatchNorm to SyncBatchNorm *before* wrapping, passes device ids only on
 GPU, and checks once, after the first backward, that every trainable parameter received a
@@ -114,7 +114,7 @@ def prepare_model(
       rank, so the buffers already agree and buffer broadcasting is off by default
       (`forward_sync_buffers=False`, formerly `broadcast_buffers=False`): with it on, DDP
       broadcasts buffers at every forward, and a forward that runs on some ranks only
-      (evaluation on rank 0 inside an `if`, seed 000) then blocks in that broadcast forever.
+      (evaluation on rank 0 inside an `if`, docs/pitfalls.md) then blocks in that broadcast.
     - `device_ids`/`output_device` are passed on GPU only (DDP rejects them for CPU modules).
     - Single process: returns the model unwrapped, on its device.
     """

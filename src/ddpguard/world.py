@@ -33,7 +33,7 @@ __all__ = [
 
 DEFAULT_PORT = 29500
 # Variables people set from old blog posts. The first two were renamed; the last never existed
-# (seed 003 recommends it): NCCL's own timeouts are NCCL_IB_TIMEOUT and a few socket ones.
+# (blog posts recommend it): NCCL's own timeouts are NCCL_IB_TIMEOUT and a few socket ones.
 DEPRECATED_VARIABLES: dict[str, str] = {
     "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT",
     "NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",

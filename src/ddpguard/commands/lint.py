@@ -1,4 +1,4 @@
-"""`ddpguard lint`: the seeds' DDP pitfalls, found in a script before it runs."""
+"""`ddpguard lint`: the DDP pitfalls of docs/pitfalls.md, found in a script before it runs."""
 
 from __future__ import annotations
 

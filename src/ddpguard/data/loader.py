@@ -6,7 +6,7 @@
 - worker seeds derived from (seed, epoch, rank, worker id), the same on every run, different
   across ranks and workers (torch's default derives them from the main process's RNG state);
 - a collate that raises on a None sample instead of dropping it: a dropped sample makes one
-  rank's batch (or batch count) differ from the others, the root of seed 004's hang.
+  rank's batch (or batch count) differ from the others: the classic uneven-steps hang.
 """
 
 from __future__ import annotations

@@ -1,0 +1,117 @@
+"""`ddpguard demo --hang KIND`: the demo's job with one classic DDP bug switched on, run under
+the hang guard exactly as `ddpguard run` runs a script, then the guard's lanes picture.
+
+The buggy script is written next to the output (`broken_train.py`, a copy of
+`ddpguard/demo/broken.py`) so that the report's file:line is a file the reader can open, and
+so that they can run it themselves with plain torchrun to compare.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ..guard.config import EXIT_CODE
+
+__all__ = ["KINDS", "WITHOUT_GUARD", "run_hang"]
+
+# What each bug does, and what plain torchrun did with it on this project's 2-core machine
+# (measured once with a 120 s limit, see docs/demo.md; not re-run each time).
+KINDS: dict[str, str] = {
+    "uneven": "rank 1 filters its hand-made shard and has fewer batches than rank 0",
+    "rank0-collective": "a barrier() inside rank 0's `if rank == 0:` checkpoint block",
+    "crash": "rank 1 raises on a bad record mid-epoch while rank 0 waits",
+    "bn-eval": "rank 0 evaluates a BatchNorm model through the DDP wrapper",
+}
+WITHOUT_GUARD: dict[str, str] = {
+    "uneven": "plain torchrun ran on for 70 s with the ranks' gradient all-reduces paired one "
+              "step apart (silently wrong training), then failed with gloo's 'Connection closed "
+              "by peer' when rank 1 ran out of batches",
+    "rank0-collective": "plain torchrun printed nothing and was still hanging when stopped at "
+                        "120 s (gloo's default timeout is 30 minutes, NCCL's 10)",
+    "crash": "plain torchrun exited with code 1 after 27 s, the real ValueError printed next to "
+             "rank 0's 'Connection closed by peer' traceback",
+    "bn-eval": "plain torchrun printed nothing and was still hanging when stopped at 120 s "
+               "(gloo's default timeout is 30 minutes, NCCL's 10)",
+}
+
+
+def _script(out: Path) -> Path:
+    """Copy the broken job next to the output; the guard names its lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / "broken_train.py"
+    # Located, never imported: importing the script would run it.
+    spec = importlib.util.find_spec("ddpguard.demo.broken")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("ddpguard/demo/broken.py is missing from this installation")
+    shutil.copyfile(spec.origin, dest)
+    return dest
+
+
+def _newest_report(folder: Path, since: float) -> Path | None:
+    found = [p for p in folder.glob("*.json") if p.stat().st_mtime >= since]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) -> int:
+    """Run the broken job under the guard; EXIT_CODE when the guard stopped it (the report is
+    rendered), 1 when the job failed another way, 0 if the bug did not bite (it should)."""
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    from ..commands.run import (
+        _end_leftovers,
+        _explain_failures,
+        _flag_options,
+        build_torchrun_argv,
+    )
+    from ..guard import procs
+
+    if kind not in KINDS:
+        raise ValueError(f"--hang {kind!r}: choose one of {', '.join(KINDS)}")
+    script = _script(out)
+    reports = out / "reports"
+    os.environ.setdefault("DDPGUARD_REPORT_DIR", str(reports))
+    print(f"ddpguard demo --hang {kind}: {KINDS[kind]}\n"
+          f"  the script: {script} (search for 'the BUG')\n"
+          "  running it on 2 ranks under the hang guard ...", flush=True)
+    opts = [f"--nproc-per-node={nproc}"] if nproc else []
+    argv = build_torchrun_argv(
+        [*opts, str(script), "--bug", kind, "--train", str(train), "--val", str(val)],
+        gpu_count=torch.cuda.device_count(), flags=_flag_options())
+    procs.become_subreaper()
+    started = time.time()
+    code = 0
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as exc:
+        _explain_failures(exc.failures)
+        codes = [f.exitcode for f in exc.failures.values()]
+        code = EXIT_CODE if EXIT_CODE in codes else 1
+    finally:
+        _end_leftovers()
+    took = time.time() - started
+    report = _newest_report(Path(os.environ["DDPGUARD_REPORT_DIR"]), started - 1)
+    if report is not None:
+        code = EXIT_CODE  # the guard stopped the job, whichever rank's exit torchrun saw first
+        _render(report)
+    print(f"\nddpguard demo --hang {kind}: exit code {code} after {took:.0f} s"
+          f"{' (the guard stopped the job)' if code == EXIT_CODE else ''}")
+    print(f"  without the guard (measured once, docs/demo.md): {WITHOUT_GUARD[kind]}")
+    if code == 0:
+        print("  the bug did not bite this time (it should): please report it", file=sys.stderr)
+    return code
+
+
+def _render(report: Path) -> None:
+    from ..guard.render import render_html
+    from ..guard.report import load
+
+    page = render_html(load(str(report)), str(report.with_suffix(".html")))
+    print(f"  the guard's lanes picture (one lane per rank): {page}")
+    print(f"  the full report: {report} (ddpguard report {report.name} adds a Perfetto trace)")
