@@ -60,17 +60,7 @@ def _newest_report(folder: Path, since: float) -> Path | None:
 def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) -> int:
     """Run the broken job under the guard; EXIT_CODE when the guard stopped it (the report is
     rendered), 1 when the job failed another way, 0 if the bug did not bite (it should)."""
-    import torch
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
-
-    from ..commands.run import (
-        _end_leftovers,
-        _explain_failures,
-        _flag_options,
-        build_torchrun_argv,
-    )
-    from ..guard import procs
+    from ..commands.run import main as ddpguard_run
 
     if kind not in KINDS:
         raise ValueError(f"--hang {kind!r}: choose one of {', '.join(KINDS)}")
@@ -81,20 +71,11 @@ def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) ->
           f"  the script: {script} (search for 'the BUG')\n"
           "  running it on 2 ranks under the hang guard ...", flush=True)
     opts = [f"--nproc-per-node={nproc}"] if nproc else []
-    argv = build_torchrun_argv(
-        [*opts, str(script), "--bug", kind, "--train", str(train), "--val", str(val)],
-        gpu_count=torch.cuda.device_count(), flags=_flag_options())
-    procs.become_subreaper()
     started = time.time()
-    code = 0
-    try:
-        torchrun_main(argv)
-    except ChildFailedError as exc:
-        _explain_failures(exc.failures)
-        codes = [f.exitcode for f in exc.failures.values()]
-        code = EXIT_CODE if EXIT_CODE in codes else 1
-    finally:
-        _end_leftovers()
+    # Exactly what `ddpguard run` does: the launcher prints the verdict and returns its code.
+    code = ddpguard_run([*opts, str(script), "--bug", kind, "--train", str(train),
+                         "--val", str(val)])
+    code = EXIT_CODE if code == EXIT_CODE else (1 if code else 0)
     took = time.time() - started
     report = _newest_report(Path(os.environ["DDPGUARD_REPORT_DIR"]), started - 1)
     if report is not None:
@@ -109,8 +90,8 @@ def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) ->
 
 
 def _render(report: Path) -> None:
-    from ..guard.render import render_html
     from ..guard.report import load
+    from ..reporting.render import render_html
 
     page = render_html(load(str(report)), str(report.with_suffix(".html")))
     print(f"  the guard's lanes picture (one lane per rank): {page}")
