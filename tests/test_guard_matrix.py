@@ -236,7 +236,7 @@ def test_guard_alone_stops_on_a_dead_peer_without_torchrun(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)  # our own grandchild
     text = str(info.value)
-    assert "rank 0 died with exit code 17" in text, text
+    assert "rank 0 was stopped by the hang guard (exit code 17" in text, text
     rep = _report(tmp_path)
     assert rep["diagnosis"]["cause"] == "crashed_rank" and rep["diagnosis"]["culprits"] == [1]
     assert "process" in rep["reason"] and "is gone" in rep["reason"]

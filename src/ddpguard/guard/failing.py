@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -74,6 +75,7 @@ class Failure:
         if not self._once.acquire(blocking=False):
             time.sleep(3600)  # another thread of this rank is already stopping it
         self.active = True
+        self._hold_exceptions()
         g = self.g
         me = g.rank
         dumps: dict[int, dict[str, Any]] = {}
@@ -120,6 +122,7 @@ class Failure:
         if not self._once.acquire(blocking=False):
             time.sleep(3600)
         self.active = True
+        self._hold_exceptions()
         self._follow(trigger)
 
     def _follow(self, trigger: dict[str, Any]) -> None:
@@ -153,6 +156,20 @@ class Failure:
                     and not (peers[r].get("host") == g.host
                              and not procs.pid_alive(int(peers[r].get("pid", 0))))]
             time.sleep(0.05)
+
+    def _hold_exceptions(self) -> None:
+        """From here on the peers leave and this rank's own collectives fail ("Connection
+        closed by peer"). An exception that reaches the top of the training thread must not
+        end the process with the script's exit code (1) before this thread ends it with the
+        guard's (17): without a launcher of ours, that code is all torchrun reports."""
+        if threading.current_thread() is threading.main_thread():
+            return  # the stop runs on the training thread itself: it exits the process
+        wait = self.g.config.dump_wait + 20.0
+
+        def hold(*_exc: object) -> None:
+            time.sleep(wait)  # the guard thread calls os._exit(17) long before
+
+        sys.excepthook = hold
 
     def _end_stopped(self, peers: dict[int, dict[str, Any]]) -> None:
         """A rank stopped by SIGSTOP (or a debugger) on this host can neither follow nor
