@@ -253,3 +253,15 @@ def test_descendants_and_kill_tree_touch_only_what_is_below(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_peer_aborted_inside_a_collective_is_a_mismatch():
+    recs = [{"rank": 0, "state": "dead", "hb": {}, "stacks": None},
+            _rec(1, [("/u/t.py", 9, "<module>")], [entry(5)])]
+    reason = ("rank 0 died (process 7 is gone) (it died of a fatal signal (Fatal Python error: "
+              "Aborted) inside torch.distributed.all_reduce called at t.py:8 in <module>: a "
+              "collective the other ranks did not match is the usual cause), while rank 1 "
+              "waited in all_reduce #5")
+    assert diagnose(recs, cause="peer_gone", reason=reason, culprits=[0])["cause"] == "mismatch"
+    assert diagnose(recs, cause="peer_gone", reason="rank 0 died", culprits=[0])["cause"] == \
+        "crashed_rank"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -86,6 +87,7 @@ def _crashed(exc: BaseException) -> int:
 
     from ddpguard import guard
     from ddpguard.guard import crash
+    from ddpguard.guard.rules import Decision
     from ddpguard.guard.stacks import is_library_file, short_path
 
     g = guard.active()
@@ -115,6 +117,18 @@ def _crashed(exc: BaseException) -> int:
                       f"ddpguard: the real cause: {cause}")
     else:
         channel.write(f"ddpguard: rank {rank} crashed: {text}")
+    if g is not None and others:
+        # A peer died and took this rank's collective with it: the guard's proof ("a peer
+        # gone while this rank waits"), reported as such, with exit 17 and the JSON report.
+        culprits = tuple(sorted({int(m) for m in re.findall(r"rank (\d+)", "; ".join(others))}
+                                - {g.rank}))
+        if user is not None:
+            g.note_position(f"{short_path(user.filename)}:{user.lineno} in {user.name}  "
+                            f"`{(user.line or '').strip()}`",
+                            f"its collective failed when the peer died{waiting}")
+        g.failure.fail(Decision("peer_gone", f"{'; '.join(others)}, while rank {g.rank} "
+                                f"waited{waiting or ' in a collective'}", culprits),
+                       g.read_peers())
     guard.stop("crashed", text)
     if g is not None and not others:
         crash.await_report(g, g.config.grace + 3.0)

@@ -201,6 +201,10 @@ def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None
     sources = sources or {}
     culprits = list(culprits or [])
     pos = {r["rank"]: rank_position(r) for r in records}
+    if cause == "peer_gone" and "a collective the other ranks did not match" in reason:
+        # The peer was aborted by the transport inside a collective (gloo's size check):
+        # the mismatch is the cause, its death only the consequence.
+        cause = "mismatch"
     final = _refine(cause, records, pos, culprits, sources)
     explanation = f"{reason}." if reason and not reason.endswith(".") else reason
     uneven = uneven_loaders(records) if final in ("left_early", "peer_gone", "mismatch",

@@ -223,6 +223,11 @@ class Guard:
             fault=self.fault_log.path, main=self._main_ident)
         return snap
 
+    def note_position(self, where: str, doing: str) -> None:
+        """Where the training thread is, from its own exception (the crash path), when the
+        guard thread's last look is older than the error."""
+        self._where, self._doing = where, ("collective:failed", doing)
+
     def pending_entries(self) -> list[list[Any]]:
         """The ledger entries this rank waits for (empty unless it is blocked)."""
         return list(self._pending)

@@ -39,6 +39,10 @@ class PeerTable:
             return True, "exited (left the job or destroyed its process group)"
         if hb.get("state") == "crashed":
             return True, f"crashed ({hb.get('error')})"
+        if hb.get("host") == self.host and not procs.pid_alive(int(hb.get("pid", 0))):
+            # On this host a vanished process is dead now, however recent its heartbeat.
+            return True, (f"died (process {hb.get('pid')} is gone{self.oom_text()})"
+                          f"{last_words(hb.get('fault'), hb.get('main'))}")
         seq, since = self._seq.get(r, (-1, now))
         if hb.get("seq") != seq:
             self._seq[r] = (hb.get("seq", -1), now)
