@@ -31,7 +31,7 @@ class At(ast.AST):
       "call the same collectives, in the same order, on every rank (outside the rank branch)")
 def ddp005(info: ModuleInfo) -> Iterator[Hit]:
     """Every rank must call the same collectives in the same order; one that waits in a
-    collective the others never reach waits until the NCCL timeout (seeds 000, 004)."""
+    collective the others never reach waits until the NCCL timeout (docs/pitfalls.md)."""
     for d in divergences(info):
         if d.code == "DDP005":
             yield At(d.line), "DDP005", d.message
@@ -43,7 +43,7 @@ def ddp005(info: ModuleInfo) -> Iterator[Hit]:
       "evaluate on every rank, or call model.module(...) on rank 0")
 def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     """DDP broadcasts the module's buffers at the start of each forward and waits for every
-    rank: a forward on rank 0 alone hangs as soon as the model has a buffer (seed 000)."""
+    rank: a forward on rank 0 alone hangs as soon as the model has a buffer (docs/pitfalls.md)."""
     found = [d for d in divergences(info) if d.code == "DDP006"]
     if not found:
         return
