@@ -24,11 +24,16 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie has exited: it only waits for its parent to read its status.
+    return _state(pid) != b"Z"
+
+
+def _state(pid: int) -> bytes | None:
+    """The one-letter state of `pid` from /proc (R, S, D, T, t, Z, ...), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+        return stat[stat.rindex(b")") + 2:][:1]
     except (OSError, ValueError):
-        return True
+        return None
 
 
 def _ppids() -> dict[int, int]:
@@ -68,12 +73,7 @@ def descendants(pid: int) -> list[int]:
 
 def stopped(pid: int) -> bool:
     """Is `pid` stopped (SIGSTOP, a debugger): state T or t in /proc (Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        return data[data.rindex(b")") + 2:][:1] in (b"T", b"t")
-    except (OSError, ValueError):
-        return False
+    return _state(pid) in (b"T", b"t")
 
 
 def kill_tree(pid: int, include_self: bool = False, wait: float = 2.0) -> list[int]:
