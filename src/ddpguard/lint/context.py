@@ -73,6 +73,7 @@ class ModuleInfo:
     multi_node: bool = False
     batchnorm: bool = False
     buffers: bool = False             # register_buffer in this module (DDP006's certainty)
+    joins: bool = False               # DDP's `model.join`: uneven inputs handled
     wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known

@@ -24,6 +24,7 @@ class Project:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
+        self.joins = any(uses_join(i) for i in infos)   # uneven inputs handled by DDP
         # Resolved once: path work per lookup costs more than the analysis it serves.
         self.parts: dict[int, tuple[str, ...]] = {
             id(i): Path(os.path.abspath(i.path)).parts for i in infos}
@@ -63,6 +64,12 @@ class Project:
                     return m, fns[0]
             return None
         return None
+
+
+def uses_join(info: ModuleInfo) -> bool:
+    """DDP's `model.join()` or torch's generic `Join` context: ranks may run out of inputs at
+    different steps without a hang."""
+    return info.joins or any(v.endswith("join.Join") for v in info.aliases.values())
 
 
 def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:

@@ -54,7 +54,15 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             pa, pb = project(info, root, a), project(info, root, b)
             # A generator's own `yield` is where its caller's body runs: compare what each
             # class does around it as a whole (leader-goes-first context managers).
-            _diff(_no_yield(pa.seq), _no_yield(pb.seq), a, b, out)
+            sa, sb = _no_yield(pa.seq), _no_yield(pb.seq)
+            found: list[Divergence] = []
+            _diff(sa, sb, a, b, found)
+            if found and ops(sa) == ops(sb):
+                # The same collectives in the same order, reached from different lines (the
+                # leader-goes-first pair written as two plain `if`s): only an early exit of
+                # one class can still leave the other waiting.
+                found = [d for d in found if d.code == "DDP019"]
+            out.extend(found)
     info._memo[("divergences", 0)] = out
     return out
 
@@ -104,6 +112,31 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence])
                 _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out)
 
 
+def ops(seq: Seq) -> tuple[object, ...]:
+    """What a class does that the other ranks wait on, in order: collectives and forwards,
+    with the calls they sit behind inlined and everything else (exits, writes) left out. A
+    branch or loop stays only where its arms differ in that respect."""
+    out: list[object] = []
+    for it in seq:
+        if it.ev is not None:
+            if it.ev.kind in _OPS:
+                out.append(it.key)
+        elif it.kind == "call":
+            out.extend(ops(it.arms[0]) if it.arms else ())
+        elif it.kind == "loop":
+            body = ops(it.arms[0])
+            if body:
+                out.append(("l", body))
+        else:
+            arms = tuple(ops(a) for a in it.arms)
+            if any(arms):
+                if all(a == arms[0] for a in arms):
+                    out.extend(arms[0])
+                else:
+                    out.append(("a", arms))
+    return tuple(out)
+
+
 def _no_yield(seq: Seq) -> Seq:
     return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
 
@@ -125,6 +158,26 @@ def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = (),
                          in_loop or it.kind == "loop")
             if hit is not None:
                 return hit
+    return None
+
+
+def _early_exit(seq: Seq, in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
+    """The first exit of `seq` itself (not of a callee, not a loop's `continue`) that comes
+    before anything the other ranks wait on; None once such a collective or forward comes."""
+    for it in seq:
+        if it.ev is not None:
+            if it.ev.kind in _OPS:
+                return None
+            if it.ev.kind in _EXITS and not (in_loop and it.ev.op in ("continue", "break")):
+                return it, ()
+            continue
+        if it.kind != "call":
+            for arm in it.arms:
+                hit = _early_exit(arm, in_loop or it.kind == "loop")
+                if hit is not None:
+                    return hit
+        if ops((it,)):
+            return None
     return None
 
 
@@ -164,10 +217,12 @@ def _line(it: Item, via: tuple[int, ...]) -> int:
 def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
             out: list[Divergence]) -> None:
     ea, eb = _first(a, _OPS), _first(b, _OPS)
-    if ea is None and eb is None:
-        for x, cx, rest, co in ((_first(a, _EXITS), ca, rest_b, cb),
-                                (_first(b, _EXITS), cb, rest_a, ca)):
-            nxt = _first(rest, ("coll",))
+    if (ea is None and eb is None) or ops(a) == ops(b):
+        # Nothing to wait on, or the same collectives through different lines (the send and
+        # receive sides of one broadcast in two arms): an exit before them is what can part.
+        for x, cx, side, rest, co in ((_early_exit(a), ca, b, rest_b, cb),
+                                      (_early_exit(b), cb, a, rest_a, ca)):
+            nxt = _first((*side, *rest), ("coll",))
             if x is None or nxt is None or x[0].ev is None or x[0].ev.op in ("yield",):
                 continue
             ex, nx = x[0].ev, nxt[0].ev

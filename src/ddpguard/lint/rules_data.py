@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from .callgraph import is_collective
 from .context import CallRec, Func, Loop, LoopRec, ModuleInfo, dotted, is_true, kwarg
+from .crossfile import uses_join
 from .registry import Hit, rule
 
 
@@ -67,6 +68,15 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
       'call sampler.set_epoch(epoch) at the top of every epoch')
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     reported: set[int] = set()
+    misses: dict[tuple[int, int], bool] = {}
+
+    def missing(loop: Loop, sampler: ast.Call) -> bool:
+        key = (id(loop), id(sampler))
+        hit = misses.get(key)
+        if hit is None:
+            hit = misses[key] = not _reaches_cached(info, loop, _set_epoch_recs(info, sampler))
+        return hit
+
     # Style 1: `for epoch ...: for batch in loader:` in one function.
     for lrec in info.loops:
         node = lrec.node
@@ -76,40 +86,43 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         for sampler in _shuffling(info.samplers_of(node.iter), info):
             if id(epoch_loop) in reported:
                 continue
-            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
+            if missing(epoch_loop, sampler):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
-    # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
+    batch_loops: dict[int, bool] = {}
     for rec in info.calls:
-        if not rec.loops or id(rec.loops[-1]) in reported or rec.last not in info.funcs:
+        if not rec.loops or id(rec.loops[-1]) in reported:
+            continue
+        callees = info.local_callees(rec)
+        if not callees:
             continue
         epoch_loop = rec.loops[-1]
-        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
-            continue
-        for sampler in _method_samplers(info, info.local_callees(rec)):
-            if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
+        batch = batch_loops.get(id(epoch_loop))
+        if batch is None:
+            batch = batch_loops[id(epoch_loop)] = not isinstance(epoch_loop, ast.While) and \
+                bool(info.samplers_of(epoch_loop.iter))
+        if batch:
+            continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
+        # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
+        for sampler in _method_samplers(info, callees):
+            if missing(epoch_loop, sampler):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
                 break
-    # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
-    for rec in info.calls:
-        if not rec.loops or id(rec.loops[-1]) in reported or not info.local_callees(rec):
+        if id(epoch_loop) in reported:
             continue
-        epoch_loop = rec.loops[-1]
-        if not isinstance(epoch_loop, ast.While) and info.samplers_of(epoch_loop.iter):
-            continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
-        callees = info.local_callees(rec)
+        # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
         passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
             (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
         for key, arg in passed:
             samplers = _shuffling(info.samplers_of(arg), info)
             if not samplers or not _iterates_param(info, callees, key):
                 continue  # the helper only reads `len(loader)`: it runs no epoch
-            for sampler in samplers:
-                if not _reaches_cached(info, epoch_loop, _set_epoch_recs(info, sampler)):
-                    reported.add(id(epoch_loop))
-                    yield epoch_loop, "DDP001", _msg001(sampler)
-                    break
+            if any(missing(epoch_loop, s) for s in samplers):
+                sampler = next(s for s in samplers if missing(epoch_loop, s))
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+                break
 
 
 def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
@@ -218,7 +231,11 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
 def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     """Manual sharding. torch's DistributedSampler pads (or with drop_last trims) so every
     rank gets the same number of samples; `data[rank::world_size]` and
-    `np.array_split(data, world_size)[rank]` do not when the length does not divide."""
+    `np.array_split(data, world_size)[rank]` do not when the length does not divide. Code
+    that trains under DDP's `join` (in any file linted with it) handles uneven inputs."""
+    project = info.project
+    if uses_join(info) or (project is not None and getattr(project, "joins", False)):
+        return
     for node in info.subscripts:
         sl = node.slice
         if isinstance(sl, ast.Slice):
@@ -238,6 +255,8 @@ def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
     """The list was padded to a multiple of the world size just above (`pad(...)`, `x +
     x[:pad]`, a name with `pad` in it): every rank's slice has the same length."""
     values = [seq, *(v for _, v in info.assigns.get(dotted(seq) or "", []))]
+    if any(_split_into_world_multiple(info, v) for v in values):
+        return True
     for v in values:
         for n in ast.walk(v):
             name = info.callee_last(n) if isinstance(n, ast.Call) else (
@@ -245,6 +264,25 @@ def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
             if "pad" in name.lower():
                 return True
     return False
+def _split_into_world_multiple(info: ModuleInfo, v: ast.expr) -> bool:
+    """`x.tensor_split(n)` / `np.array_split(x, n)` with n a multiple of the world size: they
+    always return n pieces (some may be empty), so a stride of the world size is even."""
+    if not isinstance(v, ast.Call) or info.callee_last(v) not in ("tensor_split",
+                                                                   "array_split"):
+        return False
+    return any(_world_multiple(info, a) for a in v.args)
+
+
+def _world_multiple(info: ModuleInfo, node: ast.expr, depth: int = 0) -> bool:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _world_size(info, node.left) or _world_size(info, node.right)
+    name = dotted(node)
+    if name is None or depth > 2:
+        return False
+    vals = [v for _, v in info.assigns.get(name, [])]
+    return bool(vals) and all(_world_multiple(info, v, depth + 1) for v in vals)
+
+
 _WORLD_HINTS = ("world", "num_replicas", "nproc", "ngpus", "num_gpus", "num_processes")
 
 

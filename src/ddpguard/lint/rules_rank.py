@@ -6,8 +6,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from .callgraph import is_collective, reaches
-from .context import Func, ModuleInfo, dotted, kwarg
+from .callgraph import is_collective, reaches, resolve
+from .context import CallRec, Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
 from .provenance import LOCAL, NONE
 from .ranks import OTHERS, RANK0
@@ -151,9 +151,56 @@ def ddp016(info: ModuleInfo) -> Iterator[Hit]:
         if any(guard for _, guard in uses):
             continue  # the author treats it under a rank test too: dst's result is the point
         reads = [(n, g) for n, g in uses if isinstance(getattr(n, "ctx", None), ast.Load)]
+        passed = _passed_to(info, scope)
+        reads = [(n, g) for n, g in reads if id(n) not in passed
+                 or _callee_reads(info, *passed[id(n)])]
         for node, _ in reads[:1]:
             yield node, "DDP016", (f"`{name}` is read on every rank after dist.reduce "
                                    f"(line {rec.node.lineno}); only the dst rank holds the sum")
+
+
+# A value handed to one of these is read right there, on whatever rank makes the call.
+_READERS = {"float", "int", "round", "str", "list", "tuple", "abs", "sum", "max", "min", "len",
+            "bool", "print", "format"}
+
+
+def _passed_to(info: ModuleInfo, scope: list[ast.stmt]) -> dict[int, tuple[CallRec, int | str]]:
+    """Names handed straight to a call as an argument: id(node) -> (call, position or
+    keyword)."""
+    recs = {id(r.node): r for r in info.calls}
+    out: dict[int, tuple[CallRec, int | str]] = {}
+    for st in scope:
+        for node in ast.walk(st):
+            rec = recs.get(id(node)) if isinstance(node, ast.Call) else None
+            if rec is None:
+                continue
+            for i, a in enumerate(rec.node.args):
+                out[id(a)] = (rec, i)
+            for k in rec.node.keywords:
+                if k.arg is not None:
+                    out[id(k.value)] = (rec, k.arg)
+    return out
+
+
+def _callee_reads(info: ModuleInfo, rec: CallRec, where: int | str) -> bool:
+    """Does the callee read this argument outside a rank test of its own (`if not
+    is_main_process(): return` first)? A callee that cannot be found proves nothing."""
+    if rec.last in _READERS and rec.qual in (None, rec.last):
+        return True
+    target = resolve(info, rec)
+    if target is None:
+        return False
+    minfo, fn = target
+    names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if names and names[0] in ("self", "cls") and isinstance(rec.node.func, ast.Attribute):
+        names = names[1:]
+    if isinstance(where, int):
+        if where >= len(names):
+            return False
+        where = names[where]
+    return any(not guard and isinstance(node, ast.Name) and node.id == where
+               and isinstance(node.ctx, ast.Load)
+               for node, guard in _guarded_nodes(minfo, list(fn.body)))
 
 
 def _guarded_nodes(info: ModuleInfo, stmts: list[ast.stmt],

@@ -179,7 +179,9 @@ class Builder:
         elif t is ast.Continue or t is ast.Break:
             out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno))
         elif t is ast.Assert:
-            out.append(Ev("mayexit", "assert", s.lineno))
+            assert isinstance(s, ast.Assert)
+            if not _narrowing(s.test):
+                out.append(Ev("mayexit", "assert", s.lineno))
         elif t is ast.Expr and isinstance(s.value, ast.Yield | ast.YieldFrom):  # type: ignore
             out.append(Ev("yield", "yield", s.lineno))
 
@@ -265,6 +267,19 @@ class Builder:
             elif d in params:
                 out[name] = ("param", d)
         return out
+
+
+def _narrowing(test: ast.expr) -> bool:
+    """`assert x is not None`, `assert isinstance(x, T)`: written for the type checker about
+    a value the code just made; counting them as exits buries the asserts that can fire."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return all(_narrowing(v) for v in test.values)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        right = test.comparators[0]
+        return isinstance(test.ops[0], ast.IsNot) and isinstance(right, ast.Constant) \
+            and right.value is None
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
+        test.func.id in ("isinstance", "callable", "hasattr")
 
 
 # -- projection per rank class --------------------------------------------------------------

@@ -252,6 +252,8 @@ class Walker:
                     info.uses_cuda = True
                 elif attr[:1] == "B" and attr.startswith("BatchNorm"):
                     info.batchnorm = True
+                elif attr == "join" and _model_like(node.value):  # type: ignore[attr-defined]
+                    info.joins = True
             fields = _CHILD_FIELDS.get(t)
             if fields is None:  # () is a valid entry (Name, Constant): test for None
                 fields = _child_fields(t)
@@ -263,6 +265,14 @@ class Walker:
                     extend(v)
                 elif v is not None:
                     push(v)
+
+
+def _model_like(node: ast.expr) -> bool:
+    """`model.join` / `self.ddp_model.join`: DDP's context for uneven inputs, not str.join or
+    os.path.join."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id \
+        if isinstance(node, ast.Name) else ""
+    return any(h in name.lower() for h in ("model", "ddp", "net"))
 
 
 def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:

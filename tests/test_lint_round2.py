@@ -1,0 +1,81 @@
+"""Issue 20, second round: the false-positive classes the first blind review found, each
+pinned by a fixture (tests/lint_corpus/fp_*.py) that expects nothing, and here by the one-line
+change that makes the same code wrong again: the inference must still see it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddpguard.lint import Selection, lint_paths, lint_source
+
+CORPUS = Path(__file__).parent / "lint_corpus"
+ALL = Selection(select=("ALL",), ignore=("DDP018",))
+
+
+def codes(name: str, old: str = "", new: str = "") -> list[tuple[str, int]]:
+    source = (CORPUS / name).read_text(encoding="utf-8")
+    if old:
+        assert old in source, old
+        source = source.replace(old, new)
+    return [(f.code, f.line) for f in lint_source(source, name, ALL)]
+
+
+def test_leader_first_as_two_plain_ifs() -> None:
+    name = "fp_leader_first_plain_if.py"
+    assert codes(name) == []
+    # Rank 0 no longer lets the others go: they wait at line 12 for a barrier rank 0 never
+    # makes, while rank 0 goes on to the loop's barrier.
+    got = codes(name, "        dist.barrier()  # rank 0 lets them go\n", "        pass\n")
+    assert ("DDP005", 12) in got
+    # A rank-0-only exit between the pair leaves the others in their barrier.
+    got = codes(name, "    if expected is not None and len(items) < expected:",
+                "    if dist.get_rank() == 0 and expected and len(items) < expected:")
+    assert [c for c, _ in got] == ["DDP019"]
+
+
+def test_tensor_split_into_a_multiple_of_the_world_size_is_even() -> None:
+    name = "fp_leader_first_plain_if.py"
+    got = codes(name, "// (max_batch * world) + 1) * world", "// max_batch + 1)")
+    assert got == [("DDP003", 23)]
+    # chunk() may return fewer pieces than asked: not proven even.
+    assert codes(name, ".tensor_split(num_batches)", ".chunk(num_batches)") == [("DDP003", 23)]
+
+
+def test_both_sides_of_one_broadcast() -> None:
+    name = "fp_broadcast_two_sides.py"
+    assert codes(name) == []
+    # The receivers go on to an all_reduce where the sender waits in a barrier.
+    got = codes(name, "    data = payload[0]\n    assert data is not None\n    dist.barrier()",
+                "    data = payload[0]\n    dist.all_reduce(torch.zeros(1))")
+    assert "DDP005" in [c for c, _ in got]
+    # An assert that can fire (not a type-checker narrowing) before the sender's broadcast.
+    got = codes(name, "assert obj is not None", "assert obj.numel() > 0")
+    assert got == [("DDP019", 15)]
+
+
+def test_reduced_value_read_only_behind_the_callees_guard() -> None:
+    name = "fp_reduce_read_in_callee.py"
+    assert codes(name) == []
+    assert codes(name, "        if not is_main():\n            return None\n", "") == [
+        ("DDP016", 20)]
+    # Handed to a builtin that reads it right there, on every rank.
+    assert codes(name, "return self.summarize(stats)", "return float(stats)") == [
+        ("DDP016", 20)]
+
+
+def test_join_anywhere_on_the_command_line_handles_uneven_shards(tmp_path: Path) -> None:
+    (tmp_path / "data.py").write_text(
+        "import torch.distributed as dist\n"
+        "def shard(files):\n"
+        "    return files[dist.get_rank()::dist.get_world_size()]\n")
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(
+        "from contextlib import nullcontext\n"
+        "def train(model, loader, uneven):\n"
+        "    ctx = model.join if uneven else nullcontext\n"
+        "    with ctx():\n"
+        "        for batch in loader:\n"
+        "            model(batch).sum().backward()\n")
+    assert [f.code for f in lint_paths([tmp_path], ALL)] == []
+    trainer.write_text(trainer.read_text().replace("model.join", "model.no_sync"))
+    assert [f.code for f in lint_paths([tmp_path], ALL)] == ["DDP003"]
