@@ -119,6 +119,15 @@ CASES: dict[str, tuple[str, str]] = {
     "DDP009": ("""
         net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
         model = DDP(net)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        """, """
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        model = DDP(net)
+        """),
+    "DDP021": ("""
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        model = DDP(net)
         """, """
         net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
         net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)

@@ -79,3 +79,41 @@ def test_join_anywhere_on_the_command_line_handles_uneven_shards(tmp_path: Path)
     assert [f.code for f in lint_paths([tmp_path], ALL)] == []
     trainer.write_text(trainer.read_text().replace("model.join", "model.no_sync"))
     assert [f.code for f in lint_paths([tmp_path], ALL)] == ["DDP003"]
+
+
+HEAD = "import torch\nimport torch.distributed as dist\n\n\n"
+
+
+def inline(src: str) -> list[tuple[str, int]]:
+    return [(f.code, f.line - HEAD.count("\n")) for f in lint_source(HEAD + src, "t.py", ALL)]
+
+
+EVALUATE = """\
+def evaluate(args, data, is_master):
+    sharded = getattr(args, "fsdp", False)
+    leader = is_master(args)
+    if not sharded and not leader:
+        return {}
+    signal = torch.zeros(1)
+    if sharded:
+        dist.broadcast(signal, src=0)
+    return {"n": len(data)}
+"""
+
+
+def test_flag_from_a_predicate_call_is_true_on_rank_0() -> None:
+    # `leader = is_master(args)` holds on rank 0 (a test of the rank, not the rank itself);
+    # read as the rank value it came out false on rank 0 and the classes swapped places.
+    src = EVALUATE.replace("    if sharded:\n        dist.broadcast", "    if True:\n"
+                           "        dist.broadcast")
+    [(code, line)] = inline(src)
+    [f] = [f for f in lint_source(HEAD + src, "t.py", ALL)]
+    assert (code, line) == ("DDP019", 5)
+    assert f.message.startswith("ranks > 0 can leave at line")
+
+
+def test_exit_and_collective_behind_the_same_flag_are_exclusive() -> None:
+    assert inline(EVALUATE) == []
+    # Another flag guards the collective: nothing ties the two, the hang is possible.
+    src = EVALUATE.replace("    if sharded:\n", "    if args.sync:\n")
+    assert inline(src) == [("DDP019", 5)]

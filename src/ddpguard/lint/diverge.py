@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from .callgraph import has_split
-from .context import Func, ModuleInfo
+from .context import Func, ModuleInfo, dotted
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
 from .schedule import Item, Seq, project
 
@@ -32,6 +32,7 @@ class Divergence:
     line: int
     message: str
     other_line: int
+    other_direct: bool = False   # other_line is in the compared function itself, no call
 
 
 def divergences(info: ModuleInfo) -> list[Divergence]:
@@ -62,7 +63,7 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 # leader-goes-first pair written as two plain `if`s): only an early exit of
                 # one class can still leave the other waiting.
                 found = [d for d in found if d.code == "DDP019"]
-            out.extend(found)
+            out.extend(d for d in found if d.code != "DDP019" or not _exclusive(info, root, d))
     info._memo[("divergences", 0)] = out
     return out
 
@@ -110,6 +111,60 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence])
                 _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out)
             else:
                 _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out)
+
+
+def _exclusive(info: ModuleInfo, root: Func | None, d: Divergence) -> bool:
+    """The exit and the collective it would abandon sit behind tests on the same non-rank
+    value (`if not fsdp_eval and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when
+    one class leaves, the other never reaches that collective. Judged within one function."""
+    if not d.other_direct:
+        return False
+    body = root.body if root is not None else info.tree.body
+    exit_tests, coll_tests = _tests_around(body, d.line), _tests_around(body, d.other_line)
+    mine = {n for t in exit_tests for part in _conjuncts(t) if not info.rank_level(part)
+            for n in _names(part)}
+    return bool(mine & {n for t in coll_tests for n in _names(t)})
+
+
+def _tests_around(body: list[ast.stmt], line: int) -> list[ast.expr]:
+    """The tests of the `if`/`while` statements (not functions) that hold `line`."""
+    out: list[ast.expr] = []
+    stmts = body
+    while True:
+        for s in stmts:
+            if s.lineno <= line <= (s.end_lineno or s.lineno):
+                break
+        else:
+            return out
+        if isinstance(s, ast.If | ast.While):
+            out.append(s.test)
+            stmts = s.body if s.body and s.body[0].lineno <= line <= (
+                s.body[-1].end_lineno or s.body[-1].lineno) else s.orelse
+        elif isinstance(s, ast.For | ast.AsyncFor | ast.With | ast.AsyncWith | ast.Try):
+            stmts = [*s.body, *getattr(s, "orelse", []), *getattr(s, "finalbody", []),
+                     *(st for h in getattr(s, "handlers", []) for st in h.body)]
+        else:
+            return out
+
+
+def _conjuncts(test: ast.expr) -> list[ast.expr]:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return [c for v in test.values for c in _conjuncts(v)]
+    return [test]
+
+
+def _names(test: ast.expr) -> set[str]:
+    """The values a test reads, whole (`args.fsdp`, never its prefix `args`)."""
+    out: set[str] = set()
+    stack: list[ast.AST] = [test]
+    while stack:
+        n = stack.pop()
+        d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
+        if d is not None:
+            out.add(d)
+        else:
+            stack.extend(ast.iter_child_nodes(n))
+    return out
 
 
 def ops(seq: Seq) -> tuple[object, ...]:
@@ -231,7 +286,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                 f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
                 f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt)}: "
                 "the ranks still in it wait for "
-                "ranks that are gone"), nx.line))
+                "ranks that are gone"), nx.line, not nxt[1]))
         return
     if ea is None:
         ea, eb, a, b, rest_b, ca, cb = eb, None, b, a, rest_a, cb, ca

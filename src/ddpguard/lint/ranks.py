@@ -73,6 +73,8 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
         return None
     if isinstance(node, ast.Call) and info.callee_last(node) in ("int", "str") and node.args:
         return _rank_value(info, node.args[0], cls)
+    if isinstance(node, ast.Call) and _tests_rank(info, info.callee_last(node)):
+        return None  # `is_master(args)` is a test of the rank (true on rank 0), not the rank
     if not isinstance(node, ast.Name | ast.Attribute | ast.Call | ast.Subscript):
         return None
     d = dotted(node) if not isinstance(node, ast.Call | ast.Subscript) else None
@@ -88,6 +90,15 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
     if level == LOCAL:
         return cls.local
     return None
+
+
+def _tests_rank(info: Table, name: str) -> bool:
+    """A predicate by its name, or a function of this file that returns a comparison."""
+    if is_predicate(name):
+        return True
+    fns = info.funcs.get(name, [])
+    return len(fns) == 1 and bool(fns[0].body) and isinstance(fns[0].body[-1], ast.Return) \
+        and isinstance(fns[0].body[-1].value, ast.Compare | ast.BoolOp | ast.UnaryOp)
 
 
 def _const(node: ast.AST) -> object:

@@ -92,22 +92,38 @@ def _unwrapped_strict_loads(info: ModuleInfo,
     return out
 
 
-@rule('DDP009', 'batchnorm-without-sync', 'warning',
-      'BatchNorm model wrapped in DDP without SyncBatchNorm (or converted after wrapping)',
+@rule('DDP009', 'syncbatchnorm-after-wrap', 'warning',
+      'convert_sync_batchnorm runs after the model was wrapped in DDP',
       'model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(model)')
 def ddp009(info: ModuleInfo) -> Iterator[Hit]:
-    if not info.batchnorm:
-        return
-    wraps = [r for r in info.calls if r.last == "DistributedDataParallel"]
-    converts = [r for r in info.calls if r.last == "convert_sync_batchnorm"]
-    for w in wraps:
-        if not converts:
-            yield w.node, "DDP009", ("model with BatchNorm wrapped in DDP without "
-                                     "SyncBatchNorm: each rank normalizes with its own statistics")
-        elif all(c.node.lineno > w.node.lineno for c in converts if c.func is w.func) and \
-                any(c.func is w.func for c in converts):
+    """The conversion builds new modules after DDP registered the old ones: convert, then
+    wrap (docs/pitfalls.md)."""
+    for w, converts in _bn_wraps(info):
+        if converts and all(c.node.lineno > w.node.lineno for c in converts
+                            if c.func is w.func) and any(c.func is w.func for c in converts):
             yield w.node, "DDP009", ("convert_sync_batchnorm runs after DDP wrapping: "
                                      "convert first, then wrap")
+
+
+@rule('DDP021', 'batchnorm-local-statistics', 'info',
+      'a BatchNorm model wrapped in DDP and never converted to SyncBatchNorm',
+      'model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(model), where the '
+      'per-rank batch is small', default=False)
+def ddp021(info: ModuleInfo) -> Iterator[Hit]:
+    """Off by default: each rank normalizing with its own batch statistics is a deliberate,
+    common choice (torchvision's references make SyncBatchNorm a flag); it matters when the
+    per-rank batch is small, which the code rarely shows."""
+    for w, converts in _bn_wraps(info):
+        if not converts:
+            yield w.node, "DDP021", ("model with BatchNorm wrapped in DDP without "
+                                     "SyncBatchNorm: each rank normalizes with its own statistics")
+
+
+def _bn_wraps(info: ModuleInfo) -> list[tuple[CallRec, list[CallRec]]]:
+    if not info.batchnorm:
+        return []
+    converts = [r for r in info.calls if r.last == "convert_sync_batchnorm"]
+    return [(r, converts) for r in info.calls if r.last == "DistributedDataParallel"]
 
 
 @rule('DDP010', 'unsafe-torch-load', 'warning',
@@ -302,4 +318,4 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     return False
 
 
-RULES = [ddp008, ddp009, ddp010, ddp011, ddp012, ddp013, ddp014, ddp015]
+RULES = [ddp021, ddp008, ddp009, ddp010, ddp011, ddp012, ddp013, ddp014, ddp015]

@@ -131,10 +131,14 @@ def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
                for v in [dest, *info.values_of(dest)])
 
 
-@rule('DDP016', 'reduce-read-on-all-ranks', 'error',
+@rule('DDP016', 'reduce-read-on-all-ranks', 'warning',
       'result of dist.reduce read on every rank (only dst holds the sum)',
-      'use dist.all_reduce, or read the result only on rank dst')
+      'use dist.all_reduce, or read the result only on rank dst', default=False)
 def ddp016(info: ModuleInfo) -> Iterator[Hit]:
+    """Off by default: on real code the other ranks mostly read the partial sum into metrics
+    that only rank 0 logs (OLMo, YOLOX), which is harmless; 0 of 12 findings on the two
+    corpora's tuning data were worth acting on. `--select DDP016` for a script whose
+    non-dst ranks act on the value."""
     for rec in info.calls:
         if rec.last != "reduce" or not is_collective(rec) or not rec.node.args:
             continue
