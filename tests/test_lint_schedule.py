@@ -305,3 +305,16 @@ def test_cross_file_stays_in_its_tree(tmp_path: Path) -> None:
     assert [f.code for f in lint_paths([tmp_path], ALL)] == []
     (tmp_path / "a" / "comm.py").write_text(HEAD + "def sync(t):\n    dist.barrier()\n")
     assert [f.code for f in lint_paths([tmp_path], ALL)] == ["DDP005"]
+
+
+def test_dotted_import_resolves_across_top_folders(tmp_path: Path) -> None:
+    """One repository linted alone: scripts/train.py's `from olmo.comm import sync` names
+    olmo/comm.py, whatever top folder each sits in; a message names the callee's file."""
+    (tmp_path / "olmo").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "olmo" / "comm.py").write_text(HEAD + "def sync():\n    dist.barrier()\n")
+    (tmp_path / "scripts" / "train.py").write_text(
+        HEAD + "from olmo.comm import sync\ndef main(cfg):\n    if dist.get_rank() == 0:\n"
+        "        if cfg.bad:\n            raise ValueError(cfg)\n    sync()\n")
+    [f] = lint_paths([tmp_path], ALL)
+    assert f.code == "DDP019" and "barrier() at comm.py:" in f.message

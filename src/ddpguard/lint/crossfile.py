@@ -52,8 +52,10 @@ class Project:
             return None
         mod_parts = module.split(".")
         for k in range(min(4, len(mod_parts)), 0, -1):
+            # A dotted match (`olmo.torch_util`) names the module; a bare one (`utils`) may
+            # be any tree's, so it must come from the caller's own.
             cands = [m for m in self.index.get(".".join(mod_parts[-k:]), ())
-                     if m is not caller and self._same_tree(m, caller)]
+                     if m is not caller and (k > 1 or self._same_tree(m, caller))]
             if not cands:
                 continue
             mine = self.parts.get(id(caller), ())

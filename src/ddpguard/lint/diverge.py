@@ -14,6 +14,7 @@ classes whose callee then differs is left to the callee's own comparison (report
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -57,7 +58,7 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             # class does around it as a whole (leader-goes-first context managers).
             sa, sb = _no_yield(pa.seq), _no_yield(pb.seq)
             found: list[Divergence] = []
-            _diff(sa, sb, a, b, found)
+            _diff(sa, sb, a, b, found, info.path)
             if found and ops(sa) == ops(sb):
                 # The same collectives in the same order, reached from different lines (the
                 # leader-goes-first pair written as two plain `if`s): only an early exit of
@@ -82,7 +83,8 @@ def _pairable(x: Item, y: Item) -> bool:
         (x.kind != "call" or x.name == y.name)
 
 
-def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence]) -> None:
+def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence],
+          here: str = "") -> None:
     if [i.key for i in sa] == [i.key for i in sb]:
         return
     ka, kb = [_coarse(i) for i in sa], [_coarse(i) for i in sb]
@@ -95,22 +97,22 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence])
                     continue  # a call both classes make: the callee's own comparison
                 if len(x.arms) == len(y.arms):
                     for ax, ay in zip(x.arms, y.arms, strict=True):
-                        _diff(ax, ay, ca, cb, out)
+                        _diff(ax, ay, ca, cb, out, here)
             continue
         if tag == "replace" and len(a) == len(b) and all(map(_pairable, a, b)):
             for x, y in zip(a, b, strict=True):
                 if x.kind != "call" and len(x.arms) == len(y.arms):
                     for ax, ay in zip(x.arms, y.arms, strict=True):
-                        _diff(ax, ay, ca, cb, out)
+                        _diff(ax, ay, ca, cb, out, here)
             continue  # a call both classes make: the callee's own comparison
         if tag == "replace":
-            _report(a, b, sa[i2:], sb[j2:], ca, cb, out)
+            _report(a, b, sa[i2:], sb[j2:], ca, cb, out, here)
             continue
         for k, it in enumerate(a or b):
             if a:
-                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out)
+                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out, here)
             else:
-                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out)
+                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out, here)
 
 
 def _exclusive(info: ModuleInfo, root: Func | None, d: Divergence) -> bool:
@@ -251,11 +253,13 @@ def _v(cls: RankClass, verb: str) -> str:
             "can": "can"}.get(verb, verb + "s")
 
 
-def _what(it: Item, via: tuple[int, ...]) -> str:
+def _what(it: Item, via: tuple[int, ...], here: str = "") -> str:
     ev = it.ev
     assert ev is not None
     name = f"{ev.op}()" if ev.kind == "coll" else f"a forward of the DDP model `{ev.text}`"
     where = f"line {ev.line}"
+    if via and ev.path and here and ev.path != here:
+        where = f"{os.path.basename(ev.path)}:{ev.line}"
     if via and via[0] != ev.line:
         where += f" (through the call at line {via[0]})"
     return f"{name} at {where}"
@@ -270,7 +274,7 @@ def _line(it: Item, via: tuple[int, ...]) -> int:
 
 
 def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
-            out: list[Divergence]) -> None:
+            out: list[Divergence], here: str = "") -> None:
     ea, eb = _first(a, _OPS), _first(b, _OPS)
     if (ea is None and eb is None) or ops(a) == ops(b):
         # Nothing to wait on, or the same collectives through different lines (the send and
@@ -284,7 +288,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
             assert nx is not None
             out.append(Divergence("DDP019", _line(*x), (
                 f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
-                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt)}: "
+                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt, here)}: "
                 "the ranks still in it wait for "
                 "ranks that are gone"), nx.line, not nxt[1]))
         return
@@ -296,7 +300,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
     assert ev is not None
     code = "DDP005" if ev.kind == "coll" else "DDP006"
     if eb is not None:
-        other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb)} instead"
+        other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb, here)} instead"
         other_line = _line(*eb)
     else:
         x = _first(b, _EXITS)
@@ -306,7 +310,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
             other = f"{_who(cb, x[0])} {_v(cb, 'leave')} at line {ev.line} ({ev.op}) first"
             other_line = x[0].ev.line
         elif nxt is not None:
-            other = f"{_who(cb, nxt[0])} {_v(cb, 'skip')} it and go on to {_what(*nxt)}"
+            other = f"{_who(cb, nxt[0])} {_v(cb, 'skip')} it and go on to {_what(*nxt, here)}"
             other_line = _line(*nxt)
         else:
             other = f"{cb.name} never {'reach' if _v(cb, 'reach') == 'reach' else 'reaches'} it"
@@ -316,7 +320,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                                   "waits for the other ranks (a hang whenever the model has "
                                   "buffers, e.g. BatchNorm)")
     out.append(Divergence(code, _line(it, via),
-                          f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via)}, {other}{tail}",
+                          f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
                           other_line))
 
 

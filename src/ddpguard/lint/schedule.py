@@ -44,6 +44,7 @@ class Ev:
     line: int
     text: str = ""     # the collective's group, the forwarded model, the written path
     per_rank: bool = False
+    path: str = ""     # the file it is in (a callee may sit in another file)
 
 
 @dataclass(slots=True)
@@ -197,7 +198,7 @@ class Builder:
             group = next((ast.unparse(k.value) for k in rec.node.keywords if k.arg == "group"
                           and not (isinstance(k.value, ast.Constant) and k.value.value is None)),
                          "")
-            return Ev("coll", rec.last, line, group)
+            return Ev("coll", rec.last, line, group, path=info.path)
         f = rec.node.func
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
             else dotted(f)
