@@ -28,7 +28,7 @@ M = [
  ("parameter forward binding", "schedule.py", "            if b is None:\n                continue", "            if True:\n                continue"),
  ("call alignment by callee", "diverge.py", "    return (\"call\", it.name, it.key[3]) if it.kind == \"call\" else (it.kind, it.site)", "    return (it.kind, it.site)"),
  ("DDP016 early return guard", "rules_rank.py", "                guard = guard or level  #", "                pass  #"),
- ("callee exits not caller's", "diverge.py", "        if it.kind == \"call\" and kinds == _EXITS:\n            continue", "        pass"),
+ ("callee exits not caller's", "diverge.py", "        if it.kind != \"call\":\n            for arm in it.arms:\n                hit = _early_exit(", "        if True:\n            for arm in it.arms:\n                hit = _early_exit("),
  ("padded shards", "rules_data.py", "            if \"pad\" in name.lower():\n                return True", "            pass"),
  ("validation sampler", "rules_data.py", "    return not any(h in name for h in _EVAL)", "    return True"),
  ("one-process group", "rules_model.py", "    return (isinstance(ws, ast.Constant) and ws.value == 1) or (", "    return False and (isinstance(ws, ast.Constant) and ws.value == 1) or ("),
@@ -51,6 +51,7 @@ M = [
  ("split into a world multiple", "rules_data.py", "    if any(_split_into_world_multiple(info, v) for v in values):\n        return True", "    pass"),
  ("a predicate call is a test, not the rank", "ranks.py", "    if isinstance(node, ast.Call) and _tests_rank(info, info.callee_last(node)):\n        return None", "    pass"),
  ("exit and collective behind one flag", "diverge.py", "    if not d.other_direct:\n        return False", "    if True:\n        return False"),
+ ("report where the classes part, past a shared start", "diverge.py", "    if k:\n        ea = la[k][1]", "    if False:\n        ea = la[k][1]"),
  ("DDP join handles uneven shards", "crossfile.py", "    return info.joins or any(", "    return False and any("),
 ]
 

@@ -117,3 +117,84 @@ def test_exit_and_collective_behind_the_same_flag_are_exclusive() -> None:
     # Another flag guards the collective: nothing ties the two, the hang is possible.
     src = EVALUATE.replace("    if sharded:\n", "    if args.sync:\n")
     assert inline(src) == [("DDP019", 5)]
+
+
+def test_matching_pairs_stay_quiet_beside_a_real_divergence() -> None:
+    """When a function holds a real divergence, the parts that do match (a leader-first
+    context manager, one helper called from both arms, the two sides of one broadcast) must
+    still align, so the finding is the real one alone."""
+    src = """\
+from contextlib import contextmanager
+
+
+@contextmanager
+def leader_first(rank):
+    if rank > 0:
+        dist.barrier()
+    yield
+    if rank == 0:
+        dist.barrier()
+
+
+def sync(t):
+    dist.all_reduce(t)
+
+
+def main(t, rank):
+    with leader_first(rank):
+        t = t + 1
+    if rank == 0:
+        sync(t)
+    else:
+        t = t * 2
+        sync(t)
+    if rank == 0:
+        dist.broadcast_object_list([t], src=0)
+    else:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+    if rank == 0:
+        dist.barrier()
+"""
+    assert inline(src) == [("DDP005", 31)]
+    assert inline(src[:src.rindex("    if rank == 0:\n        dist.barrier()\n")]) == []
+
+
+def test_pairs_inside_helpers_stay_quiet_beside_a_real_divergence() -> None:
+    src = """\
+from contextlib import contextmanager
+
+
+@contextmanager
+def leader_first(rank):
+    if rank > 0:
+        dist.barrier()
+    yield
+    if rank == 0:
+        dist.barrier()
+    if rank == 0:
+        dist.all_reduce(torch.zeros(1))
+
+
+def share(obj, rank):
+    if rank == 0:
+        assert obj.numel() > 0
+        dist.broadcast_object_list([obj], src=0)
+        return obj
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def main(t, rank):
+    if rank == 0:
+        t = share(t, rank)
+    else:
+        t = share(None, rank)
+    if rank == 0:
+        dist.barrier()
+"""
+    got = inline(src)
+    # leader_first: only the extra all_reduce; share: only rank 0's assert before its
+    # broadcast; main: only the last barrier. The matching pairs around them stay quiet.
+    assert got == [("DDP005", 12), ("DDP019", 17), ("DDP005", 31)]

@@ -198,24 +198,39 @@ def _no_yield(seq: Seq) -> Seq:
     return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
 
 
-def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = (),
-           in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
-    """The first event of `kinds` in `seq`, and the call sites it sits behind. A callee's
-    own exits end the callee, and a `continue`/`break` inside a loop ends that loop: neither
-    is an exit of the sequence compared."""
+def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = ()
+           ) -> tuple[Item, tuple[int, ...]] | None:
+    """The first event of `kinds` (collectives, forwards) in `seq`, and the call sites it
+    sits behind."""
     for it in seq:
         if it.ev is not None:
-            if it.ev.kind in kinds and not (in_loop and it.ev.op in ("continue", "break")):
+            if it.ev.kind in kinds:
                 return it, via
             continue
-        if it.kind == "call" and kinds == _EXITS:
-            continue
         for arm in it.arms:
-            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()),
-                         in_loop or it.kind == "loop")
+            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()))
             if hit is not None:
                 return hit
     return None
+
+
+def _op_events(seq: Seq, via: tuple[int, ...] = ()
+               ) -> list[tuple[object, tuple[Item, tuple[int, ...]]]]:
+    """What the other ranks wait on, in order, with calls opened up (a branch or loop that
+    holds some stays one entry): (key, (first event, call sites))."""
+    out: list[tuple[object, tuple[Item, tuple[int, ...]]]] = []
+    for it in seq:
+        if it.ev is not None:
+            if it.ev.kind in _OPS:
+                out.append((it.key, (it, via)))
+        elif it.kind == "call":
+            out.extend(_op_events(it.arms[0] if it.arms else (), via + (it.site,)))
+        else:
+            key = ops((it,))
+            first = _first((it,), _OPS, via)
+            if key and first is not None:
+                out.append((key, first))
+    return out
 
 
 def _early_exit(seq: Seq, in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
@@ -292,6 +307,16 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                 "the ranks still in it wait for "
                 "ranks that are gone"), nx.line, not nxt[1]))
         return
+    # Past what both reach alike (a helper called from each arm, then one more collective on
+    # one side): the finding is where they part, not the shared start.
+    la, lb = _op_events(a), _op_events(b)
+    k = 0
+    while k < len(la) and k < len(lb) and la[k][0] == lb[k][0]:
+        k += 1
+    if k:
+        ea = la[k][1] if k < len(la) else None
+        eb = lb[k][1] if k < len(lb) else None
+        rest_a, rest_b = (), ()
     if ea is None:
         ea, eb, a, b, rest_b, ca, cb = eb, None, b, a, rest_a, cb, ca
     assert ea is not None
@@ -303,7 +328,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb, here)} instead"
         other_line = _line(*eb)
     else:
-        x = _first(b, _EXITS)
+        x = _early_exit(b) if not k else None
         nxt = _first(rest_b, _OPS)
         if x is not None and x[0].ev is not None:
             ev = x[0].ev
