@@ -8,6 +8,7 @@ them running); broken ones hang, desync or crash (the guard must stop them and s
 """
 
 import argparse
+import gc
 import os
 import random
 import signal
@@ -266,4 +267,9 @@ if "final_ckpt_after_exit" in cases:
 if "uneven_tail" in cases:
     pass
 print(f"rank {rank} done at step {step}", flush=True)
+# Drop the DDP wrapper (its reducer holds gloo work and gradient buckets) while the
+# interpreter is alive: left to interpreter shutdown, gloo can abort the process at exit
+# ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291).
+model = None
+gc.collect()
 dist.destroy_process_group()

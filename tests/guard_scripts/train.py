@@ -4,6 +4,7 @@
 """
 
 import argparse
+import gc
 import os
 import signal
 import time
@@ -97,4 +98,9 @@ w = torch.cat([p.detach().flatten() for p in net.parameters()])
 if args.out and rank == 0:
     torch.save(w, args.out)
 print(f"rank {rank} done: checksum {w.sum().item():.6f}", flush=True)
+# Drop the DDP wrapper (its reducer holds gloo work and gradient buckets) while the
+# interpreter is alive: left to interpreter shutdown, gloo can abort the process at exit
+# ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291).
+model = opt = None
+gc.collect()
 dist.destroy_process_group()
