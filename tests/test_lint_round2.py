@@ -198,3 +198,84 @@ def main(t, rank):
     # leader_first: only the extra all_reduce; share: only rank 0's assert before its
     # broadcast; main: only the last barrier. The matching pairs around them stay quiet.
     assert got == [("DDP005", 12), ("DDP019", 17), ("DDP005", 31)]
+
+
+# -- issue 20, third round: classes from the second blind half ------------------------------
+
+def test_paddle_data_parallel_is_not_torchs() -> None:
+    src = "import paddle\nmodel = paddle.DataParallel(net)\n"
+    assert [f.code for f in lint_source(src, "t.py", ALL)] == []
+    src = "import torch\nmodel = torch.nn.DataParallel(net)\n"
+    assert [f.code for f in lint_source(src, "t.py", ALL)] == ["DDP014"]
+
+
+def test_set_device_in_another_file_places_the_model(tmp_path: Path) -> None:
+    (tmp_path / "dist_utils.py").write_text(
+        "import os\nimport torch\nimport torch.distributed as dist\n"
+        "def enable():\n    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+        "    dist.init_process_group('nccl')\n")
+    (tmp_path / "linear.py").write_text(
+        "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def setup(model):\n    model = model.cuda()\n    return DDP(model)\n")
+    assert [f.code for f in lint_paths([tmp_path], ALL)] == []
+    assert [f.code for f in lint_paths([tmp_path / "linear.py"], ALL)] == ["DDP015"]
+
+
+def test_shard_sized_by_len_floordiv_world_is_handled() -> None:
+    src = """\
+def validate(keys, rank):
+    last_barrier_at = len(keys) // dist.get_world_size() - 1
+    keys = keys[rank::dist.get_world_size()]
+    for i, k in enumerate(keys):
+        if i < last_barrier_at:
+            dist.barrier()
+    dist.barrier()
+"""
+    assert inline(src) == []
+    assert inline(src.replace("len(keys) // dist.get_world_size() - 1", "10")) == [
+        ("DDP003", 3)]
+
+
+def test_skipping_the_first_index_is_no_empty_batch() -> None:
+    src = """\
+def evaluate(loader, warm):
+    for it, data in enumerate(loader):
+        if warm and it == 0:
+            continue
+        dist.all_reduce(data)
+"""
+    assert inline(src) == []
+    assert inline(src.replace("warm and it == 0", "data is None")) == [("DDP004", 3)]
+
+
+def test_move_inside_the_wraps_arguments_comes_first() -> None:
+    src = """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(model, rank):
+    torch.cuda.set_device(rank)
+    model = DDP(
+        model.cuda(), device_ids=[rank])
+    return model
+"""
+    assert inline(src) == []
+    moved_after = src.replace("        model.cuda(), device_ids=[rank])\n",
+                              "        model, device_ids=[rank])\n    model.cuda()\n")
+    assert inline(moved_after) == [("DDP015", 8)]
+
+
+def test_an_uncalled_helper_that_saves_through_another_is_left_to_its_caller(
+        tmp_path: Path) -> None:
+    src = """\
+def persist(obj, path):
+    torch.save(obj, path)
+
+
+def export_ema(src, dst):
+    persist(torch.load(src, map_location="cpu"), dst)
+"""
+    assert inline(src) == []
+    called = src + "\n\nif __name__ == '__main__':\n    dist.init_process_group('gloo')\n" \
+        "    export_ema('a.pt', 'b.pt')\n    dist.destroy_process_group()\n"
+    assert inline(called) == [("DDP007", 2)]

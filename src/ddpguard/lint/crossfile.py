@@ -25,6 +25,9 @@ class Project:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
         self.joins = any(uses_join(i) for i in infos)   # uneven inputs handled by DDP
+        # Some file sets the CUDA device per process (often where the group is formed).
+        self.sets_device = self.multi and any(r.last == "set_device" for i in infos
+                                              for r in i.calls)
         # Resolved once: path work per lookup costs more than the analysis it serves.
         self.parts: dict[int, tuple[str, ...]] = {
             id(i): Path(os.path.abspath(i.path)).parts for i in infos}

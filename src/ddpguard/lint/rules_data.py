@@ -240,7 +240,8 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
         sl = node.slice
         if isinstance(sl, ast.Slice):
             if sl.lower is not None and sl.step is not None and info.rank_level(sl.lower) \
-                    and _world_size(info, sl.step) and not _padded(info, node.value):
+                    and _world_size(info, sl.step) and not _padded(info, node.value) \
+                    and not _counts_the_remainder(info, node):
                 yield node, "DDP003", _msg003(ast.unparse(node))
         elif isinstance(node.value, ast.Call) and info.rank_level(sl) and \
                 info.callee_last(node.value) in _SPLITS and \
@@ -264,6 +265,24 @@ def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
             if "pad" in name.lower():
                 return True
     return False
+def _counts_the_remainder(info: ModuleInfo, node: ast.AST) -> bool:
+    """The function that cuts the shard also computes `len(x) // world_size` (nnU-Net's
+    `last_barrier_at_idx`): its author sized what every rank has in common."""
+    line = getattr(node, "lineno", 0)
+    fns = [f for fs in info.funcs.values() for f in fs
+           if f.lineno <= line <= (f.end_lineno or f.lineno)]
+    if not fns:
+        return False
+    fn = max(fns, key=lambda f: f.lineno)  # the innermost
+    for n in ast.walk(fn):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.FloorDiv) and \
+                _world_size(info, n.right) and any(
+                    isinstance(c, ast.Call) and info.callee_last(c) == "len"
+                    for c in ast.walk(n.left)):
+            return True
+    return False
+
+
 def _split_into_world_multiple(info: ModuleInfo, v: ast.expr) -> bool:
     """`x.tensor_split(n)` / `np.array_split(x, n)` with n a multiple of the world size: they
     always return n pieces (some may be empty), so a stride of the world size is even."""
@@ -357,7 +376,12 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             isinstance(b, ast.Continue | ast.Break) for b in s.body)]
         if not skips or not _batch_loop(info, node.iter):
             continue
-        names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        target = node.target
+        if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
+                node.iter.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
+                len(target.elts) == 2:
+            target = target.elts[1]  # `for i, batch in enumerate(...)`: `i == 0` is no batch
+        names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
         for s in skips:
             if _empty_test(s.test, names):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "

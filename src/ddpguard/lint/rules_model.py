@@ -266,11 +266,16 @@ def ddp014(info: ModuleInfo) -> Iterator[Hit]:
     if info.wraps_ddp:
         return
     for rec in info.calls:
-        if rec.last == "DataParallel":
+        # torch's nn.DataParallel only: paddle.DataParallel is one process per device.
+        if rec.last == "DataParallel" and not (rec.qual or info.qualify(rec.node.func) or
+                                               "").startswith(_NOT_TORCH):
             yield rec.node, "DDP014", (
                 "nn.DataParallel runs every GPU from one process: threads bound by the GIL, "
                 "the model replicated and outputs gathered on the first GPU each step, "
                 "markedly slower than DistributedDataParallel")
+
+
+_NOT_TORCH = ("paddle", "mindspore", "jittor", "oneflow", "tensorflow", "mxnet")
 
 
 @rule('DDP015', 'ddp-device-placement', 'warning',
@@ -286,7 +291,9 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
             owner = dotted(f.value)
             # Only a wrap on every path to this call counts: a `.cuda()` in the sibling
             # `else` (or in the DataParallel / CPU branch) never meets that wrapper.
-            if owner in ddp and any(dominates(w, rec) for w in info.ddp_wraps(owner)):
+            # `DDP(model.cuda(), ...)`: a move inside the wrap's own arguments comes first.
+            if owner in ddp and any(dominates(w, rec) and not _within(rec.node, w.node)
+                                    for w in info.ddp_wraps(owner)):
                 yield rec.node, "DDP015", (f"`{owner}.{rec.last}()` after DDP wrapping: DDP "
                                            "already placed its buckets; move the model first")
         elif rec.last == "DistributedDataParallel" and info.uses_cuda and \
@@ -300,8 +307,16 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
                 "torch 1.9")
 
 
+def _within(node: ast.AST, outer: ast.AST) -> bool:
+    return any(n is node for n in ast.walk(outer))
+
+
 def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]) -> bool:
     if any(not exclusive(s, wrap) for s in set_devices):
+        return True
+    # The group is formed in another file on the command line that sets the device there
+    # (dinov2's `distributed.enable()`): this path cannot be shown to lack it.
+    if getattr(info.project, "sets_device", False) and not set_devices:
         return True
     # `DDP(model.to(local_rank))`, or `model.cuda(gpu)` on the way: placed on a chosen device
     arg = wrap.node.args[0] if wrap.node.args else kwarg(wrap.node, "module")

@@ -95,8 +95,9 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
         for ev, via in project(info, root, OTHERS).writes:
             if id(ev) not in zero or ev.per_rank or id(ev) in done:
                 continue
-            if root is not None and not via:
-                # A helper nobody here calls runs under its caller's guard, elsewhere.
+            if root is not None:
+                # A helper nobody here calls runs under its caller's guard, elsewhere (also
+                # when it writes through another helper: fairseq's save_ema_as_checkpoint).
                 used = _referenced_names(info) if used is None else used
                 if root.name not in used:
                     continue
