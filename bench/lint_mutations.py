@@ -50,7 +50,7 @@ M = [
  ("builtins read their argument", "rules_rank.py", "    if rec.last in _READERS and rec.qual in (None, rec.last):\n        return True", "    pass"),
  ("split into a world multiple", "rules_data.py", "    if any(_split_into_world_multiple(info, v) for v in values):\n        return True", "    pass"),
  ("a predicate call is a test, not the rank", "ranks.py", "    if isinstance(node, ast.Call) and _tests_rank(info, info.callee_last(node)):\n        return None", "    pass"),
- ("exit and collective behind one flag", "diverge.py", "    if not d.other_direct:\n        return False", "    if True:\n        return False"),
+ ("exit and collective behind one flag", "diverge.py", "    if not d.other_site:\n        return False", "    if True:\n        return False"),
  ("report where the classes part, past a shared start", "diverge.py", "    if k:\n        ea = la[k][1]", "    if False:\n        ea = la[k][1]"),
  ("paddle's DataParallel is not torch's", "rules_model.py", "        if rec.last == \"DataParallel\" and not (rec.qual", "        if rec.last == \"DataParallel\" and True or not (rec.qual"),
  ("set_device in another file", "rules_model.py", "    if getattr(info.project, \"sets_device\", False) and not set_devices:", "    if False:"),
@@ -58,6 +58,7 @@ M = [
  ("enumerate's index is no batch", "rules_data.py", "            target = target.elts[1]  #", "            pass  #"),
  ("a move inside the wrap's arguments", "rules_model.py", "dominates(w, rec) and not _within(rec.node, w.node)", "dominates(w, rec)"),
  ("uncalled helper writing through another", "rules_rank.py", "            if root is not None:\n                # A helper nobody", "            if root is not None and not via:\n                # A helper nobody"),
+ ("exclusive flag through a helper", "diverge.py", "nx.line, nxt[1][0] if nxt[1] else nx.line))", "nx.line, 0 if nxt[1] else nx.line))"),
  ("DDP join handles uneven shards", "crossfile.py", "    return info.joins or any(", "    return False and any("),
 ]
 

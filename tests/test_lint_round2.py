@@ -279,3 +279,22 @@ def export_ema(src, dst):
     called = src + "\n\nif __name__ == '__main__':\n    dist.init_process_group('gloo')\n" \
         "    export_ema('a.pt', 'b.pt')\n    dist.destroy_process_group()\n"
     assert inline(called) == [("DDP007", 2)]
+
+
+def test_exclusive_flag_also_holds_through_a_helper() -> None:
+    src = """\
+def sync_path(path):
+    box = [path]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def main(args, exists):
+    if dist.get_rank() == 0 and exists and not args.resume:
+        raise ValueError("the run exists")
+    if args.resume:
+        sync_path(args.path)
+"""
+    assert inline(src) == []
+    assert inline(src.replace("    if args.resume:\n        sync_path", "    if args.sync:\n"
+                              "        sync_path")) == [("DDP019", 9)]

@@ -33,7 +33,7 @@ class Divergence:
     line: int
     message: str
     other_line: int
-    other_direct: bool = False   # other_line is in the compared function itself, no call
+    other_site: int = 0   # where the compared function reaches other_line (itself, or a call)
 
 
 def divergences(info: ModuleInfo) -> list[Divergence]:
@@ -119,10 +119,10 @@ def _exclusive(info: ModuleInfo, root: Func | None, d: Divergence) -> bool:
     """The exit and the collective it would abandon sit behind tests on the same non-rank
     value (`if not fsdp_eval and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when
     one class leaves, the other never reaches that collective. Judged within one function."""
-    if not d.other_direct:
+    if not d.other_site:
         return False
     body = root.body if root is not None else info.tree.body
-    exit_tests, coll_tests = _tests_around(body, d.line), _tests_around(body, d.other_line)
+    exit_tests, coll_tests = _tests_around(body, d.line), _tests_around(body, d.other_site)
     mine = {n for t in exit_tests for part in _conjuncts(t) if not info.rank_level(part)
             for n in _names(part)}
     return bool(mine & {n for t in coll_tests for n in _names(t)})
@@ -305,7 +305,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                 f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
                 f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt, here)}: "
                 "the ranks still in it wait for "
-                "ranks that are gone"), nx.line, not nxt[1]))
+                "ranks that are gone"), nx.line, nxt[1][0] if nxt[1] else nx.line))
         return
     # Past what both reach alike (a helper called from each arm, then one more collective on
     # one side): the finding is where they part, not the shared start.
