@@ -59,6 +59,7 @@ M = [
  ("a move inside the wrap's arguments", "rules_model.py", "dominates(w, rec) and not _within(rec.node, w.node)", "dominates(w, rec)"),
  ("uncalled helper writing through another", "rules_rank.py", "            if root is not None:\n                # A helper nobody", "            if root is not None and not via:\n                # A helper nobody"),
  ("exclusive flag through a helper", "diverge.py", "nx.line, nxt[1][0] if nxt[1] else nx.line))", "nx.line, 0 if nxt[1] else nx.line))"),
+ ("the first partner the exit does abandon", "diverge.py", "                for line, site, message in d.partners or (", "                for line, site, message in d.partners[:1] or ("),
  ("DDP join handles uneven shards", "crossfile.py", "    return info.joins or any(", "    return False and any("),
 ]
 

@@ -34,6 +34,9 @@ class Divergence:
     message: str
     other_line: int
     other_site: int = 0   # where the compared function reaches other_line (itself, or a call)
+    # DDP019: every collective the other class goes on to, in order, as (line, site, the
+    # message with it); the first one the exit does not exclude is reported.
+    partners: tuple[tuple[int, int, str], ...] = ()
 
 
 def divergences(info: ModuleInfo) -> list[Divergence]:
@@ -64,7 +67,17 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 # leader-goes-first pair written as two plain `if`s): only an early exit of
                 # one class can still leave the other waiting.
                 found = [d for d in found if d.code == "DDP019"]
-            out.extend(d for d in found if d.code != "DDP019" or not _exclusive(info, root, d))
+            for d in found:
+                if d.code != "DDP019":
+                    out.append(d)
+                    continue
+                # The first collective this exit does abandon (an exit under `not resume`
+                # does not abandon a broadcast under `if resume:`, but the wrap after it).
+                for line, site, message in d.partners or ((d.other_line, d.other_site,
+                                                           d.message),):
+                    if not _exclusive(info, root, d.line, site):
+                        out.append(Divergence("DDP019", d.line, message, line, site))
+                        break
     info._memo[("divergences", 0)] = out
     return out
 
@@ -115,14 +128,15 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence],
                 _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out, here)
 
 
-def _exclusive(info: ModuleInfo, root: Func | None, d: Divergence) -> bool:
-    """The exit and the collective it would abandon sit behind tests on the same non-rank
-    value (`if not fsdp_eval and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when
-    one class leaves, the other never reaches that collective. Judged within one function."""
-    if not d.other_site:
+def _exclusive(info: ModuleInfo, root: Func | None, line: int, site: int) -> bool:
+    """The exit at `line` and the collective reached at `site` sit behind tests on the same
+    non-rank value (`if not fsdp_eval and not is_rank0: return` ... `if fsdp_eval:
+    broadcast()`): when one class leaves, the other never reaches that collective. Judged
+    within one function."""
+    if not site:
         return False
     body = root.body if root is not None else info.tree.body
-    exit_tests, coll_tests = _tests_around(body, d.line), _tests_around(body, d.other_site)
+    exit_tests, coll_tests = _tests_around(body, line), _tests_around(body, site)
     mine = {n for t in exit_tests for part in _conjuncts(t) if not info.rank_level(part)
             for n in _names(part)}
     return bool(mine & {n for t in coll_tests for n in _names(t)})
@@ -233,6 +247,21 @@ def _op_events(seq: Seq, via: tuple[int, ...] = ()
     return out
 
 
+def _colls(seq: Seq, via: tuple[int, ...] = ()) -> list[tuple[Item, tuple[int, ...]]]:
+    """Every collective of `seq` in order, through calls, branches and loops (a few)."""
+    out: list[tuple[Item, tuple[int, ...]]] = []
+    for it in seq:
+        if it.ev is not None:
+            if it.ev.kind == "coll":
+                out.append((it, via))
+        else:
+            for arm in it.arms:
+                out.extend(_colls(arm, via + ((it.site,) if it.kind == "call" else ())))
+        if len(out) >= 8:
+            break
+    return out
+
+
 def _early_exit(seq: Seq, in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
     """The first exit of `seq` itself (not of a callee, not a loop's `continue`) that comes
     before anything the other ranks wait on; None once such a collective or forward comes."""
@@ -296,16 +325,21 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         # receive sides of one broadcast in two arms): an exit before them is what can part.
         for x, cx, side, rest, co in ((_early_exit(a), ca, b, rest_b, cb),
                                       (_early_exit(b), cb, a, rest_a, ca)):
-            nxt = _first((*side, *rest), ("coll",))
-            if x is None or nxt is None or x[0].ev is None or x[0].ev.op in ("yield",):
+            if x is None or x[0].ev is None or x[0].ev.op in ("yield",):
                 continue
-            ex, nx = x[0].ev, nxt[0].ev
-            assert nx is not None
-            out.append(Divergence("DDP019", _line(*x), (
-                f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
-                f"{_who(co, nxt[0])} {_v(co, 'go')} on to {_what(*nxt, here)}: "
-                "the ranks still in it wait for "
-                "ranks that are gone"), nx.line, nxt[1][0] if nxt[1] else nx.line))
+            ex = x[0].ev
+            partners = []
+            for it, via in _colls((*side, *rest)):
+                nx = it.ev
+                assert nx is not None
+                partners.append((nx.line, via[0] if via else nx.line, (
+                    f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
+                    f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}: "
+                    "the ranks still in it wait for ranks that are gone")))
+            if partners:
+                line, site, message = partners[0]
+                out.append(Divergence("DDP019", _line(*x), message, line, site,
+                                      tuple(partners)))
         return
     # Past what both reach alike (a helper called from each arm, then one more collective on
     # one side): the finding is where they part, not the shared start.
