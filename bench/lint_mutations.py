@@ -60,6 +60,8 @@ M = [
  ("uncalled helper writing through another", "rules_rank.py", "            if root is not None:\n                # A helper nobody", "            if root is not None and not via:\n                # A helper nobody"),
  ("exclusive flag through a helper", "diverge.py", "nx.line, nxt[1][0] if nxt[1] else nx.line))", "nx.line, 0 if nxt[1] else nx.line))"),
  ("the first partner the exit does abandon", "diverge.py", "                for line, site, message in d.partners or (", "                for line, site, message in d.partners[:1] or ("),
+ ("rank= of init_process_group", "walker.py", "                        d = dotted(k.value) if k.arg == \"rank\" else None", "                        d = None"),
+ ("the same move again is a no-op", "rules_model.py", "                                    and not _moved_there_before(info, rec, w)\n", ""),
  ("DDP join handles uneven shards", "crossfile.py", "    return info.joins or any(", "    return False and any("),
 ]
 

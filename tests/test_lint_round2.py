@@ -318,3 +318,39 @@ def main(args, exists):
     [f] = [f for f in lint_source(HEAD + src, "t.py", ALL)]
     assert (f.code, f.line - 4) == ("DDP019", 9)
     assert "barrier() at line 16" in f.message and "broadcast" not in f.message
+
+
+# -- after the lint5 blind review (tuning data since) ---------------------------------------
+
+def test_the_name_passed_as_rank_to_init_process_group_is_the_rank() -> None:
+    src = """\
+def run(proc_id, world, model):
+    dist.init_process_group("nccl", rank=proc_id, world_size=world)
+    if proc_id == 0:
+        torch.save(model.state_dict(), "model.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.multiprocessing.spawn(run, args=(2, None), nprocs=2)
+"""
+    assert inline(src) == []
+    assert inline(src.replace("rank=proc_id, ", "")) == [("DDP007", 4)]
+
+
+def test_the_same_move_again_after_the_wrap_is_a_no_op() -> None:
+    src = """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(model, device, load):
+    model.to(device)
+    model = DDP(model, device_ids=[device])
+    model = load(model)
+    model.to(device)
+    return model
+"""
+    assert inline(src) == []
+    assert inline(src.replace("    model.to(device)\n    model = DDP", "    model = DDP")) == [
+        ("DDP015", 7)]

@@ -293,6 +293,7 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
             # `else` (or in the DataParallel / CPU branch) never meets that wrapper.
             # `DDP(model.cuda(), ...)`: a move inside the wrap's own arguments comes first.
             if owner in ddp and any(dominates(w, rec) and not _within(rec.node, w.node)
+                                    and not _moved_there_before(info, rec, w)
                                     for w in info.ddp_wraps(owner)):
                 yield rec.node, "DDP015", (f"`{owner}.{rec.last}()` after DDP wrapping: DDP "
                                            "already placed its buckets; move the model first")
@@ -305,6 +306,20 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
                 "torch.cuda.set_device on this path: every process of a node uses the current "
                 "device (cuda:0); DDP has not spread one process over several GPUs since "
                 "torch 1.9")
+
+
+def _moved_there_before(info: ModuleInfo, move: CallRec, wrap: CallRec) -> bool:
+    """`model.to(device)` before the wrap and the same `model.to(device)` after it: the second
+    is a no-op (Megatron's example after loading a checkpoint in place)."""
+    owner = dotted(move.node.func.value) if isinstance(move.node.func, ast.Attribute) else None
+    args = [ast.unparse(a) for a in move.node.args]
+    for rec in info.calls:
+        f = rec.node.func
+        if rec.last == move.last and isinstance(f, ast.Attribute) and rec.func is wrap.func \
+                and dotted(f.value) == owner and rec.node.lineno < wrap.node.lineno \
+                and [ast.unparse(a) for a in rec.node.args] == args and not exclusive(rec, wrap):
+            return True
+    return False
 
 
 def _within(node: ast.AST, outer: ast.AST) -> bool:

@@ -215,6 +215,13 @@ class Walker:
                     info.distributed = True
                 if last == "no_sync":
                     info.no_sync = True
+                elif last == "init_process_group":
+                    # `init_process_group(..., rank=proc_id)`: that name is the global rank
+                    # (dgl's `if proc_id == 0:` guards a save).
+                    for k in node.keywords:
+                        d = dotted(k.value) if k.arg == "rank" else None
+                        if d is not None and d not in info.rank_names:
+                            info.rank_names[d] = GLOBAL
                 elif last == "DistributedDataParallel" or last.endswith("_DDP"):
                     info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
                 elif last == "cuda":
