@@ -185,6 +185,24 @@ def test_diagnosis_conditional_collective_and_peer_states():
     assert diagnose(recs, cause="peer_gone", culprits=[1])["cause"] == "crashed_rank"
 
 
+def test_conditional_collective_seen_through_a_wait_helper():
+    # `if rank == 0: finish(dist.barrier(async_op=True))` with `def finish(w): w.wait()`, and
+    # no issuing line recorded (the match by creation time can miss under load): the wait's
+    # own line is in the helper, the line that matters is its caller's.
+    src = ["def finish(w):", "    w.wait()", "for e in range(2):", "    train()",
+           "    if rank == 0:", "        finish(dist.barrier(async_op=True))"]
+    wait = [("/u/t.py", 6, "<module>"), ("/u/t.py", 2, "finish"),
+            (f"{TORCH}distributed/distributed_c10d.py", 1, "wait")]
+    bwd = [("/u/t.py", 4, "<module>"), (f"{TORCH}autograd/graph.py", 5, "_engine_run_backward")]
+    recs = [_rec(0, wait, [entry(8, "barrier", ())]), _rec(1, bwd, [entry(8)])]
+    d = diagnose(recs, {"/u/t.py": src}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] == "conditional_collective"
+    # Both ranks in the same helper call, outside any rank test: a plain mismatch.
+    src[4] = "    if epoch == 0:"
+    d = diagnose(recs, {"/u/t.py": src}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] == "mismatch"
+
+
 def test_a_peer_that_left_outranks_the_buffer_broadcast_guess():
     # Rank 0 returned early from train(); rank 1 waits in DDP's buffer broadcast. The title
     # is the strongest evidence: rank 0 left, not "forward on some ranks only".

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from .ledger import describe_entry, first_pending
-from .stacks import activity, fmt_frame, innermost, user_frame
+from .stacks import activity, fmt_frame, innermost, is_library_file, user_frame
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
 
@@ -116,8 +116,11 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
     # one-time bucket rebuild at the start of a training forward.
     buffer_sync = any(f["func"] in _BUFFER_SYNC and "torch/nn/parallel/distributed.py"
                       in f["file"].replace("\\", "/") for f in main)
+    # Every user frame, outermost first: a wait inside a helper (`finish(work)`) was called
+    # from the line that matters (`if rank == 0: finish(dist.barrier(async_op=True))`).
+    callers = [(f["file"], f["line"]) for f in main if not is_library_file(f["file"])]
     return {"kind": kind, "doing": doing, "user": where, "buffer_sync": buffer_sync,
-            "user_line": (uf["file"], uf["line"]) if uf else None,
+            "user_line": (uf["file"], uf["line"]) if uf else None, "callers": callers,
             "innermost": fmt_frame(innermost(main)) if main else "?",
             "pending": describe_entry(first) if first else None}
 
@@ -168,11 +171,16 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
             for r in records:
                 p = pos[r["rank"]]
                 waits = p["pending"] or p["kind"].startswith("collective:")
-                if p["user_line"] and waits and _in_conditional(
-                        sources.get(p["user_line"][0]), p["user_line"][1]):
-                    others = [o for o in records if pos[o["rank"]]["user_line"] == p["user_line"]]
-                    if len(others) < len(records):
-                        return "conditional_collective"
+                if not waits:
+                    continue
+                lines = [p["user_line"]] if p["user_line"] else []
+                lines += [c for c in p.get("callers", ()) if c not in lines]
+                for where in lines:
+                    if _in_conditional(sources.get(where[0]), where[1]):
+                        others = [o for o in records if where == pos[o["rank"]]["user_line"]
+                                  or where in pos[o["rank"]].get("callers", ())]
+                        if len(others) < len(records):
+                            return "conditional_collective"
     if cause == "no_life" and any(pos[r]["kind"] == "dataloader" for r in culprits if r in pos):
         return "loader_stall"
     return cause
