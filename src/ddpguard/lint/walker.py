@@ -196,20 +196,48 @@ class Walker:
         info = self.info
         stack: list[ast.AST | None] = [root]
         pop, push, extend = stack.pop, stack.append, stack.extend
+        calls, last_memo, aliases = info.calls, info._last, info.aliases
+        Name, Attribute, Call, Constant, keyword = \
+            ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.keyword
         while stack:
             node = pop()
-            if node is None:  # Dict keys for `**x`, absent Slice bounds, kw_defaults
-                continue
             t = type(node)
-            if t is ast.Call:
+            # The most common types first, their children pushed directly (the same order
+            # as the generic field loop below: fields in order, lists left to right).
+            if t is Name:
+                continue
+            if t is Attribute:
+                attr = node.attr  # type: ignore[union-attr]
+                if attr == "cuda":
+                    info.uses_cuda = True
+                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
+                    info.batchnorm = True
+                elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
+                    info.joins = True
+                push(node.value)  # type: ignore[union-attr]
+                continue
+            if t is Call:
                 assert isinstance(node, ast.Call)
-                last = info.callee_last(node)
-                qual = info.qualify(node.func) if not info.distributed or last in QUALIFIED \
+                f = node.func
+                ft = type(f)
+                # ModuleInfo.callee_last, its cache filled here (the first time it is asked)
+                last = last_memo.get(id(node))
+                if last is None:
+                    if ft is Attribute:
+                        last = f.attr  # type: ignore[attr-defined]
+                    elif ft is Name:
+                        fid = f.id  # type: ignore[attr-defined]
+                        last = aliases.get(fid, fid).rsplit(".", 1)[-1]
+                    else:
+                        last = ""
+                    last_memo[id(node)] = last
+                qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
-                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
-                                          self.branch, self.cur))
+                rec = CallRec(node, qual, last, self.guard, self.loops, self.func,
+                              self.branch, self.cur)
+                calls.append(rec)
                 if self.guard:
-                    info.guarded_calls.append(info.calls[-1])
+                    info.guarded_calls.append(rec)
                 if not info.distributed and (
                         last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
@@ -225,8 +253,12 @@ class Walker:
                     info.buffers = True
                 elif last in ("get_rank", "get_node_local_rank"):
                     info.multi_node = True
-            elif t is ast.Constant:
-                v = node.value  # type: ignore[attr-defined]
+                push(f)
+                extend(node.args)
+                extend(node.keywords)
+                continue
+            if t is Constant:
+                v = node.value  # type: ignore[union-attr]
                 if type(v) is str and len(v) < 200:
                     if "NCCL_" in v:
                         info.nccl_strings.append(node)  # type: ignore[arg-type]
@@ -239,28 +271,25 @@ class Walker:
                     elif v == "LOCAL_RANK":
                         info.distributed = True
                 continue
-            elif t is ast.Subscript:
+            if t is keyword:
+                push(node.value)  # type: ignore[union-attr]
+                continue
+            if node is None:  # Dict keys for `**x`, absent Slice bounds, kw_defaults
+                continue
+            if t is ast.Subscript:
                 sl = node.slice  # type: ignore[attr-defined]
                 if (type(sl) is ast.Slice and sl.step is not None) \
-                        or type(node.value) is ast.Call:  # type: ignore[attr-defined]
+                        or type(node.value) is Call:  # type: ignore[attr-defined]
                     info.subscripts.append(node)  # type: ignore[arg-type]
             elif t is ast.Yield or t is ast.YieldFrom:
                 info.generators.add(id(self.func) if self.func is not None else 0)
-            elif t is ast.Attribute:
-                attr = node.attr  # type: ignore[attr-defined]
-                if attr == "cuda":
-                    info.uses_cuda = True
-                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
-                    info.batchnorm = True
-                elif attr == "join" and _model_like(node.value):  # type: ignore[attr-defined]
-                    info.joins = True
             fields = _CHILD_FIELDS.get(t)
-            if fields is None:  # () is a valid entry (Name, Constant): test for None
+            if fields is None:  # () is a valid entry: test for None
                 fields = _child_fields(t)
             # Past the leaf fields and Constant (handled above), a child field of an
             # expression holds a node, a list of nodes, or None: no isinstance needed.
-            for f in fields:
-                v = getattr(node, f, None)
+            for name in fields:
+                v = getattr(node, name, None)
                 if type(v) is list:
                     extend(v)
                 elif v is not None:
