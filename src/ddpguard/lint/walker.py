@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from .context import (
     COLLECTIVE_PREFIXES,
@@ -27,6 +28,11 @@ _DIST_NAMES = {"DistributedDataParallel", "DistributedSampler", "init_process_gr
 _LEAF_FIELDS = {"ctx", "op", "ops", "id", "attr", "arg", "kind", "type_comment", "conversion",
                 "is_async", "level", "format_spec"}
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_Assign, _AnnAssign, _AugAssign, _Expr, _Return, _If = \
+    ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return, ast.If
+_For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Constant
+_FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
+_TryStar = getattr(ast, "TryStar", None)
 
 
 def _child_fields(t: type) -> tuple[str, ...]:
@@ -64,24 +70,50 @@ class Walker:
 
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
+        stmt = self.stmt
         for s in stmts:
             # The statement that holds the calls visited next (a compound statement's own
             # expressions are visited before its blocks, so no restore is needed).
             self.cur = s
-            if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
+            t = type(s)
+            if self.guard and t in _EXIT_TYPES:  # an exit on some ranks only
                 self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
-            self.stmt(s)
+            stmt(s)
             # `if not is_main: return` guards everything after it in this block.
-            if isinstance(s, ast.If) and not s.orelse and s.body \
-                    and isinstance(s.body[-1], _EXITS):
-                self.guard = _combine(self.guard, self.info.rank_level(s.test))
+            if t is _If:
+                s_if: Any = s
+                if not s_if.orelse and s_if.body and isinstance(s_if.body[-1], _EXITS):
+                    self.guard = _combine(self.guard, self.info.rank_level(s_if.test))
         self.guard = saved
 
-    def stmt(self, s: ast.stmt) -> None:
+    def stmt(self, st: ast.stmt) -> None:
         info = self.info
-        t = type(s)
-        if t is ast.If:
-            assert isinstance(s, ast.If)
+        t = type(st)
+        s: Any = st  # narrowed by `t` below (isinstance asserts cost time on every statement)
+        if t is _Assign or t is _AnnAssign:
+            value = s.value
+            if value is None:
+                return
+            self.expr(value)
+            targets = s.targets if t is _Assign else [s.target]
+            level = info.rank_level(value) if type(value) is not _Constant else NONE
+            for tgt in targets:
+                name = dotted(tgt)
+                if name is not None:
+                    info.assigns.setdefault(name, []).append((s.lineno, value))
+                    if level:
+                        info.rank_names[name] = level
+                    if name.endswith(".require_backward_grad_sync"):
+                        info.no_sync = True  # nanoGPT's spelling of no_sync
+                else:
+                    self.expr(tgt)
+        elif t is _Expr:
+            if type(s.value) is not _Constant:  # docstrings mention variables freely
+                self.expr(s.value)
+        elif t is _Return:
+            if s.value is not None:
+                self.expr(s.value)
+        elif t is _If:
             self.expr(s.test)
             saved = self.guard
             level = info.rank_level(s.test)
@@ -99,9 +131,8 @@ class Walker:
             self.guard, self.branch = saved, saved_branch
             if not self.func and _is_main_guard(s.test):
                 info.has_main = True
-        elif t is ast.For or t is ast.AsyncFor or t is ast.While:
-            assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
-            if isinstance(s, ast.While):
+        elif t is _For or t is _AsyncFor or t is _While:
+            if t is _While:
                 self.expr(s.test)
             else:
                 self.expr(s.iter)
@@ -111,8 +142,7 @@ class Walker:
             self.block(s.body)
             self.loops = saved_loops
             self.block(s.orelse)
-        elif t is ast.FunctionDef or t is ast.AsyncFunctionDef:
-            assert isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+        elif t is _FunctionDef or t is _AsyncFunctionDef:
             for d in s.decorator_list:
                 self.expr(d)
             info.funcs.setdefault(s.name, []).append(s)
@@ -120,7 +150,7 @@ class Walker:
                 info.func_class[s] = self.cls
             if len(s.body) >= 1:
                 last = s.body[-1]
-                if isinstance(last, ast.Return) and last.value is not None:
+                if type(last) is _Return and last.value is not None:
                     level = info.rank_level(last.value)
                     if level:
                         info.rank_funcs[s.name] = level
@@ -128,8 +158,10 @@ class Walker:
             self.guard, self.loops, self.func, self.in_class, self.branch = NONE, (), s, False, ()
             self.block(s.body)
             self.guard, self.loops, self.func, self.in_class, self.branch = outer
+        elif t is _AugAssign:
+            self.expr(s.target)
+            self.expr(s.value)
         elif t is ast.ClassDef:
-            assert isinstance(s, ast.ClassDef)
             info.classes[s.name] = s
             for b in s.bases:
                 self.expr(b)
@@ -137,54 +169,28 @@ class Walker:
             self.in_class, self.cls = True, s.name
             self.block(s.body)
             self.in_class, self.cls = saved_cls, saved_name
-        elif t is ast.Assign or t is ast.AnnAssign:
-            assert isinstance(s, ast.Assign | ast.AnnAssign)
-            value = s.value
-            if value is None:
-                return
-            self.expr(value)
-            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
-            level = info.rank_level(value) if not isinstance(value, ast.Constant) else NONE
-            for tgt in targets:
-                name = dotted(tgt)
-                if name is not None:
-                    info.assigns.setdefault(name, []).append((s.lineno, value))
-                    if level:
-                        info.rank_names[name] = level
-                    if name.endswith(".require_backward_grad_sync"):
-                        info.no_sync = True  # nanoGPT's spelling of no_sync
-                else:
-                    self.expr(tgt)
         elif t is ast.Import:
-            assert isinstance(s, ast.Import)
             for a in s.names:
                 if a.asname:
                     info.aliases[a.asname] = a.name
                 if a.name.startswith("torch.distributed"):
                     info.distributed = True
         elif t is ast.ImportFrom:
-            assert isinstance(s, ast.ImportFrom)
             mod = s.module or ""
             for a in s.names:
                 info.aliases[a.asname or a.name] = f"{mod}.{a.name}"
                 if a.name in _DIST_NAMES or mod.startswith("torch.distributed"):
                     info.distributed = True
         elif t is ast.With or t is ast.AsyncWith:
-            assert isinstance(s, ast.With | ast.AsyncWith)
             for item in s.items:
                 self.expr(item.context_expr)
             self.block(s.body)
-        elif t is ast.Try or t is getattr(ast, "TryStar", None):
-            assert isinstance(s, ast.Try)
+        elif t is ast.Try or t is _TryStar:
             self.block(s.body)
             for h in s.handlers:
                 self.block(h.body)
             self.block(s.orelse)
             self.block(s.finalbody)
-        elif t is ast.Expr:
-            assert isinstance(s, ast.Expr)
-            if not isinstance(s.value, ast.Constant):  # docstrings mention variables freely
-                self.expr(s.value)
         else:
             for child in ast.iter_child_nodes(s):
                 if isinstance(child, ast.stmt):
@@ -217,23 +223,23 @@ class Walker:
                 push(node.value)  # type: ignore[union-attr]
                 continue
             if t is Call:
-                assert isinstance(node, ast.Call)
-                f = node.func
+                f = node.func  # type: ignore[union-attr]
                 ft = type(f)
                 # ModuleInfo.callee_last, its cache filled here (the first time it is asked)
                 last = last_memo.get(id(node))
                 if last is None:
                     if ft is Attribute:
-                        last = f.attr  # type: ignore[attr-defined]
+                        last = f.attr
                     elif ft is Name:
-                        fid = f.id  # type: ignore[attr-defined]
+                        fid = f.id
                         last = aliases.get(fid, fid).rsplit(".", 1)[-1]
                     else:
                         last = ""
                     last_memo[id(node)] = last
                 qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
-                rec = CallRec(node, qual, last, self.guard, self.loops, self.func,
+                rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
+                              self.func,
                               self.branch, self.cur)
                 calls.append(rec)
                 if self.guard:
@@ -254,8 +260,8 @@ class Walker:
                 elif last in ("get_rank", "get_node_local_rank"):
                     info.multi_node = True
                 push(f)
-                extend(node.args)
-                extend(node.keywords)
+                extend(node.args)  # type: ignore[union-attr]
+                extend(node.keywords)  # type: ignore[union-attr]
                 continue
             if t is Constant:
                 v = node.value  # type: ignore[union-attr]
