@@ -213,14 +213,21 @@ class Walker:
             if t is Name:
                 continue
             if t is Attribute:
-                attr = node.attr  # type: ignore[union-attr]
-                if attr == "cuda":
-                    info.uses_cuda = True
-                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
-                    info.batchnorm = True
-                elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
-                    info.joins = True
-                push(node.value)  # type: ignore[union-attr]
+                # Down the chain `a.b.c` at once: the value would be popped next anyway.
+                while True:
+                    attr = node.attr  # type: ignore[union-attr]
+                    if attr == "cuda":
+                        info.uses_cuda = True
+                    elif attr[0] == "B" and attr.startswith("BatchNorm"):
+                        info.batchnorm = True
+                    elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
+                        info.joins = True
+                    node = node.value  # type: ignore[union-attr]
+                    t = type(node)
+                    if t is not Attribute:
+                        break
+                if t is not Name:
+                    push(node)
                 continue
             if t is Call:
                 f = node.func  # type: ignore[union-attr]
