@@ -79,6 +79,7 @@ class ModuleInfo:
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     _last: dict[int, str] = field(default_factory=dict, repr=False)   # callee_last cache
+    _by_last: dict[str, list[int]] = field(default_factory=dict, repr=False)  # calls_named
 
     # -- name resolution -------------------------------------------------------------
     def qualify(self, node: ast.AST) -> str | None:
@@ -198,6 +199,24 @@ class ModuleInfo:
             by_node = self._memo[key] = {id(r.node): r for r in self.calls}
         return [by_node[id(v)] for _, v in self.assigns.get(name, [])  # type: ignore[index]
                 if self.is_ddp_call(v) and id(v) in by_node]  # type: ignore[operator]
+
+    def calls_named(self, *lasts: str) -> list[CallRec]:
+        """The calls whose `last` is one of `lasts`, in the order of `calls` (an index built
+        once, so a rule after a few names does not scan every call)."""
+        idx = self._by_last
+        if not idx and self.calls:
+            for i, rec in enumerate(self.calls):
+                idx.setdefault(rec.last, []).append(i)
+        calls = self.calls
+        if len(lasts) == 1:
+            return [calls[i] for i in idx.get(lasts[0], ())]
+        return [calls[i] for i in sorted(i for last in set(lasts) for i in idx.get(last, ()))]
+
+    def call_lasts(self) -> list[str]:
+        """Every distinct `last` among the calls (see calls_named)."""
+        if not self._by_last and self.calls:
+            self.calls_named()
+        return list(self._by_last)
 
     def local_callees(self, rec: CallRec) -> list[Func]:
         f = rec.node.func

@@ -56,6 +56,7 @@ _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,
         "PMI_RANK": GLOBAL, "LOCAL_RANK": LOCAL, "SLURM_LOCALID": LOCAL,
         "OMPI_COMM_WORLD_LOCAL_RANK": LOCAL, "MPI_LOCALRANKID": LOCAL}
 _PASS_THROUGH = {"int", "str", "bool"}
+_Call, _Name, _Attribute = ast.Call, ast.Name, ast.Attribute
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -135,6 +136,9 @@ def test_level(info: RankTable, node: ast.AST | None) -> int:
     """GLOBAL/LOCAL when `node`, used as a condition, takes different values on different
     ranks; NONE for tests that only tell distributed from not (`local_rank != -1`,
     `args.gpu is not None`)."""
+    t = type(node)
+    if t is _Call or t is _Name or t is _Attribute:  # the common tests and assigned values
+        return value_level(info, node)  # type: ignore[arg-type]
     if node is None:
         return NONE
     if isinstance(node, ast.BoolOp):

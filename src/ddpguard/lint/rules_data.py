@@ -392,11 +392,14 @@ def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     is not in the code."""
     # The reduction that meets the duplicates: in the sampler's own function, or in an
     # evaluation function (`validate`, `evaluate`, `test`).
-    samplers = [r for r in info.calls if r.last.endswith("Sampler")
-                and info.is_dist_sampler(r.node)]
+    samplers = [r for r in info.calls_named(*(n for n in info.call_lasts()
+                                              if n.endswith("Sampler")))
+                if info.is_dist_sampler(r.node)]
     if not samplers:
         return
-    reduces = [r for r in info.calls if r.last.startswith(_REDUCE_PREFIXES) and is_collective(r)]
+    reduces = [r for r in info.calls_named(*(n for n in info.call_lasts()
+                                             if n.startswith(_REDUCE_PREFIXES)))
+               if is_collective(r)]
     reducing = {id(r.func) for r in reduces if r.func is not None
                 and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
     same = {id(r.func) if r.func is not None else 0 for r in reduces}
