@@ -184,9 +184,15 @@ class ModuleInfo:
         hit = self._memo.get(key)
         if hit is None:
             out: dict[str, int] = {}
+            # is_ddp_call inlined: the walker cached the callee name of every call it saw
+            last_of, ddp_call = self._last, self.is_ddp_call
             for name, entries in self.assigns.items():
                 for line, value in entries:
-                    if self.is_ddp_call(value):
+                    if type(value) is not ast.Call:
+                        continue
+                    last = last_of.get(id(value))
+                    if (last == "DistributedDataParallel" or last.endswith("_DDP")) \
+                            if last is not None else ddp_call(value):
                         out[name] = min(out.get(name, line), line)
             hit = self._memo[key] = out
         return hit  # type: ignore[return-value]
