@@ -34,6 +34,9 @@ class CallRec:
     func: Func | None
     branch: tuple[tuple[int, int], ...] = ()   # (id(if), arm) from the function's top down
     stmt: ast.stmt | None = None               # the innermost statement holding the call
+    # The name local_callees looks up (`f(...)`, `self.f(...)`): "" for none, None when not
+    # recorded (then it is worked out from the node).
+    callee: str | None = None
 
 
 @dataclass(slots=True)
@@ -225,6 +228,9 @@ class ModuleInfo:
         return list(self._by_last)
 
     def local_callees(self, rec: CallRec) -> list[Func]:
+        name = rec.callee
+        if name is not None:
+            return self.funcs.get(name, []) if name else []
         f = rec.node.func
         if isinstance(f, ast.Name):
             return self.funcs.get(f.id, [])

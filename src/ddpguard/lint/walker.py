@@ -33,6 +33,7 @@ _Assign, _AnnAssign, _AugAssign, _Expr, _Return, _If = \
 _For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Constant
 _FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
 _TryStar = getattr(ast, "TryStar", None)
+_SELF = ("self", "cls")
 
 
 def _child_fields(t: type) -> tuple[str, ...]:
@@ -245,9 +246,15 @@ class Walker:
                     last_memo[id(node)] = last
                 qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
+                # the name ModuleInfo.local_callees looks up
+                if ft is Name:
+                    callee = f.id
+                elif ft is Attribute and type(f.value) is Name and f.value.id in _SELF:
+                    callee = f.attr
+                else:
+                    callee = ""
                 rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
-                              self.func,
-                              self.branch, self.cur)
+                              self.func, self.branch, self.cur, callee)
                 calls.append(rec)
                 if self.guard:
                     info.guarded_calls.append(rec)
@@ -330,9 +337,11 @@ def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
 def _guard_functions(info: ModuleInfo) -> None:
     """A function every call site of which is rank-guarded runs under that guard."""
     sites: dict[Func, list[CallRec]] = {}
+    funcs = info.funcs
     for rec in info.calls:
-        for fn in info.local_callees(rec):
-            sites.setdefault(fn, []).append(rec)
+        if rec.callee:  # info.local_callees(rec), inlined
+            for fn in funcs.get(rec.callee, ()):
+                sites.setdefault(fn, []).append(rec)
     for fns in info.funcs.values():
         for fn in fns:
             if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
