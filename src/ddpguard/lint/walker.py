@@ -34,6 +34,8 @@ _For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Const
 _FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
 _TryStar = getattr(ast, "TryStar", None)
 _SELF = ("self", "cls")
+_FLAG_LASTS = {"no_sync", "DistributedDataParallel", "cuda", "register_buffer", "get_rank",
+               "get_node_local_rank"}
 
 
 def _child_fields(t: type) -> tuple[str, ...]:
@@ -233,26 +235,25 @@ class Walker:
             if t is Call:
                 f = node.func  # type: ignore[union-attr]
                 ft = type(f)
-                # ModuleInfo.callee_last, its cache filled here (the first time it is asked)
-                last = last_memo.get(id(node))
-                if last is None:
-                    if ft is Attribute:
-                        last = f.attr
-                    elif ft is Name:
-                        fid = f.id
-                        last = aliases.get(fid, fid).rsplit(".", 1)[-1]
-                    else:
-                        last = ""
+                # ModuleInfo.callee_last, its cache filled here (the first time it is asked),
+                # and the name ModuleInfo.local_callees looks up
+                if ft is Attribute:
+                    last = f.attr
+                    fv = f.value
+                    callee = last if type(fv) is Name and fv.id in _SELF else ""
+                elif ft is Name:
+                    callee = f.id
+                    q = aliases.get(callee)
+                    last = callee if q is None else q.rsplit(".", 1)[-1]
+                else:
+                    last = callee = ""
+                known = last_memo.get(id(node))
+                if known is None:
                     last_memo[id(node)] = last
+                else:  # asked before the walk came here (a function's returned value)
+                    last = known
                 qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
-                # the name ModuleInfo.local_callees looks up
-                if ft is Name:
-                    callee = f.id
-                elif ft is Attribute and type(f.value) is Name and f.value.id in _SELF:
-                    callee = f.attr
-                else:
-                    callee = ""
                 rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
                               self.func, self.branch, self.cur, callee)
                 calls.append(rec)
@@ -261,19 +262,23 @@ class Walker:
                 if not info.distributed and (
                         last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
-                if last == "no_sync":
-                    info.no_sync = True
-                elif last == "DistributedDataParallel" or last.endswith("_DDP"):
-                    info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
-                elif last == "cuda":
-                    info.uses_cuda = True
+                if last in _FLAG_LASTS:
+                    if last == "no_sync":
+                        info.no_sync = True
+                    elif last == "DistributedDataParallel":
+                        info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
+                    elif last == "cuda":
+                        info.uses_cuda = True
+                    elif last == "register_buffer":
+                        info.buffers = True
+                    else:  # get_rank, get_node_local_rank
+                        info.multi_node = True
+                elif last.endswith("_DDP"):
+                    info.wraps_ddp = True
                 elif last.startswith("BatchNorm"):
                     info.batchnorm = True
-                elif last == "register_buffer":
-                    info.buffers = True
-                elif last in ("get_rank", "get_node_local_rank"):
-                    info.multi_node = True
-                push(f)
+                if ft is not Name:
+                    push(f)
                 extend(node.args)  # type: ignore[union-attr]
                 extend(node.keywords)  # type: ignore[union-attr]
                 continue
