@@ -103,6 +103,15 @@ class ModuleInfo:
         d = dotted(node)
         if d is None:
             return []
+        # Past a Call, the answer depends on the dotted name alone (not on which node spells
+        # it): memoised by name, as every class's `self.loader` is asked for every sampler.
+        key = ("values", d, depth)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._values_of(node, d, depth)
+        return hit  # type: ignore[return-value]
+
+    def _values_of(self, node: ast.AST, d: str, depth: int) -> list[ast.expr]:
         out: list[ast.expr] = []
         if d in self.assigns:
             for _, value in self.assigns[d]:
@@ -159,6 +168,20 @@ class ModuleInfo:
         found: list[ast.Call] = []
         if depth > 3:
             return found
+        if not isinstance(node, ast.Call):
+            # then the samplers depend on the dotted name alone (see values_of)
+            d = dotted(node)
+            if d is None:
+                return found
+            key = ("samplers_of_name", d, depth)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = self._memo[key] = self._samplers_in(node, depth)
+            return hit  # type: ignore[return-value]
+        return self._samplers_in(node, depth)
+
+    def _samplers_in(self, node: ast.AST, depth: int) -> list[ast.Call]:
+        found: list[ast.Call] = []
         for v in self.values_of(node):
             if not isinstance(v, ast.Call):
                 continue
