@@ -132,7 +132,8 @@ class Builder:
                 if rec.stmt is not None:
                     self.by_stmt.setdefault(id(rec.stmt), []).append(rec)
             for recs in self.by_stmt.values():
-                recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
+                if len(recs) > 1:
+                    recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
             body = func.body if func is not None else self.info.tree.body
             hit = self.info._memo[key] = self.block(body)
         return hit  # type: ignore[return-value]
