@@ -31,6 +31,7 @@ _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 _Assign, _AnnAssign, _AugAssign, _Expr, _Return, _If = \
     ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return, ast.If
 _For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Constant
+_Name = ast.Name
 _FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
 _TryStar = getattr(ast, "TryStar", None)
 _SELF = ("self", "cls")
@@ -60,6 +61,8 @@ def _is_main_guard(test: ast.expr) -> bool:
 
 
 class Walker:
+    __slots__ = ("info", "guard", "loops", "func", "in_class", "branch", "cur", "cls", "gloo")
+
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
         self.guard = NONE
@@ -202,6 +205,8 @@ class Walker:
                     self.expr(child)
 
     def expr(self, root: ast.AST) -> None:
+        if type(root) is _Name:  # nothing to record (a test or an argument `x`)
+            return
         info = self.info
         stack: list[ast.AST | None] = [root]
         pop, push, extend = stack.pop, stack.append, stack.extend
