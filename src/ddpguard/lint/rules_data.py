@@ -78,12 +78,17 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         return hit
 
     # Style 1: `for epoch ...: for batch in loader:` in one function.
+    shuffled: dict[int, tuple[list[ast.Call], list[ast.Call]]] = {}  # by id of samplers_of's
     for lrec in info.loops:
         node = lrec.node
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in _shuffling(info.samplers_of(node.iter), info):
+        found = info.samplers_of(node.iter)  # memoised: one list per name
+        hit = shuffled.get(id(found))
+        if hit is None:
+            hit = shuffled[id(found)] = (found, _shuffling(found, info))
+        for sampler in hit[1]:
             if id(epoch_loop) in reported:
                 continue
             if missing(epoch_loop, sampler):
