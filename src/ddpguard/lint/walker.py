@@ -32,6 +32,10 @@ _Assign, _AnnAssign, _AugAssign, _Expr, _Return, _If = \
     ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return, ast.If
 _For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Constant
 _Name = ast.Name
+# The expression walk's common types, as module globals (cheap to read in 3.11+, nothing to
+# set up on each of its many calls)
+Name, Attribute, Call, Constant, keyword = \
+    ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.keyword
 _FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
 _TryStar = getattr(ast, "TryStar", None)
 _SELF = ("self", "cls")
@@ -211,8 +215,6 @@ class Walker:
         stack: list[ast.AST | None] = [root]
         pop, push, extend = stack.pop, stack.append, stack.extend
         calls, last_memo, aliases = info.calls, info._last, info.aliases
-        Name, Attribute, Call, Constant, keyword = \
-            ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.keyword
         while stack:
             node = pop()
             t = type(node)
