@@ -142,9 +142,8 @@ def candidates(info: ModuleInfo) -> set[int]:
         key = id(rec.func) if rec.func is not None else 0
         if key in out:
             continue
-        head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
         if is_collective(rec) or rec.last in ddp_lasts or rec.last in info.funcs or (
-                cross and head in info.aliases
+                cross and (head := _head(f)) in info.aliases
                 and info.aliases[head].split(".")[0] not in EXTERNAL) or (
                 ddp and rec.func is not None and isinstance(f, ast.Name)
                 and f.id in params_of(rec.func)):
@@ -158,6 +157,10 @@ def candidates(info: ModuleInfo) -> set[int]:
                 out.add(id(rec.func) if rec.func is not None else 0)
     info._memo[("candidates", 0)] = out
     return out
+
+
+def _head(f: ast.expr) -> str:
+    return f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
 
 
 def has_split(info: ModuleInfo, func: Func | None) -> bool:

@@ -34,6 +34,9 @@ class CallRec:
     func: Func | None
     branch: tuple[tuple[int, int], ...] = ()   # (id(if), arm) from the function's top down
     stmt: ast.stmt | None = None               # the innermost statement holding the call
+    # The name local_callees looks up (`f(...)`, `self.f(...)`): "" for none, None when not
+    # recorded (then it is worked out from the node).
+    callee: str | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class ModuleInfo:
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
     _last: dict[int, str] = field(default_factory=dict, repr=False)   # callee_last cache
+    _by_last: dict[str, list[int]] = field(default_factory=dict, repr=False)  # calls_named
 
     # -- name resolution -------------------------------------------------------------
     def qualify(self, node: ast.AST) -> str | None:
@@ -99,6 +103,15 @@ class ModuleInfo:
         d = dotted(node)
         if d is None:
             return []
+        # Past a Call, the answer depends on the dotted name alone (not on which node spells
+        # it): memoised by name, as every class's `self.loader` is asked for every sampler.
+        key = ("values", d, depth)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._values_of(node, d, depth)
+        return hit  # type: ignore[return-value]
+
+    def _values_of(self, node: ast.AST, d: str, depth: int) -> list[ast.expr]:
         out: list[ast.expr] = []
         if d in self.assigns:
             for _, value in self.assigns[d]:
@@ -155,6 +168,20 @@ class ModuleInfo:
         found: list[ast.Call] = []
         if depth > 3:
             return found
+        if not isinstance(node, ast.Call):
+            # then the samplers depend on the dotted name alone (see values_of)
+            d = dotted(node)
+            if d is None:
+                return found
+            key = ("samplers_of_name", d, depth)
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = self._memo[key] = self._samplers_in(node, depth)
+            return hit  # type: ignore[return-value]
+        return self._samplers_in(node, depth)
+
+    def _samplers_in(self, node: ast.AST, depth: int) -> list[ast.Call]:
+        found: list[ast.Call] = []
         for v in self.values_of(node):
             if not isinstance(v, ast.Call):
                 continue
@@ -183,9 +210,15 @@ class ModuleInfo:
         hit = self._memo.get(key)
         if hit is None:
             out: dict[str, int] = {}
+            # is_ddp_call inlined: the walker cached the callee name of every call it saw
+            last_of, ddp_call = self._last, self.is_ddp_call
             for name, entries in self.assigns.items():
                 for line, value in entries:
-                    if self.is_ddp_call(value):
+                    if type(value) is not ast.Call:
+                        continue
+                    last = last_of.get(id(value))
+                    if (last == "DistributedDataParallel" or last.endswith("_DDP")) \
+                            if last is not None else ddp_call(value):
                         out[name] = min(out.get(name, line), line)
             hit = self._memo[key] = out
         return hit  # type: ignore[return-value]
@@ -199,7 +232,28 @@ class ModuleInfo:
         return [by_node[id(v)] for _, v in self.assigns.get(name, [])  # type: ignore[index]
                 if self.is_ddp_call(v) and id(v) in by_node]  # type: ignore[operator]
 
+    def calls_named(self, *lasts: str) -> list[CallRec]:
+        """The calls whose `last` is one of `lasts`, in the order of `calls` (an index built
+        once, so a rule after a few names does not scan every call)."""
+        idx = self._by_last
+        if not idx and self.calls:
+            for i, rec in enumerate(self.calls):
+                idx.setdefault(rec.last, []).append(i)
+        calls = self.calls
+        if len(lasts) == 1:
+            return [calls[i] for i in idx.get(lasts[0], ())]
+        return [calls[i] for i in sorted(i for last in set(lasts) for i in idx.get(last, ()))]
+
+    def call_lasts(self) -> list[str]:
+        """Every distinct `last` among the calls (see calls_named)."""
+        if not self._by_last and self.calls:
+            self.calls_named()
+        return list(self._by_last)
+
     def local_callees(self, rec: CallRec) -> list[Func]:
+        name = rec.callee
+        if name is not None:
+            return self.funcs.get(name, []) if name else []
         f = rec.node.func
         if isinstance(f, ast.Name):
             return self.funcs.get(f.id, [])

@@ -64,7 +64,9 @@ def lint_source(source: str, path: str = "<string>", selection: Selection | None
         return [info]
     info.torch_floor = torch_floor
     Project([info])
-    return check(info, source, selection)
+    found = check(info, source, selection)
+    _release([info])
+    return found
 
 
 def analyse(source: str, path: str) -> ModuleInfo | Finding:
@@ -146,8 +148,18 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
     Project([i for i, _ in infos])
     for info, source in infos:
         out.extend(check(info, source, selection))
+    _release([i for i, _ in infos])
     order = {str(p): k for k, p in enumerate(files)}
     return sorted(out, key=lambda f: (order.get(f.path, 0), f.line, f.col, f.code))
+
+
+def _release(infos: list[ModuleInfo]) -> None:
+    """Break the summaries' reference cycles (info -> project -> info, info -> memoised
+    builders -> info) once the findings are out, so that reference counting frees the trees
+    at once instead of leaving them to the cyclic collector's next full pass."""
+    for info in infos:
+        info.project = None
+        info._memo.clear()
 
 
 def discover(paths: Iterable[str | Path]) -> list[Path]:

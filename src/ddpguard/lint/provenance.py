@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class RankTable(Protocol):
@@ -56,6 +56,7 @@ _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,
         "PMI_RANK": GLOBAL, "LOCAL_RANK": LOCAL, "SLURM_LOCALID": LOCAL,
         "OMPI_COMM_WORLD_LOCAL_RANK": LOCAL, "MPI_LOCALRANKID": LOCAL}
 _PASS_THROUGH = {"int", "str", "bool"}
+_Call, _Name, _Attribute = ast.Call, ast.Name, ast.Attribute
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -96,38 +97,35 @@ def env_level(key: object) -> int:
 def value_level(info: RankTable, node: ast.AST) -> int:
     """Level of a value: the rank itself, or anything computed from it."""
     t = type(node)
-    if t is ast.Name or t is ast.Attribute:
+    n: Any = node  # narrowed by `t` below (isinstance asserts cost time on every value)
+    if t is _Name or t is _Attribute:
         d = dotted(node)
         if d is None:
-            return value_level(info, node.value) if isinstance(node, ast.Attribute) else NONE
+            return value_level(info, n.value) if t is _Attribute else NONE
         hit = info.rank_names.get(d)
         return hit if hit is not None else name_level(d)
-    if t is ast.Call:
-        assert isinstance(node, ast.Call)
-        last = info.callee_last(node)
+    if t is _Call:
+        last = info.callee_last(n)
         if last in _RANK_CALLS:
             return _RANK_CALLS[last]
         if is_predicate(last) or last in info.rank_funcs:
             return info.rank_funcs.get(last) or name_level(last)
-        if last in _PASS_THROUGH and node.args:
-            return value_level(info, node.args[0])
-        if last in ("get", "getenv") and node.args and isinstance(node.args[0], ast.Constant):
-            return env_level(node.args[0].value)
+        if last in _PASS_THROUGH and n.args:
+            return value_level(info, n.args[0])
+        if last in ("get", "getenv") and n.args and isinstance(n.args[0], ast.Constant):
+            return env_level(n.args[0].value)
         return NONE
     if t is ast.Subscript:
-        assert isinstance(node, ast.Subscript)
-        if isinstance(node.slice, ast.Constant):
-            return env_level(node.slice.value)
+        if isinstance(n.slice, ast.Constant):
+            return env_level(n.slice.value)
         return NONE
     if t is ast.BinOp:
-        assert isinstance(node, ast.BinOp)
-        left = value_level(info, node.left)
-        if isinstance(node.op, ast.Mod) and left == GLOBAL:
+        left = value_level(info, n.left)
+        if isinstance(n.op, ast.Mod) and left == GLOBAL:
             return LOCAL  # `rank % ngpus_per_node` is the rank within the node
-        return combine(left, value_level(info, node.right))
+        return combine(left, value_level(info, n.right))
     if t is ast.IfExp:
-        assert isinstance(node, ast.IfExp)
-        return combine(value_level(info, node.body), value_level(info, node.orelse))
+        return combine(value_level(info, n.body), value_level(info, n.orelse))
     return test_level(info, node) if t in (ast.Compare, ast.BoolOp, ast.UnaryOp) else NONE
 
 
@@ -135,6 +133,9 @@ def test_level(info: RankTable, node: ast.AST | None) -> int:
     """GLOBAL/LOCAL when `node`, used as a condition, takes different values on different
     ranks; NONE for tests that only tell distributed from not (`local_rank != -1`,
     `args.gpu is not None`)."""
+    t = type(node)
+    if t is _Call or t is _Name or t is _Attribute:  # the common tests and assigned values
+        return value_level(info, node)  # type: ignore[arg-type]
     if node is None:
         return NONE
     if isinstance(node, ast.BoolOp):

@@ -59,6 +59,7 @@ NODE_LEADERS = RankClass("local rank 0 of the other nodes", POS, 0)
 class Table(RankTable, Protocol):
     assigns: dict[str, list[tuple[int, ast.expr]]]
     funcs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]
+    _memo: dict[tuple[object, ...], object]
 
 
 def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
@@ -267,8 +268,23 @@ def splits(info: Table, node: ast.AST | None) -> bool:
     """The test can take different values on different rank classes."""
     if node is None:
         return False
-    vals = {evaluate(info, node, c) for c in (RANK0, OTHERS, NODE_LEADERS)}
+    vals = {evaluate_test(info, node, c) for c in (RANK0, OTHERS, NODE_LEADERS)}
     return len(vals) > 1
+
+
+def evaluate_test(info: Table, node: ast.AST, cls: RankClass) -> int:
+    """`evaluate(info, node, cls)`, memoised per test and class: the tables it reads are
+    complete once the walker is done, and a rank test is asked for every class twice (does
+    it split, and which arm each class takes)."""
+    memo: dict[tuple[int, int, int], int] | None = \
+        info._memo.get(("evaluate", 0))  # type: ignore[assignment]
+    if memo is None:
+        memo = info._memo[("evaluate", 0)] = {}
+    key = (id(node), cls.glob, cls.local)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = evaluate(info, node, cls)
+    return hit
 
 
 def uses_local(info: Table, node: ast.AST) -> bool:

@@ -78,12 +78,17 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         return hit
 
     # Style 1: `for epoch ...: for batch in loader:` in one function.
+    shuffled: dict[int, tuple[list[ast.Call], list[ast.Call]]] = {}  # by id of samplers_of's
     for lrec in info.loops:
         node = lrec.node
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        for sampler in _shuffling(info.samplers_of(node.iter), info):
+        found = info.samplers_of(node.iter)  # memoised: one list per name
+        hit = shuffled.get(id(found))
+        if hit is None:
+            hit = shuffled[id(found)] = (found, _shuffling(found, info))
+        for sampler in hit[1]:
             if id(epoch_loop) in reported:
                 continue
             if missing(epoch_loop, sampler):
@@ -416,11 +421,14 @@ def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     is not in the code."""
     # The reduction that meets the duplicates: in the sampler's own function, or in an
     # evaluation function (`validate`, `evaluate`, `test`).
-    samplers = [r for r in info.calls if r.last.endswith("Sampler")
-                and info.is_dist_sampler(r.node)]
+    samplers = [r for r in info.calls_named(*(n for n in info.call_lasts()
+                                              if n.endswith("Sampler")))
+                if info.is_dist_sampler(r.node)]
     if not samplers:
         return
-    reduces = [r for r in info.calls if r.last.startswith(_REDUCE_PREFIXES) and is_collective(r)]
+    reduces = [r for r in info.calls_named(*(n for n in info.call_lasts()
+                                             if n.startswith(_REDUCE_PREFIXES)))
+               if is_collective(r)]
     reducing = {id(r.func) for r in reduces if r.func is not None
                 and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
     same = {id(r.func) if r.func is not None else 0 for r in reduces}

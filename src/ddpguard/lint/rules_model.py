@@ -34,9 +34,7 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
     if not loads:
         return
     seen: set[int] = set()
-    for rec in info.calls:
-        if "save" not in rec.last.lower():
-            continue
+    for rec in info.calls_named(*(n for n in info.call_lasts() if "save" in n.lower())):
         roots: list[ast.AST] = [*rec.node.args, *(k.value for k in rec.node.keywords)]
         for arg in list(roots):  # `ckpt = {...}; save(ckpt)`: the dict it was built from
             if isinstance(arg, ast.Name):
@@ -73,10 +71,9 @@ def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
 def _unwrapped_strict_loads(info: ModuleInfo,
                             ddp: dict[str, int]) -> list[tuple[str | None, ast.Call]]:
     out = []
-    for rec in info.calls:
+    for rec in info.calls_named("load_state_dict"):
         f = rec.node.func
-        if rec.last != "load_state_dict" or not isinstance(f, ast.Attribute) or \
-                not rec.node.args:
+        if not isinstance(f, ast.Attribute) or not rec.node.args:
             continue
         strict = kwarg(rec.node, "strict")
         if strict is not None and not (isinstance(strict, ast.Constant) and strict.value):
@@ -284,8 +281,8 @@ _NOT_TORCH = ("paddle", "mindspore", "jittor", "oneflow", "tensorflow", "mxnet")
       'move the model to its device first, then DDP(model, device_ids=[local_rank])')
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
     ddp = info.ddp_names()
-    set_devices = [r for r in info.calls if r.last == "set_device"]
-    for rec in info.calls:
+    set_devices = info.calls_named("set_device")
+    for rec in info.calls_named("to", "cuda", "DistributedDataParallel"):
         f = rec.node.func
         if rec.last in ("to", "cuda") and isinstance(f, ast.Attribute):
             owner = dotted(f.value)
@@ -338,7 +335,7 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
         return arg.func.attr in ("to", "cuda") and bool(arg.args or arg.keywords)
     name = dotted(arg) if arg is not None else None
-    for rec in info.calls:
+    for rec in info.calls_named("to", "cuda"):
         f = rec.node.func
         if rec.last in ("to", "cuda") and isinstance(f, ast.Attribute) \
                 and dotted(f.value) == name and (rec.node.args or rec.node.keywords) \

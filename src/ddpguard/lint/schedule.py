@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import Any
 
 from .callgraph import (
     WRITE_LASTS,
@@ -27,13 +28,18 @@ from .callgraph import (
 )
 from .context import CallRec, Func, ModuleInfo, dotted
 from .paths import per_rank_path, rank_dependent
-from .ranks import TRUE, UNKNOWN, RankClass, evaluate, launch, splits
+from .ranks import TRUE, UNKNOWN, RankClass, evaluate_test, launch, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
 _WRITES = {"torch.save": 1, "pickle.dump": 1, "numpy.save": 0, "numpy.savez": 0,
            "numpy.savez_compressed": 0, "np.save": 0, "np.savez": 0}
 MAX_DEPTH = 8
+_SKIP = {ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef}
+# Statements whose only part in a schedule is the calls they hold.
+_SIMPLE = {ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.Pass,
+           ast.Delete, ast.Global, ast.Nonlocal}
+_TRY_STAR = getattr(ast, "TryStar", None)
 
 
 # -- the tree built once per function -------------------------------------------------------
@@ -127,7 +133,8 @@ class Builder:
                 if rec.stmt is not None:
                     self.by_stmt.setdefault(id(rec.stmt), []).append(rec)
             for recs in self.by_stmt.values():
-                recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
+                if len(recs) > 1:
+                    recs.sort(key=lambda r: (r.node.lineno, r.node.col_offset))
             body = func.body if func is not None else self.info.tree.body
             hit = self.info._memo[key] = self.block(body)
         return hit  # type: ignore[return-value]
@@ -138,27 +145,27 @@ class Builder:
             self.stmt(s, out)
         return out
 
-    def stmt(self, s: ast.stmt, out: list[object]) -> None:
-        t = type(s)
-        if t is ast.FunctionDef or t is ast.AsyncFunctionDef or t is ast.ClassDef:
+    def stmt(self, st: ast.stmt, out: list[object]) -> None:
+        t = type(st)
+        if t in _SKIP:  # definitions: their bodies are other functions' schedules
             return
         start = len(out)
-        self.calls(s, out)
+        self.calls(st, out)
+        if t in _SIMPLE:  # nothing but the calls it holds
+            return
+        s: Any = st  # narrowed by `t` below (isinstance asserts cost time on every statement)
         if t is ast.If:
-            assert isinstance(s, ast.If)
             body, orelse = self.block(s.body), self.block(s.orelse)
             split = splits(self.info, s.test)
             if body or orelse or split:
                 fixed = UNKNOWN if split else launch(self.info, s.test)
                 out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
-            assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
             body = self.block(s.body)
             if body:
                 out.append(LoopN(body, s.lineno))
             out.extend(self.block(s.orelse))
         elif t is ast.With or t is ast.AsyncWith:
-            assert isinstance(s, ast.With | ast.AsyncWith)
             for item in s.items:
                 if isinstance(item.optional_vars, ast.Name):
                     self.handles[item.optional_vars.id] = item.context_expr
@@ -168,8 +175,7 @@ class Builder:
                 ctx[-1].ctx_body = body
             else:
                 out.extend(body)
-        elif t is ast.Try or t is getattr(ast, "TryStar", None):
-            assert isinstance(s, ast.Try)
+        elif t is ast.Try or t is _TRY_STAR:
             out.extend(self.block(s.body))
             out.extend(self.block(s.orelse))
             out.extend(self.block(s.finalbody))
@@ -180,10 +186,9 @@ class Builder:
         elif t is ast.Continue or t is ast.Break:
             out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno))
         elif t is ast.Assert:
-            assert isinstance(s, ast.Assert)
             if not _narrowing(s.test):
                 out.append(Ev("mayexit", "assert", s.lineno))
-        elif t is ast.Expr and isinstance(s.value, ast.Yield | ast.YieldFrom):  # type: ignore
+        elif t is ast.Expr and isinstance(s.value, ast.Yield | ast.YieldFrom):
             out.append(Ev("yield", "yield", s.lineno))
 
     def calls(self, s: ast.stmt, out: list[object]) -> None:
@@ -323,7 +328,7 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                     return out, n.op
         elif t is IfN:
             assert isinstance(n, IfN)
-            v = evaluate(info, n.test, cls) if n.split else n.fixed
+            v = evaluate_test(info, n.test, cls) if n.split else n.fixed
             if v != UNKNOWN and not n.split:
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
                                  cond)

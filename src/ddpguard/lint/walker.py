@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from .context import (
     COLLECTIVE_PREFIXES,
@@ -27,6 +28,19 @@ _DIST_NAMES = {"DistributedDataParallel", "DistributedSampler", "init_process_gr
 _LEAF_FIELDS = {"ctx", "op", "ops", "id", "attr", "arg", "kind", "type_comment", "conversion",
                 "is_async", "level", "format_spec"}
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_Assign, _AnnAssign, _AugAssign, _Expr, _Return, _If = \
+    ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr, ast.Return, ast.If
+_For, _AsyncFor, _While, _Constant = ast.For, ast.AsyncFor, ast.While, ast.Constant
+_Name = ast.Name
+# The expression walk's common types, as module globals (cheap to read in 3.11+, nothing to
+# set up on each of its many calls)
+Name, Attribute, Call, Constant, keyword = \
+    ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.keyword
+_FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
+_TryStar = getattr(ast, "TryStar", None)
+_SELF = ("self", "cls")
+_FLAG_LASTS = {"no_sync", "DistributedDataParallel", "cuda", "register_buffer", "get_rank",
+               "get_node_local_rank", "init_process_group"}
 
 
 def _child_fields(t: type) -> tuple[str, ...]:
@@ -51,6 +65,8 @@ def _is_main_guard(test: ast.expr) -> bool:
 
 
 class Walker:
+    __slots__ = ("info", "guard", "loops", "func", "in_class", "branch", "cur", "cls", "gloo")
+
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
         self.guard = NONE
@@ -64,24 +80,50 @@ class Walker:
 
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
+        stmt = self.stmt
         for s in stmts:
             # The statement that holds the calls visited next (a compound statement's own
             # expressions are visited before its blocks, so no restore is needed).
             self.cur = s
-            if self.guard and type(s) in _EXIT_TYPES:  # an exit on some ranks only
+            t = type(s)
+            if self.guard and t in _EXIT_TYPES:  # an exit on some ranks only
                 self.info.exit_splits.add(id(self.func) if self.func is not None else 0)
-            self.stmt(s)
+            stmt(s)
             # `if not is_main: return` guards everything after it in this block.
-            if isinstance(s, ast.If) and not s.orelse and s.body \
-                    and isinstance(s.body[-1], _EXITS):
-                self.guard = _combine(self.guard, self.info.rank_level(s.test))
+            if t is _If:
+                s_if: Any = s
+                if not s_if.orelse and s_if.body and isinstance(s_if.body[-1], _EXITS):
+                    self.guard = _combine(self.guard, self.info.rank_level(s_if.test))
         self.guard = saved
 
-    def stmt(self, s: ast.stmt) -> None:
+    def stmt(self, st: ast.stmt) -> None:
         info = self.info
-        t = type(s)
-        if t is ast.If:
-            assert isinstance(s, ast.If)
+        t = type(st)
+        s: Any = st  # narrowed by `t` below (isinstance asserts cost time on every statement)
+        if t is _Assign or t is _AnnAssign:
+            value = s.value
+            if value is None:
+                return
+            self.expr(value)
+            targets = s.targets if t is _Assign else [s.target]
+            level = info.rank_level(value) if type(value) is not _Constant else NONE
+            for tgt in targets:
+                name = dotted(tgt)
+                if name is not None:
+                    info.assigns.setdefault(name, []).append((s.lineno, value))
+                    if level:
+                        info.rank_names[name] = level
+                    if name.endswith(".require_backward_grad_sync"):
+                        info.no_sync = True  # nanoGPT's spelling of no_sync
+                else:
+                    self.expr(tgt)
+        elif t is _Expr:
+            if type(s.value) is not _Constant:  # docstrings mention variables freely
+                self.expr(s.value)
+        elif t is _Return:
+            if s.value is not None:
+                self.expr(s.value)
+        elif t is _If:
             self.expr(s.test)
             saved = self.guard
             level = info.rank_level(s.test)
@@ -99,9 +141,8 @@ class Walker:
             self.guard, self.branch = saved, saved_branch
             if not self.func and _is_main_guard(s.test):
                 info.has_main = True
-        elif t is ast.For or t is ast.AsyncFor or t is ast.While:
-            assert isinstance(s, ast.For | ast.AsyncFor | ast.While)
-            if isinstance(s, ast.While):
+        elif t is _For or t is _AsyncFor or t is _While:
+            if t is _While:
                 self.expr(s.test)
             else:
                 self.expr(s.iter)
@@ -111,8 +152,7 @@ class Walker:
             self.block(s.body)
             self.loops = saved_loops
             self.block(s.orelse)
-        elif t is ast.FunctionDef or t is ast.AsyncFunctionDef:
-            assert isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+        elif t is _FunctionDef or t is _AsyncFunctionDef:
             for d in s.decorator_list:
                 self.expr(d)
             info.funcs.setdefault(s.name, []).append(s)
@@ -120,7 +160,7 @@ class Walker:
                 info.func_class[s] = self.cls
             if len(s.body) >= 1:
                 last = s.body[-1]
-                if isinstance(last, ast.Return) and last.value is not None:
+                if type(last) is _Return and last.value is not None:
                     level = info.rank_level(last.value)
                     if level:
                         info.rank_funcs[s.name] = level
@@ -128,8 +168,10 @@ class Walker:
             self.guard, self.loops, self.func, self.in_class, self.branch = NONE, (), s, False, ()
             self.block(s.body)
             self.guard, self.loops, self.func, self.in_class, self.branch = outer
+        elif t is _AugAssign:
+            self.expr(s.target)
+            self.expr(s.value)
         elif t is ast.ClassDef:
-            assert isinstance(s, ast.ClassDef)
             info.classes[s.name] = s
             for b in s.bases:
                 self.expr(b)
@@ -137,54 +179,28 @@ class Walker:
             self.in_class, self.cls = True, s.name
             self.block(s.body)
             self.in_class, self.cls = saved_cls, saved_name
-        elif t is ast.Assign or t is ast.AnnAssign:
-            assert isinstance(s, ast.Assign | ast.AnnAssign)
-            value = s.value
-            if value is None:
-                return
-            self.expr(value)
-            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
-            level = info.rank_level(value) if not isinstance(value, ast.Constant) else NONE
-            for tgt in targets:
-                name = dotted(tgt)
-                if name is not None:
-                    info.assigns.setdefault(name, []).append((s.lineno, value))
-                    if level:
-                        info.rank_names[name] = level
-                    if name.endswith(".require_backward_grad_sync"):
-                        info.no_sync = True  # nanoGPT's spelling of no_sync
-                else:
-                    self.expr(tgt)
         elif t is ast.Import:
-            assert isinstance(s, ast.Import)
             for a in s.names:
                 if a.asname:
                     info.aliases[a.asname] = a.name
                 if a.name.startswith("torch.distributed"):
                     info.distributed = True
         elif t is ast.ImportFrom:
-            assert isinstance(s, ast.ImportFrom)
             mod = s.module or ""
             for a in s.names:
                 info.aliases[a.asname or a.name] = f"{mod}.{a.name}"
                 if a.name in _DIST_NAMES or mod.startswith("torch.distributed"):
                     info.distributed = True
         elif t is ast.With or t is ast.AsyncWith:
-            assert isinstance(s, ast.With | ast.AsyncWith)
             for item in s.items:
                 self.expr(item.context_expr)
             self.block(s.body)
-        elif t is ast.Try or t is getattr(ast, "TryStar", None):
-            assert isinstance(s, ast.Try)
+        elif t is ast.Try or t is _TryStar:
             self.block(s.body)
             for h in s.handlers:
                 self.block(h.body)
             self.block(s.orelse)
             self.block(s.finalbody)
-        elif t is ast.Expr:
-            assert isinstance(s, ast.Expr)
-            if not isinstance(s.value, ast.Constant):  # docstrings mention variables freely
-                self.expr(s.value)
         else:
             for child in ast.iter_child_nodes(s):
                 if isinstance(child, ast.stmt):
@@ -193,47 +209,95 @@ class Walker:
                     self.expr(child)
 
     def expr(self, root: ast.AST) -> None:
+        if type(root) is _Name:  # nothing to record (a test or an argument `x`)
+            return
         info = self.info
         stack: list[ast.AST | None] = [root]
         pop, push, extend = stack.pop, stack.append, stack.extend
+        calls, last_memo, aliases = info.calls, info._last, info.aliases
         while stack:
             node = pop()
             t = type(node)
-            if t is _NAME or node is None:  # a leaf (a third of all nodes); None: absent
-                continue                    # Dict keys for `**x`, Slice bounds, kw_defaults
-            if t is ast.Call:
-                assert isinstance(node, ast.Call)
-                last = info.callee_last(node)
-                qual = info.qualify(node.func) if not info.distributed or last in QUALIFIED \
+            # The most common types first, their children pushed directly (the same order
+            # as the generic field loop below: fields in order, lists left to right).
+            if t is Name:
+                continue
+            if t is Attribute:
+                # Down the chain `a.b.c` at once: the value would be popped next anyway.
+                while True:
+                    attr = node.attr  # type: ignore[union-attr]
+                    if attr == "cuda":
+                        info.uses_cuda = True
+                    elif attr[0] == "B" and attr.startswith("BatchNorm"):
+                        info.batchnorm = True
+                    elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
+                        info.joins = True
+                    node = node.value  # type: ignore[union-attr]
+                    t = type(node)
+                    if t is not Attribute:
+                        break
+                if t is not Name:
+                    push(node)
+                continue
+            if t is Call:
+                f = node.func  # type: ignore[union-attr]
+                ft = type(f)
+                # ModuleInfo.callee_last, its cache filled here (the first time it is asked),
+                # and the name ModuleInfo.local_callees looks up
+                if ft is Attribute:
+                    last = f.attr
+                    fv = f.value
+                    callee = last if type(fv) is Name and fv.id in _SELF else ""
+                elif ft is Name:
+                    callee = f.id
+                    q = aliases.get(callee)
+                    last = callee if q is None else q.rsplit(".", 1)[-1]
+                else:
+                    last = callee = ""
+                known = last_memo.get(id(node))
+                if known is None:
+                    last_memo[id(node)] = last
+                else:  # asked before the walk came here (a function's returned value)
+                    last = known
+                qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
-                info.calls.append(CallRec(node, qual, last, self.guard, self.loops, self.func,
-                                          self.branch, self.cur))
+                rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
+                              self.func, self.branch, self.cur, callee)
+                calls.append(rec)
                 if self.guard:
-                    info.guarded_calls.append(info.calls[-1])
+                    info.guarded_calls.append(rec)
                 if not info.distributed and (
                         last in _DIST_NAMES or (qual or "").startswith("torch.distributed")):
                     info.distributed = True
-                if last == "no_sync":
-                    info.no_sync = True
-                elif last == "init_process_group":
-                    # `init_process_group(..., rank=proc_id)`: that name is the global rank
-                    # (dgl's `if proc_id == 0:` guards a save).
-                    for k in node.keywords:
-                        d = dotted(k.value) if k.arg == "rank" else None
-                        if d is not None and d not in info.rank_names:
-                            info.rank_names[d] = GLOBAL
-                elif last == "DistributedDataParallel" or last.endswith("_DDP"):
-                    info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
-                elif last == "cuda":
-                    info.uses_cuda = True
+                if last in _FLAG_LASTS:
+                    if last == "no_sync":
+                        info.no_sync = True
+                    elif last == "DistributedDataParallel":
+                        info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
+                    elif last == "cuda":
+                        info.uses_cuda = True
+                    elif last == "register_buffer":
+                        info.buffers = True
+                    elif last == "init_process_group":
+                        # `init_process_group(..., rank=proc_id)`: that name is the global
+                        # rank (dgl's `if proc_id == 0:` guards a save).
+                        for k in node.keywords:  # type: ignore[union-attr]
+                            d = dotted(k.value) if k.arg == "rank" else None
+                            if d is not None and d not in info.rank_names:
+                                info.rank_names[d] = GLOBAL
+                    else:  # get_rank, get_node_local_rank
+                        info.multi_node = True
+                elif last.endswith("_DDP"):
+                    info.wraps_ddp = True
                 elif last.startswith("BatchNorm"):
                     info.batchnorm = True
-                elif last == "register_buffer":
-                    info.buffers = True
-                elif last in ("get_rank", "get_node_local_rank"):
-                    info.multi_node = True
-            elif t is ast.Constant:
-                v = node.value  # type: ignore[attr-defined]
+                if ft is not Name:
+                    push(f)
+                extend(node.args)  # type: ignore[union-attr]
+                extend(node.keywords)  # type: ignore[union-attr]
+                continue
+            if t is Constant:
+                v = node.value  # type: ignore[union-attr]
                 if type(v) is str and len(v) < 200:
                     if "NCCL_" in v:
                         info.nccl_strings.append(node)  # type: ignore[arg-type]
@@ -246,28 +310,25 @@ class Walker:
                     elif v == "LOCAL_RANK":
                         info.distributed = True
                 continue
-            elif t is ast.Subscript:
+            if t is keyword:
+                push(node.value)  # type: ignore[union-attr]
+                continue
+            if node is None:  # Dict keys for `**x`, absent Slice bounds, kw_defaults
+                continue
+            if t is ast.Subscript:
                 sl = node.slice  # type: ignore[attr-defined]
                 if (type(sl) is ast.Slice and sl.step is not None) \
-                        or type(node.value) is ast.Call:  # type: ignore[attr-defined]
+                        or type(node.value) is Call:  # type: ignore[attr-defined]
                     info.subscripts.append(node)  # type: ignore[arg-type]
             elif t is ast.Yield or t is ast.YieldFrom:
                 info.generators.add(id(self.func) if self.func is not None else 0)
-            elif t is ast.Attribute:
-                attr = node.attr  # type: ignore[attr-defined]
-                if attr == "cuda":
-                    info.uses_cuda = True
-                elif attr[:1] == "B" and attr.startswith("BatchNorm"):
-                    info.batchnorm = True
-                elif attr == "join" and _model_like(node.value):  # type: ignore[attr-defined]
-                    info.joins = True
             fields = _CHILD_FIELDS.get(t)
-            if fields is None:  # () is a valid entry (Name, Constant): test for None
+            if fields is None:  # () is a valid entry: test for None
                 fields = _child_fields(t)
             # Past the leaf fields and Constant (handled above), a child field of an
             # expression holds a node, a list of nodes, or None: no isinstance needed.
-            for f in fields:
-                v = getattr(node, f, None)
+            for name in fields:
+                v = getattr(node, name, None)
                 if type(v) is list:
                     extend(v)
                 elif v is not None:
@@ -300,13 +361,9 @@ def _guard_functions(info: ModuleInfo) -> None:
     sites: dict[Func, list[CallRec]] = {}
     funcs = info.funcs
     for rec in info.calls:
-        # local_callees finds functions by the called name: skip the other calls cheaply.
-        f = rec.node.func
-        name = f.id if type(f) is _NAME else f.attr if type(f) is ast.Attribute else None
-        if name not in funcs:
-            continue
-        for fn in info.local_callees(rec):
-            sites.setdefault(fn, []).append(rec)
+        if rec.callee:  # info.local_callees(rec), inlined
+            for fn in funcs.get(rec.callee, ()):
+                sites.setdefault(fn, []).append(rec)
     for fns in info.funcs.values():
         for fn in fns:
             if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
