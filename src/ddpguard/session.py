@@ -63,12 +63,20 @@ def init(
     return world
 
 
-def shutdown(world: World | None = None, *, limit: float = 30.0) -> None:
+def shutdown(world: World | None = None, *, limit: float = 30.0,
+             error: str | None = None) -> None:
     """Leave the job. Safe to call twice, without a group, and after another rank failed:
-    teardown runs with a bound of `limit` seconds and never blocks forever."""
+    teardown runs with a bound of `limit` seconds and never blocks forever.
+
+    Pass `error` (e.g. "RuntimeError: ... at train.py:88") when this rank leaves because its
+    own code raised: the peers' hang reports then say this rank crashed and why, rather than
+    that it left early."""
     import sys
 
     # Only if the guard was ever imported: shutting down must not pull in torch hooks.
     if "ddpguard.guard" in sys.modules:
-        sys.modules["ddpguard.guard"].stop("exited")
+        if error is None:
+            sys.modules["ddpguard.guard"].stop("exited")
+        else:
+            sys.modules["ddpguard.guard"].stop("crashed", error)
     destroy_process_group(timedelta(seconds=limit))

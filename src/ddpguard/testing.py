@@ -80,13 +80,28 @@ def _worker(
             world = init(backend="gloo", **init_kwargs)
             try:
                 value = fn(world, *args)
-            finally:
-                shutdown(world, limit=10)
-            results.put((rank, "ok", value))
-        except BaseException:  # report everything, SystemExit included
-            results.put((rank, "error", traceback.format_exc()))
+            except BaseException as exc:  # report everything, SystemExit included
+                # Report before teardown: a peer's guard may end this process (exit 17)
+                # while it leaves, and the traceback would be lost.
+                _report(results, (rank, "error", traceback.format_exc()))
+                shutdown(world, limit=10, error=f"{type(exc).__name__}: {exc}")
+                return
+            shutdown(world, limit=10)
+            _report(results, (rank, "ok", value))
+        except BaseException:  # init or teardown failed
+            _report(results, (rank, "error", traceback.format_exc()))
         finally:
             faulthandler.unregister(signal.SIGUSR1)
+
+
+def _report(results: Any, item: tuple[int, str, Any]) -> None:
+    """Put and flush: a Queue writes from a feeder thread, which os._exit would cut off."""
+    try:
+        results.put(item)
+        results.close()
+        results.join_thread()
+    except (ValueError, OSError):  # already reported and closed: the first report stands
+        pass
 
 
 def _describe_stuck(rank: int, stack_file: Path, why: str) -> str:
