@@ -374,10 +374,9 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         else:
             other = f"{cb.name} never {'reach' if _v(cb, 'reach') == 'reach' else 'reaches'} it"
             other_line = 0
+    # DDP006's consequence depends on the model's buffers, which the rule weighs: it adds the tail.
     tail = "; the ranks reach different collective sequences and wait on each other" \
-        if code == "DDP005" else ("; DDP's buffer broadcast at the start of every forward "
-                                  "waits for the other ranks (a hang whenever the model has "
-                                  "buffers, e.g. BatchNorm)")
+        if code == "DDP005" else ""
     out.append(Divergence(code, _line(it, via),
                           f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
                           other_line))
