@@ -117,10 +117,19 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
 def _referenced_names(info: ModuleInfo) -> set[str]:
     """Function names this module calls or passes on (`mp.spawn(main_worker, ...)`)."""
     out: set[str] = set()
+    modules = set(info.aliases)
+    for s in info.tree.body:
+        if isinstance(s, ast.Import):
+            modules.update((a.asname or a.name).split(".", 1)[0] for a in s.names)
     for rec in info.calls:
         f = rec.node.func
-        out.add(f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name)
-                else "")
+        if isinstance(f, ast.Attribute):
+            # `torch.save(...)` is not a call of this module's `save`; a method call on an
+            # object may be.
+            if (dotted(f.value) or "").split(".", 1)[0] not in modules:
+                out.add(f.attr)
+        elif isinstance(f, ast.Name):
+            out.add(f.id)
         for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
             name = dotted(a)
             if name is not None:
