@@ -57,7 +57,7 @@ M = [
  ("shard sized by len // world", "rules_data.py", "                    and not _counts_the_remainder(info, node) \\\n", "                    and True \\\n"),
  ("share padded from itself", "rules_data.py", "                    and not _padded_in_place(info, node):", "                    and True:"),
  ("share length asserted", "rules_data.py", "                    dotted(c.args[0]) == seq for c in ast.walk(n.test.left)):", "                    False for c in ast.walk(n.test.left)):"),
- ("results stored by sample index", "rules_data.py", "        if rec.func is not None and id(rec.func) in keyed or reducing and reducing <= keyed:", "        if False:"),
+ ("results stored by sample index", "rules_data.py", "        if not (rec.func is not None and id(rec.func) in keyed or reducing and\n                reducing <= keyed):", "        if True:"),
  ("results stored through an index subscript", "rules_data.py", "                isinstance(t, ast.Subscript) and _index_like(t.slice) for t in n.targets)", "                False for t in n.targets)"),
  ("a module's function is no local call", "rules_rank.py", "            if (dotted(f.value) or \"\").split(\".\", 1)[0] not in modules:", "            if True:"),
  ("enumerate's index is no batch", "rules_data.py", "            target = target.elts[1]  #", "            pass  #"),

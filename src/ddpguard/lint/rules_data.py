@@ -472,18 +472,23 @@ def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     reducing = {id(r.func) for r in reduces if r.func is not None
                 and any(h in r.func.name.lower() for h in (*_EVAL, "predict"))}
     same = {id(r.func) if r.func is not None else 0 for r in reduces}
-    keyed = {id(r.func) for r in reduces if r.func is not None and _keyed_by_index(info, r.func)}
     for rec in samplers:
         if is_true(kwarg(rec.node, "drop_last")):
             continue
         if not reducing and (id(rec.func) if rec.func is not None else 0) not in same:
             continue
-        if rec.func is not None and id(rec.func) in keyed or reducing and reducing <= keyed:
-            continue
         data = rec.node.args[0] if rec.node.args else kwarg(rec.node, "dataset")
         name = (dotted(data) or "").lower() if data is not None else ""
         sh = kwarg(rec.node, "shuffle")
-        if any(h in name for h in _EVAL) or (isinstance(sh, ast.Constant) and sh.value is False):
+        if not (any(h in name for h in _EVAL) or isinstance(sh, ast.Constant) and
+                sh.value is False):
+            continue
+        # Worked out only for a sampler that would be reported: it walks whole functions.
+        keyed = {id(r.func) for r in reduces if r.func is not None and
+                 (id(r.func) in reducing or r.func is rec.func) and
+                 _keyed_by_index(info, r.func)}
+        if not (rec.func is not None and id(rec.func) in keyed or reducing and
+                reducing <= keyed):
             yield rec.node, "DDP020", (
                 f"DistributedSampler over `{name or 'the evaluation set'}` pads every rank's "
                 "share by repeating samples when the length does not divide by the world "
