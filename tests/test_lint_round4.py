@@ -99,3 +99,28 @@ def test_a_helper_named_like_torch_save_is_still_left_to_its_caller(tmp_path: Pa
     called = HELPERS + "\n\nif __name__ == '__main__':\n    dist.init_process_group('gloo')\n" \
         "    save(torch.nn.Linear(1, 1), 1, 'out')\n    dist.destroy_process_group()\n"
     assert [(f.code, f.line) for f in lint_source(called, "utils.py", ALL)] == [("DDP007", 9)]
+
+
+def test_the_bare_model_saved_in_the_mode_that_never_wraps() -> None:
+    name = "fp_wrapper_save_by_mode.py"
+    assert codes(name) == []
+    # Wrapped on every run: the else arm now saves the wrapper, which the resume cannot read.
+    got = codes(name, "    if ddp:\n        unet = DDP(", "    if True:\n        unet = DDP(")
+    assert got == [("DDP008", 31)]
+    # The same wrap written as `if not ddp: pass else: wrap` is the same mode.
+    got = codes(name, "    if ddp:\n        unet = DDP(unet, device_ids=[device])\n",
+                "    if not ddp:\n        pass\n    else:\n"
+                "        unet = DDP(unet, device_ids=[device])\n")
+    assert got == []
+
+
+def test_a_strict_load_of_another_model_is_not_this_checkpoints_resume() -> None:
+    name = "fp_wrapper_save_by_mode.py"
+    no_resume = "    if args.resume:\n        unet.load_state_dict(torch.load(args.unet, " \
+        "map_location=device))\n"
+    wrapped = "    if True:\n        unet = DDP("
+    # Only the autoencoder is loaded strictly: the wrapper's checkpoint is never read back.
+    got = [c for c, _ in lint_source(
+        (CORPUS / name).read_text(encoding="utf-8").replace(no_resume, "").replace(
+            "    if ddp:\n        unet = DDP(", wrapped), name, ALL)]
+    assert "DDP008" not in got

@@ -223,14 +223,22 @@ class ModuleInfo:
             hit = self._memo[key] = out
         return hit  # type: ignore[return-value]
 
-    def ddp_wraps(self, name: str) -> list[CallRec]:
-        """The wrapping calls whose result is assigned to `name`."""
+    def call_rec(self, node: ast.Call) -> CallRec | None:
+        """The record the walker made of this call."""
+        return self._by_node().get(id(node))
+
+    def _by_node(self) -> dict[int, CallRec]:
         key = ("by_node", 0)
         by_node = self._memo.get(key)
         if by_node is None:
             by_node = self._memo[key] = {id(r.node): r for r in self.calls}
-        return [by_node[id(v)] for _, v in self.assigns.get(name, [])  # type: ignore[index]
-                if self.is_ddp_call(v) and id(v) in by_node]  # type: ignore[operator]
+        return by_node  # type: ignore[return-value]
+
+    def ddp_wraps(self, name: str) -> list[CallRec]:
+        """The wrapping calls whose result is assigned to `name`."""
+        by_node = self._by_node()
+        return [by_node[id(v)] for _, v in self.assigns.get(name, [])
+                if self.is_ddp_call(v) and id(v) in by_node]
 
     def calls_named(self, *lasts: str) -> list[CallRec]:
         """The calls whose `last` is one of `lasts`, in the order of `calls` (an index built

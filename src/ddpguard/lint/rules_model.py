@@ -44,7 +44,13 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
                 owner = dotted(node.func.value)  # type: ignore[attr-defined]
                 if owner not in ddp or node.lineno <= ddp[owner] or id(node) in seen:
                     continue
-                hit = next((ld for k, ld in loads if k == key), None)
+                if _unwrapped_here(info, owner, node):
+                    continue
+                # The load must read this model back: the same dict key, or (no key) the
+                # same model under one of its names (`net`, `model.module`, `model`).
+                names = _model_names(info, owner)
+                hit = next((ld for k, ld in loads if k == key and (
+                    k is not None or _load_owner(ld) in names)), None)
                 if hit is None:
                     continue
                 seen.add(id(node))
@@ -52,6 +58,63 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
                     f"`{owner}.state_dict()` of the DDP wrapper is saved (every key gets a "
                     f"`module.` prefix), and line {hit.lineno} loads it strictly into the "
                     "unwrapped model: that resume fails with missing/unexpected keys")
+
+
+def _load_owner(load: ast.Call) -> str:
+    owner = dotted(load.func.value) or ""  # type: ignore[attr-defined]
+    return owner.removesuffix(".module")
+
+
+def _model_names(info: ModuleInfo, owner: str) -> set[str]:
+    """The names one wrapped model goes by: the wrapper, what was wrapped (`DDP(net)`), and
+    what was taken out of it (`model_without_ddp = model.module`)."""
+    names = {owner}
+    for w in info.ddp_wraps(owner):
+        if w.node.args:
+            names.add(dotted(w.node.args[0]) or owner)
+    inner = owner + ".module"
+    names.update(n for n, vals in info.assigns.items() if any(dotted(v) == inner
+                                                               for _, v in vals))
+    return names
+
+
+def _unwrapped_here(info: ModuleInfo, owner: str, node: ast.Call) -> bool:
+    """Every wrap of `owner` sits in an arm of `if F:` whose opposite arm (of the same or of
+    another `if F:`) holds this `state_dict()` call: `if ddp: save(m.module.state_dict())
+    else: save(m.state_dict())` saves the bare model in the else arm (MONAI's tutorials)."""
+    rec = info.call_rec(node)
+    wraps = info.ddp_wraps(owner)
+    if rec is None or not wraps:
+        return False
+    return all(exclusive(w, rec) or _flag_exclusive(info, w, rec) for w in wraps)
+
+
+def _flag_exclusive(info: ModuleInfo, a: CallRec, b: CallRec) -> bool:
+    if a.func is not b.func:
+        return False
+    tests = _if_tests(info, a.func)
+    arms = {tests[i][0] if arm == 0 else tests[i][1] for i, arm in a.branch if i in tests}
+    return any((tests[i][1] if arm == 0 else tests[i][0]) in arms
+               for i, arm in b.branch if i in tests)
+
+
+def _if_tests(info: ModuleInfo, fn: ast.AST | None) -> dict[int, tuple[str, str]]:
+    """id(if) -> (what its body arm knows, what its else arm knows), as `F` / `not F`."""
+    memo: dict[int, dict[int, tuple[str, str]]] = info._memo.setdefault(
+        ("if_tests", 0), {})  # type: ignore[assignment]
+    key = id(fn) if fn is not None else 0
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = {}
+        for n in ast.walk(fn if fn is not None else info.tree):
+            if isinstance(n, ast.If):
+                test, neg = n.test, False
+                while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                    test, neg = test.operand, not neg
+                text = ast.unparse(test)
+                yes, no = text, "not " + text
+                hit[id(n)] = (no, yes) if neg else (yes, no)
+    return hit
 
 
 def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
