@@ -256,26 +256,37 @@ def _expr_nodes(root: ast.expr, guard: int) -> Iterator[tuple[ast.expr, int]]:
 def ddp017(info: ModuleInfo) -> Iterator[Hit]:
     if not info.multi_node:
         return
+    seen: set[tuple[object, ...]] = set()
     for rec in info.calls:
         if rec.guard != LOCAL:
             continue
+        # One finding per guarded block: the args, the optimizer and the scheduler saved one
+        # after another under the same test are one decision to fix, not three.
+        block = (id(rec.func), rec.branch)
+        if block in seen:
+            continue
         saved = _saves_in(info, info.local_callees(rec), 2)
         if saved is not None:
+            seen.add(block)
             yield rec.node, "DDP017", (
                 f"{rec.last}() writes a checkpoint (torch.save, line {saved}) under a "
                 "local-rank test in a multi-node script: local rank 0 of every node writes "
                 "the same file")
         elif rec.qual == "torch.save" and not _in_memory(info, rec.node):
+            seen.add(block)
             yield rec.node, "DDP017", ("torch.save is guarded by the local rank in a "
                                        "multi-node script: local rank 0 of every node writes "
                                        "the same file")
 
 
 def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
-    """Line of a torch.save that `fns` reach (through local calls, `depth` levels)."""
+    """Line of a torch.save that `fns` reach (through local calls, `depth` levels). A save
+    under a local-rank test of its own is reported where it is, not again at every call."""
     for rec in info.calls:
         if rec.func in fns:
             if rec.qual == "torch.save" and not _in_memory(info, rec.node):
+                if rec.guard == LOCAL:
+                    continue
                 return rec.node.lineno
             if depth and (line := _saves_in(info, info.local_callees(rec), depth - 1)):
                 return line

@@ -28,7 +28,7 @@ from .callgraph import (
 )
 from .context import CallRec, Func, ModuleInfo, dotted
 from .paths import per_rank_path, rank_dependent
-from .ranks import TRUE, UNKNOWN, RankClass, evaluate_test, launch, splits
+from .ranks import FALSE, RANK0, TRUE, UNKNOWN, RankClass, evaluate_test, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
@@ -75,6 +75,9 @@ class CallN:
     target: tuple[ModuleInfo, Func]
     bind: dict[str, tuple[str, str]]   # callee parameter -> ("ddp", name) | ("param", name)
     ctx_body: list[object] | None = None   # `with helper(): body` on a generator helper
+    # callee parameter the callee's own tests read -> a literal (True, False, None, a number,
+    # a string) or ("param", caller's parameter): `load_data(args, evaluate=True)`
+    consts: dict[str, object] = field(default_factory=dict)
 
 
 # -- projected items ------------------------------------------------------------------------
@@ -158,7 +161,10 @@ class Builder:
             body, orelse = self.block(s.body), self.block(s.orelse)
             split = splits(self.info, s.test)
             if body or orelse or split:
-                fixed = UNKNOWN if split else launch(self.info, s.test)
+                # A test that is the same on every rank may still be decided for a
+                # distributed run: `args.local_rank == -1` (the single-process launch) is
+                # false on every rank, as `args.distributed` is true.
+                fixed = UNKNOWN if split else evaluate_test(self.info, s.test, RANK0)
                 out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
             body = self.block(s.body)
@@ -208,8 +214,7 @@ class Builder:
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
             else dotted(f)
         if target is not None:
-            if target in self.ddp and line > self.ddp[target] and \
-                    target.split(".", 1)[0] not in self.params:
+            if target in self.ddp and self.wrapped_before(target, line):
                 return Ev("fwd", "forward", line, target)
             if target in self.params and target not in ("self", "cls") and self.ddp:
                 return Ev("pcall", target, line)
@@ -225,7 +230,8 @@ class Builder:
             return None
         target_fn = resolve(info, rec)
         if target_fn is not None and reaches(target_fn[0], id(target_fn[1])):
-            return CallN(line, target_fn, self.bind(rec, target_fn[1]))
+            return CallN(line, target_fn, self.bind(rec, target_fn[1]),
+                         consts=self.consts(rec, target_fn))
         return None
 
     def write(self, rec: CallRec, qual: str) -> Ev | None:
@@ -268,11 +274,83 @@ class Builder:
             d = dotted(arg)
             if d is None:
                 continue
-            if d in self.ddp and rec.node.lineno > self.ddp[d] and d.split(".")[0] not in params:
+            if d in self.ddp and self.wrapped_before(d, rec.node.lineno):
                 out[name] = ("ddp", d)
             elif d in params:
                 out[name] = ("param", d)
         return out
+
+
+    def wrapped_before(self, name: str, line: int) -> bool:
+        """`name` holds the DDP wrapper at `line` of the function being built. A plain local
+        name holds it only in the function that wrapped it (or one nested in it), or
+        everywhere when the module wrapped it: `model` wrapped in `train()` is not the `model`
+        that `main()` reloads for evaluation. A parameter holds whatever the caller passed,
+        unless this function wrapped it itself (`model = DDP(model)`). Attributes
+        (`self.model`) cross methods."""
+        root = name.split(".", 1)[0]
+        if "." in name:
+            return line > self.ddp[name] and root not in self.params
+        here = self.func
+        for w in self.info.ddp_wraps(name):
+            if w.node.lineno >= line:
+                continue
+            if w.func is here:
+                return True
+            if root in self.params:
+                continue
+            if w.func is None or (here is not None and
+                                  w.func.lineno <= here.lineno <= (w.func.end_lineno or 0)):
+                return True
+        return False
+
+    def consts(self, rec: CallRec, target: tuple[ModuleInfo, Func]) -> dict[str, object]:
+        tested = _tested_names(*target)
+        if not tested:
+            return {}
+        fn = target[1]
+        names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if names and names[0] in ("self", "cls") and isinstance(rec.node.func, ast.Attribute):
+            names = names[1:]
+        out: dict[str, object] = {}
+        if any(isinstance(a, ast.Starred) for a in rec.node.args) or \
+                any(k.arg is None for k in rec.node.keywords):
+            return out  # `f(*args, **kw)`: which parameter gets what is not in the text
+        # A parameter the call leaves out takes its literal default.
+        defaults = list(zip(reversed(names), reversed(fn.args.defaults), strict=False)) + [
+            (a.arg, d) for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)
+            if d is not None]
+        given = {*names[:len(rec.node.args)], *(k.arg for k in rec.node.keywords)}
+        for name, d in defaults:
+            if name in tested and name not in given and isinstance(d, ast.Constant):
+                out[name] = d.value
+        for name, arg in [*zip(names, rec.node.args, strict=False),
+                          *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]:
+            if name not in tested:
+                continue
+            if isinstance(arg, ast.Constant):
+                out[name] = arg.value
+            elif isinstance(arg, ast.Name) and arg.id in self.params:
+                out[name] = ("param", arg.id)
+        return out
+
+
+def _tested_names(info: ModuleInfo, fn: Func) -> frozenset[str]:
+    """The parameters of `fn` that its own `if` tests read, or that it passes on whole to a
+    call (where the callee's tests may read them)."""
+    key = ("tested", id(fn))
+    hit = info._memo.get(key)
+    if hit is None:
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        read: set[str] = set()
+        for st in ast.walk(fn):
+            if isinstance(st, ast.If):
+                read.update(n.id for n in ast.walk(st.test) if isinstance(n, ast.Name))
+            elif isinstance(st, ast.Call):
+                read.update(a.id for a in [*st.args, *(k.value for k in st.keywords)]
+                            if isinstance(a, ast.Name))
+        hit = info._memo[key] = frozenset(read & params)
+    return hit  # type: ignore[return-value]
 
 
 def _narrowing(test: ast.expr) -> bool:
@@ -296,21 +374,29 @@ def builder(info: ModuleInfo) -> Builder:
     return hit  # type: ignore[return-value]
 
 
+Consts = tuple[tuple[str, object], ...]
+
+
 def project(info: ModuleInfo, func: Func | None, cls: RankClass,
-            stack: tuple[int, ...] = ()) -> Projection:
-    key = ("proj", id(func) if func is not None else 0, cls)
+            stack: tuple[int, ...] = (), consts: Consts = ()) -> Projection:
+    """`consts`: parameters the caller passed as literals (sorted pairs); the callee's tests
+    that read them are decided (`if local_rank == 0 and not evaluate: barrier()` under
+    `evaluate=True`)."""
+    key = ("proj", id(func) if func is not None else 0, cls, consts)
     hit = info._memo.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
     writes: list[tuple[Ev, tuple[int, ...]]] = []
-    seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None)
+    seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None,
+                        dict(consts))
     proj = Projection(tuple(seq), exit_, writes)
     info._memo[key] = proj
     return proj
 
 
 def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
-           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond) -> tuple[list[Item], str | None]:
+           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond,
+           consts: dict[str, object]) -> tuple[list[Item], str | None]:
     out: list[Item] = []
     for n in nodes:
         t = type(n)
@@ -329,9 +415,11 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
         elif t is IfN:
             assert isinstance(n, IfN)
             v = evaluate_test(info, n.test, cls) if n.split else n.fixed
+            if consts and v == UNKNOWN:
+                v = _with_consts(info, n.test, cls, consts)
             if v != UNKNOWN and not n.split:
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
-                                 cond)
+                                 cond, consts)
                 out.extend(seq)
                 if ex:
                     return out, ex
@@ -339,13 +427,13 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
             if v != UNKNOWN:
                 why = (n.test, v)
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
-                                 why)
+                                 why, consts)
                 out.extend(seq)
                 if ex:
                     return out, ex
                 continue
-            b, bx = _block(info, n.body, cls, stack, writes, cond)
-            o, ox = _block(info, n.orelse, cls, stack, writes, cond)
+            b, bx = _block(info, n.body, cls, stack, writes, cond, consts)
+            o, ox = _block(info, n.orelse, cls, stack, writes, cond, consts)
             kb, ko = tuple(i.key for i in b), tuple(i.key for i in o)
             if kb == ko:
                 out.extend(b)
@@ -356,24 +444,32 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 return out, bx
         elif t is LoopN:
             assert isinstance(n, LoopN)
-            body, _ = _block(info, n.body, cls, stack, writes, cond)
+            body, _ = _block(info, n.body, cls, stack, writes, cond, consts)
             if body:
                 out.append(Item(("l", tuple(i.key for i in body)), "loop", arms=(tuple(body),),
                                 site=n.line, cond=cond))
         elif t is CallN:
             assert isinstance(n, CallN)
-            ex = _call(info, n, cls, stack, writes, cond, out)
+            ex = _call(info, n, cls, stack, writes, cond, out, consts)
             if ex:
                 return out, ex
     return out, None
 
 
 def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
-          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item]) -> str | None:
+          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item],
+          consts: dict[str, object]) -> str | None:
     minfo, fn = n.target
     if id(fn) in stack or len(stack) > MAX_DEPTH:
         return None
-    callee = project(minfo, fn, cls, stack)
+    passed: list[tuple[str, object]] = []
+    for name, val in n.consts.items():
+        if isinstance(val, tuple):  # the caller's own parameter: known only if it was passed
+            if val[1] not in consts:
+                continue
+            val = consts[val[1]]
+        passed.append((name, val))
+    callee = project(minfo, fn, cls, stack, tuple(sorted(passed, key=lambda p: p[0])))
     writes.extend((ev, (n.site, *via)) for ev, via in callee.writes)
     seq = _rebind(callee.seq, n)
     pre: Seq = seq
@@ -386,7 +482,7 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
     out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
                     arms=(pre,), site=n.site, name=fn.name, cond=cond))
     if n.ctx_body is not None:
-        body, ex = _block(info, n.ctx_body, cls, stack, writes, cond)
+        body, ex = _block(info, n.ctx_body, cls, stack, writes, cond, consts)
         out.extend(body)
         if ex:
             return ex
@@ -394,6 +490,34 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
             out.append(Item(("i", n.site, fn.name + ".exit", tuple(i.key for i in post)),
                             "call", arms=(post,), site=n.site, name=fn.name, cond=cond))
     return callee.exit if callee.exit in ("raise", "exit") else None
+
+
+def _with_consts(info: ModuleInfo, node: ast.expr, cls: RankClass,
+                 consts: dict[str, object]) -> int:
+    """A test decided by the literals the caller passed, where the rank alone leaves it open:
+    `local_rank == 0 and not evaluate` with evaluate=True is false on every rank."""
+    if isinstance(node, ast.Name) and node.id in consts:
+        return TRUE if consts[node.id] else FALSE
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = _with_consts(info, node.operand, cls, consts)
+        return v if v == UNKNOWN else 1 - v
+    if isinstance(node, ast.BoolOp):
+        vals = [_with_consts(info, v, cls, consts) for v in node.values]
+        stop = FALSE if isinstance(node.op, ast.And) else TRUE
+        if stop in vals:
+            return stop
+        return UNKNOWN if UNKNOWN in vals else 1 - stop
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Name) \
+            and node.left.id in consts and isinstance(node.comparators[0], ast.Constant):
+        op, left, right = node.ops[0], consts[node.left.id], node.comparators[0].value
+        if isinstance(op, ast.Is | ast.IsNot):
+            same = left is right
+            return TRUE if same == isinstance(op, ast.Is) else FALSE
+        if isinstance(op, ast.Eq | ast.NotEq):
+            same = left == right
+            return TRUE if same == isinstance(op, ast.Eq) else FALSE
+        return UNKNOWN
+    return evaluate_test(info, node, cls)
 
 
 def _rebind(seq: Seq, n: CallN) -> Seq:
