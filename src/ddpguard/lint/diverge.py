@@ -20,8 +20,8 @@ from difflib import SequenceMatcher
 
 from .callgraph import has_split
 from .context import Func, ModuleInfo, dotted
+from .projection import Item, Seq, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
-from .schedule import Item, Seq, project
 
 _OPS = ("coll", "fwd")
 _EXITS = ("exit", "mayexit")

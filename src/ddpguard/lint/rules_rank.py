@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from .callgraph import is_collective, reaches, resolve
 from .context import CallRec, Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
+from .projection import project
 from .provenance import LOCAL, NONE
 from .ranks import OTHERS, RANK0
 from .registry import Hit, rule
-from .schedule import project
 
 
 class At(ast.AST):

@@ -1,14 +1,12 @@
-"""The collective schedule of every function, per rank class (ranks.py).
+"""The collective schedule of every function: the tree its body becomes.
 
 A function's body becomes a small tree of what matters to the other ranks: collectives (op and
 group), forwards through the DDP wrapper, early exits, file writes with their path expression,
-calls into functions of this file or of the other files on the command line, rank and non-rank
-branches, loops, and context managers built from generators (split at their `yield`). The tree
-is built once per function; a *projection* walks it for one rank class, taking the arm its
-rank tests choose (both arms, as an alternative, where a test does not depend on the rank),
-inlining callees' projections (memoised), and yields a sequence of items. Two classes whose
-sequences differ reach different collectives: diverge.py compares them. Callees that cannot be
-resolved are unknown and contribute nothing, never a collective.
+calls into functions of this file or of the other files on the command line (with the literals
+they pass to parameters the callee tests), rank and non-rank branches, loops, and context
+managers built from generators (split at their `yield`). The tree is built once per function;
+projection.py walks it for one rank class. Callees that cannot be resolved are unknown and
+contribute nothing, never a collective.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from .callgraph import (
 )
 from .context import CallRec, Func, ModuleInfo, dotted
 from .paths import per_rank_path, rank_dependent
-from .ranks import FALSE, RANK0, TRUE, UNKNOWN, RankClass, evaluate_test, splits
+from .ranks import RANK0, UNKNOWN, evaluate_test, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
@@ -78,39 +76,6 @@ class CallN:
     # callee parameter the callee's own tests read -> a literal (True, False, None, a number,
     # a string) or ("param", caller's parameter): `load_data(args, evaluate=True)`
     consts: dict[str, object] = field(default_factory=dict)
-
-
-# -- projected items ------------------------------------------------------------------------
-Cond = tuple[ast.expr, int] | None
-
-@dataclass(slots=True, eq=False)
-class Item:
-    key: tuple[object, ...]
-    kind: str                      # ev alt loop call
-    ev: Ev | None = None
-    arms: tuple[tuple[Item, ...], ...] = ()
-    site: int = 0
-    name: str = ""
-    cond: Cond = None              # the rank test (and its value) that chose this item's arm
-    via: tuple[int, ...] = ()      # call sites from the compared function down to the event
-
-
-Seq = tuple[Item, ...]
-
-
-@dataclass
-class Projection:
-    seq: Seq
-    exit: str | None                               # definite exit: return/raise/exit/...
-    writes: list[tuple[Ev, tuple[int, ...]]] = field(default_factory=list)
-
-
-def _ev_key(ev: Ev) -> tuple[object, ...]:
-    if ev.kind == "coll":
-        return ("c", ev.op, ev.text)
-    if ev.kind == "fwd":
-        return ("f",)
-    return ("x", ev.kind, ev.op)
 
 
 class Builder:
@@ -366,7 +331,6 @@ def _narrowing(test: ast.expr) -> bool:
         test.func.id in ("isinstance", "callable", "hasattr")
 
 
-# -- projection per rank class --------------------------------------------------------------
 def builder(info: ModuleInfo) -> Builder:
     hit = info._memo.get(("builder", 0))
     if hit is None:
@@ -374,181 +338,4 @@ def builder(info: ModuleInfo) -> Builder:
     return hit  # type: ignore[return-value]
 
 
-Consts = tuple[tuple[str, object], ...]
-
-
-def project(info: ModuleInfo, func: Func | None, cls: RankClass,
-            stack: tuple[int, ...] = (), consts: Consts = ()) -> Projection:
-    """`consts`: parameters the caller passed as literals (sorted pairs); the callee's tests
-    that read them are decided (`if local_rank == 0 and not evaluate: barrier()` under
-    `evaluate=True`)."""
-    key = ("proj", id(func) if func is not None else 0, cls, consts)
-    hit = info._memo.get(key)
-    if hit is not None:
-        return hit  # type: ignore[return-value]
-    writes: list[tuple[Ev, tuple[int, ...]]] = []
-    seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None,
-                        dict(consts))
-    proj = Projection(tuple(seq), exit_, writes)
-    info._memo[key] = proj
-    return proj
-
-
-def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
-           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond,
-           consts: dict[str, object]) -> tuple[list[Item], str | None]:
-    out: list[Item] = []
-    for n in nodes:
-        t = type(n)
-        if t is Ev:
-            assert isinstance(n, Ev)
-            if n.kind == "write":
-                writes.append((n, ()))
-            elif n.kind == "mayexit":
-                ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
-                out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
-                                cond=cond))
-            else:
-                out.append(Item(_ev_key(n), "ev", n, cond=cond))
-                if n.kind == "exit":
-                    return out, n.op
-        elif t is IfN:
-            assert isinstance(n, IfN)
-            v = evaluate_test(info, n.test, cls) if n.split else n.fixed
-            if consts and v == UNKNOWN:
-                v = _with_consts(info, n.test, cls, consts)
-            if v != UNKNOWN and not n.split:
-                seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
-                                 cond, consts)
-                out.extend(seq)
-                if ex:
-                    return out, ex
-                continue
-            if v != UNKNOWN:
-                why = (n.test, v)
-                seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
-                                 why, consts)
-                out.extend(seq)
-                if ex:
-                    return out, ex
-                continue
-            b, bx = _block(info, n.body, cls, stack, writes, cond, consts)
-            o, ox = _block(info, n.orelse, cls, stack, writes, cond, consts)
-            kb, ko = tuple(i.key for i in b), tuple(i.key for i in o)
-            if kb == ko:
-                out.extend(b)
-            else:
-                out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
-                                cond=cond))
-            if bx and ox:
-                return out, bx
-        elif t is LoopN:
-            assert isinstance(n, LoopN)
-            body, _ = _block(info, n.body, cls, stack, writes, cond, consts)
-            if body:
-                out.append(Item(("l", tuple(i.key for i in body)), "loop", arms=(tuple(body),),
-                                site=n.line, cond=cond))
-        elif t is CallN:
-            assert isinstance(n, CallN)
-            ex = _call(info, n, cls, stack, writes, cond, out, consts)
-            if ex:
-                return out, ex
-    return out, None
-
-
-def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
-          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item],
-          consts: dict[str, object]) -> str | None:
-    minfo, fn = n.target
-    if id(fn) in stack or len(stack) > MAX_DEPTH:
-        return None
-    passed: list[tuple[str, object]] = []
-    for name, val in n.consts.items():
-        if isinstance(val, tuple):  # the caller's own parameter: known only if it was passed
-            if val[1] not in consts:
-                continue
-            val = consts[val[1]]
-        passed.append((name, val))
-    callee = project(minfo, fn, cls, stack, tuple(sorted(passed, key=lambda p: p[0])))
-    writes.extend((ev, (n.site, *via)) for ev, via in callee.writes)
-    seq = _rebind(callee.seq, n)
-    pre: Seq = seq
-    post: Seq = ()
-    if n.ctx_body is not None:
-        cut = next((i for i, it in enumerate(seq) if it.ev is not None
-                    and it.ev.kind == "yield"), len(seq))
-        pre, post = seq[:cut], seq[cut + 1:]
-    # Kept even when empty: a call both classes make must align, whatever the callee does.
-    out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
-                    arms=(pre,), site=n.site, name=fn.name, cond=cond))
-    if n.ctx_body is not None:
-        body, ex = _block(info, n.ctx_body, cls, stack, writes, cond, consts)
-        out.extend(body)
-        if ex:
-            return ex
-        if post:
-            out.append(Item(("i", n.site, fn.name + ".exit", tuple(i.key for i in post)),
-                            "call", arms=(post,), site=n.site, name=fn.name, cond=cond))
-    return callee.exit if callee.exit in ("raise", "exit") else None
-
-
-def _with_consts(info: ModuleInfo, node: ast.expr, cls: RankClass,
-                 consts: dict[str, object]) -> int:
-    """A test decided by the literals the caller passed, where the rank alone leaves it open:
-    `local_rank == 0 and not evaluate` with evaluate=True is false on every rank."""
-    if isinstance(node, ast.Name) and node.id in consts:
-        return TRUE if consts[node.id] else FALSE
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        v = _with_consts(info, node.operand, cls, consts)
-        return v if v == UNKNOWN else 1 - v
-    if isinstance(node, ast.BoolOp):
-        vals = [_with_consts(info, v, cls, consts) for v in node.values]
-        stop = FALSE if isinstance(node.op, ast.And) else TRUE
-        if stop in vals:
-            return stop
-        return UNKNOWN if UNKNOWN in vals else 1 - stop
-    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Name) \
-            and node.left.id in consts and isinstance(node.comparators[0], ast.Constant):
-        op, left, right = node.ops[0], consts[node.left.id], node.comparators[0].value
-        if isinstance(op, ast.Is | ast.IsNot):
-            same = left is right
-            return TRUE if same == isinstance(op, ast.Is) else FALSE
-        if isinstance(op, ast.Eq | ast.NotEq):
-            same = left == right
-            return TRUE if same == isinstance(op, ast.Eq) else FALSE
-        return UNKNOWN
-    return evaluate_test(info, node, cls)
-
-
-def _rebind(seq: Seq, n: CallN) -> Seq:
-    """A callee's calls of its parameters: a forward when the caller passed the DDP model."""
-    out: list[Item] = []
-    for it in seq:
-        ev = it.ev
-        if ev is not None and ev.kind == "pcall":
-            b = n.bind.get(ev.op)
-            if b is None:
-                continue
-            new = Ev("fwd", "forward", n.site, b[1]) if b[0] == "ddp" else \
-                Ev("pcall", b[1], n.site)
-            out.append(Item(_ev_key(new), "ev", new, cond=it.cond))
-        elif it.kind == "ev" and ev is not None and ev.kind == "yield" and n.ctx_body is None:
-            continue
-        elif it.arms and _has_pcall(it):
-            arms = tuple(_rebind(a, n) for a in it.arms)
-            keys = tuple(tuple(i.key for i in a) for a in arms)
-            key: tuple[object, ...] = ("a", *keys) if it.kind == "alt" else \
-                ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
-            if any(arms):
-                out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via))
-        else:
-            out.append(it)
-    return tuple(out)
-
-
-def _has_pcall(it: Item) -> bool:
-    return any(i.ev is not None and i.ev.kind == "pcall" or (i.arms and _has_pcall(i))
-               for a in it.arms for i in a)
-
-
-__all__ = ["Item", "Projection", "project"]
+__all__ = ["Builder", "CallN", "Ev", "IfN", "LoopN", "builder"]
