@@ -187,6 +187,18 @@ CASES: dict[str, tuple[str, str]] = {
     "DDP019": ("""
         def resume(t, path):
             if dist.get_rank() == 0:
+                if not os.path.exists(path):
+                    raise FileNotFoundError(path)
+            dist.broadcast(t, 0)
+        """, """
+        def resume(t, path):
+            if not os.path.exists(path):
+                raise FileNotFoundError(path)
+            dist.broadcast(t, 0)
+        """),
+    "DDP022": ("""
+        def resume(t, path):
+            if dist.get_rank() == 0:
                 assert os.path.exists(path)
             dist.broadcast(t, 0)
         """, """

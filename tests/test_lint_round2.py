@@ -50,7 +50,7 @@ def test_both_sides_of_one_broadcast() -> None:
     assert "DDP005" in [c for c, _ in got]
     # An assert that can fire (not a type-checker narrowing) before the sender's broadcast.
     got = codes(name, "assert obj is not None", "assert obj.numel() > 0")
-    assert got == [("DDP019", 15)]
+    assert got == [("DDP022", 15)]
 
 
 def test_reduced_value_read_only_behind_the_callees_guard() -> None:
@@ -197,7 +197,7 @@ def main(t, rank):
     got = inline(src)
     # leader_first: only the extra all_reduce; share: only rank 0's assert before its
     # broadcast; main: only the last barrier. The matching pairs around them stay quiet.
-    assert got == [("DDP005", 12), ("DDP019", 17), ("DDP005", 31)]
+    assert got == [("DDP005", 12), ("DDP022", 17), ("DDP005", 31)]
 
 
 # -- issue 20, third round: classes from the second blind half ------------------------------

@@ -226,7 +226,7 @@ def test_exit_in_callee_is_not_the_callers_exit() -> None:
         dist.broadcast(t, 0)
     """
     assert codes(src) == []
-    assert found(src.replace("log(t)", "assert t.sum() > 0")) == [("DDP019", 8)]
+    assert found(src.replace("log(t)", "assert t.sum() > 0")) == [("DDP022", 8)]
 
 
 def test_continue_in_an_inner_loop_is_no_exit() -> None:

@@ -34,7 +34,21 @@ class Project:
         paths = [os.path.abspath(i.path) for i in infos]
         root = Path(os.path.commonpath(paths)) if paths else Path("/")
         self.depth = len((root.parent if len(infos) == 1 else root).parts)
+        # An attribute set from the rank in one file is the same flag in the others
+        # (`args.should_save = ... and is_master(args)` in main.py, tested in train.py;
+        # `self._primary = self._rank == 0` in a base class): each file learns the ones it
+        # does not assign itself. Plain names stay local to their file.
+        shared: dict[str, int] = {}
         for info in infos:
+            for name, level in info.rank_names.items():
+                if "." in name:
+                    shared.setdefault(name, level)
+        for info in infos:
+            if shared:
+                own = info.rank_names
+                for name, level in shared.items():
+                    if name not in own and name not in info.assigns:
+                        own[name] = level
             parts = list(Path(info.path).with_suffix("").parts)
             if parts and parts[-1] == "__init__":
                 parts.pop()

@@ -21,15 +21,18 @@ from difflib import SequenceMatcher
 from .callgraph import has_split
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
+from .schedule import STUB
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
 
 _OPS = ("coll", "fwd")
+_EXIT_CODES = ("DDP019", "DDP022")
 _EXITS = ("exit", "mayexit")
 
 
 @dataclass(frozen=True)
 class Divergence:
-    code: str           # DDP005 collective, DDP006 DDP forward, DDP019 exit before collective
+    code: str           # DDP005 collective, DDP006 DDP forward, DDP019 exit before collective,
+                        # DDP022 an assert before a collective
     line: int
     message: str
     other_line: int
@@ -66,9 +69,9 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 # The same collectives in the same order, reached from different lines (the
                 # leader-goes-first pair written as two plain `if`s): only an early exit of
                 # one class can still leave the other waiting.
-                found = [d for d in found if d.code == "DDP019"]
+                found = [d for d in found if d.code in _EXIT_CODES]
             for d in found:
-                if d.code != "DDP019":
+                if d.code not in _EXIT_CODES:
                     out.append(d)
                     continue
                 # The first collective this exit does abandon (an exit under `not resume`
@@ -76,7 +79,7 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 for line, site, message in d.partners or ((d.other_line, d.other_site,
                                                            d.message),):
                     if not _exclusive(info, root, d.line, site):
-                        out.append(Divergence("DDP019", d.line, message, line, site))
+                        out.append(Divergence(d.code, d.line, message, line, site))
                         break
     info._memo[("divergences", 0)] = out
     return out
@@ -325,7 +328,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         # receive sides of one broadcast in two arms): an exit before them is what can part.
         for x, cx, side, rest, co in ((_early_exit(a), ca, b, rest_b, cb),
                                       (_early_exit(b), cb, a, rest_a, ca)):
-            if x is None or x[0].ev is None or x[0].ev.op in ("yield",):
+            if x is None or x[0].ev is None or x[0].ev.op in ("yield", STUB):
                 continue
             ex = x[0].ev
             partners = []
@@ -338,7 +341,9 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                     "the ranks still in it wait for ranks that are gone")))
             if partners:
                 line, site, message = partners[0]
-                out.append(Divergence("DDP019", _line(*x), message, line, site,
+                # An assert that can fire is not an exit that does: DDP022, not DDP019.
+                code = "DDP022" if ex.kind == "mayexit" else "DDP019"
+                out.append(Divergence(code, _line(*x), message, line, site,
                                       tuple(partners)))
         return
     # Past what both reach alike (a helper called from each arm, then one more collective on

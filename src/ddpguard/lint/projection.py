@@ -32,13 +32,16 @@ class Item:
 
 
 Seq = tuple[Item, ...]
+Write = tuple[Ev, tuple[int, ...], bool]
 
 
 @dataclass
 class Projection:
     seq: Seq
     exit: str | None                               # definite exit: return/raise/exit/...
-    writes: list[tuple[Ev, tuple[int, ...]]] = field(default_factory=list)
+    # each write reached, the call sites down to it, and whether it writes one file per rank
+    # (its own path names the rank, or a caller passed a per-rank path for it)
+    writes: list[Write] = field(default_factory=list)
 
 
 def _ev_key(ev: Ev) -> tuple[object, ...]:
@@ -61,7 +64,7 @@ def project(info: ModuleInfo, func: Func | None, cls: RankClass,
     hit = info._memo.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
-    writes: list[tuple[Ev, tuple[int, ...]]] = []
+    writes: list[Write] = []
     seq, exit_ = _block(info, builder(info).tree(func), cls, stack + (id(func),), writes, None,
                         dict(consts))
     proj = Projection(tuple(seq), exit_, writes)
@@ -70,7 +73,7 @@ def project(info: ModuleInfo, func: Func | None, cls: RankClass,
 
 
 def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
-           writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond,
+           writes: list[Write], cond: Cond,
            consts: dict[str, object]) -> tuple[list[Item], str | None]:
     out: list[Item] = []
     for n in nodes:
@@ -78,7 +81,7 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
         if t is Ev:
             assert isinstance(n, Ev)
             if n.kind == "write":
-                writes.append((n, ()))
+                writes.append((n, (), n.per_rank))
             elif n.kind == "mayexit":
                 ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
                 out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
@@ -132,7 +135,7 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
 
 
 def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
-          writes: list[tuple[Ev, tuple[int, ...]]], cond: Cond, out: list[Item],
+          writes: list[Write], cond: Cond, out: list[Item],
           consts: dict[str, object]) -> str | None:
     minfo, fn = n.target
     if id(fn) in stack or len(stack) > MAX_DEPTH:
@@ -145,7 +148,8 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
             val = consts[val[1]]
         passed.append((name, val))
     callee = project(minfo, fn, cls, stack, tuple(sorted(passed, key=lambda p: p[0])))
-    writes.extend((ev, (n.site, *via)) for ev, via in callee.writes)
+    writes.extend((ev, (n.site, *via), per_rank or bool(ev.names & n.per_rank))
+                  for ev, via, per_rank in callee.writes)
     seq = _rebind(callee.seq, n)
     pre: Seq = seq
     post: Seq = ()

@@ -50,6 +50,24 @@ def is_predicate(name: str) -> bool:
     return low in _PREDICATES or bool(_PREDICATE_RE.match(low))
 
 
+# Decorators that run a function on the leader alone: `@rank_zero_only` (Lightning),
+# `@master_only` (mmcv), `@main_process` (LAVIS), `@accelerator.on_main_process`. Never a bare
+# `main` (`@hydra.main` runs everywhere).
+_RANK_ONLY_RE = re.compile(r"^(on_|only_)?(local_)?(rank_?zero|rank_?0|(main|master|primary|"
+                           r"leader|chief)_(only|process|proc|process_only|rank_only))"
+                           r"(_only)?$|rank_zero", re.I)
+
+
+def rank_only(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """GLOBAL (LOCAL) when a decorator of `fn` runs it on rank 0 (local rank 0) alone."""
+    for d in fn.decorator_list:
+        name = dotted(d.func if isinstance(d, ast.Call) else d) or ""
+        last = name.rsplit(".", 1)[-1]
+        if _RANK_ONLY_RE.search(last):
+            return LOCAL if "local" in last.lower() else GLOBAL
+    return NONE
+
+
 _RANK_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
                "get_node_local_rank": LOCAL}
 _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,

@@ -227,10 +227,13 @@ def _truth(val: int | None) -> int:
 
 def launch(info: Table, node: ast.AST | None) -> int:
     """TRUE/FALSE for a test of the launch mode as a distributed run sees it (`if
-    args.distributed:`, `if not dist.is_initialized():`, `if world_size > 1:`); UNKNOWN for
-    anything else. The same on every rank: it splits no ranks, it only picks the arm."""
+    args.distributed:`, `if not dist.is_initialized():`, `if world_size > 1:`), and for a
+    constant (`if False and ...`); UNKNOWN for anything else. The same on every rank: it
+    splits no ranks, it only picks the arm."""
     if node is None:
         return UNKNOWN
+    if isinstance(node, ast.Constant):  # `if False and os.path.exists(p):` is never taken
+        return TRUE if node.value else FALSE
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         v = launch(info, node.operand)
         return v if v == UNKNOWN else 1 - v

@@ -391,6 +391,13 @@ def _within(node: ast.AST, outer: ast.AST) -> bool:
 def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]) -> bool:
     if any(not exclusive(s, wrap) for s in set_devices):
         return True
+    # The other arm of the same test wraps with device_ids and this one moves nothing to a
+    # GPU: this arm is the CPU path (torchdrug's `if self.device.type == "cuda": DDP(m,
+    # device_ids=[...]) else: DDP(m)`; imagenet's `else: model.cuda(); DDP(model)` is not).
+    if any(kwarg(w.node, "device_ids") is not None and exclusive(w, wrap)
+           for w in info.calls_named("DistributedDataParallel")) and not any(
+            dominates(m, wrap) for m in info.calls_named("cuda")):
+        return True
     # The group is formed in another file on the command line that sets the device there
     # (dinov2's `distributed.enable()`): this path cannot be shown to lack it.
     if getattr(info.project, "sets_device", False) and not set_devices:

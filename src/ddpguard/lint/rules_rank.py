@@ -61,15 +61,29 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
 
 
 @rule("DDP019", "exit-before-collective", "warning",
-      "one rank class can leave (return, raise, assert, sys.exit) where the others go on to "
+      "one rank class can leave (return, raise, sys.exit, break) where the others go on to "
       "a collective",
       "check the condition on every rank (or broadcast it) before anyone leaves")
 def ddp019(info: ModuleInfo) -> Iterator[Hit]:
-    """An `assert` or `return` that only rank 0 evaluates, just before a broadcast: when it
-    fires, the other ranks wait in the broadcast for a rank that is gone."""
+    """A `raise` or `return` that only rank 0 takes, just before a broadcast: when it runs,
+    the other ranks wait in the broadcast for a rank that is gone."""
     for d in divergences(info):
         if d.code == "DDP019":
             yield At(d.line), "DDP019", d.message
+
+
+@rule("DDP022", "assert-before-collective", "warning",
+      "an assert that only some rank classes evaluate, before a collective the others go on to",
+      "check the condition on every rank (or broadcast it) before anyone can fail",
+      default=False)
+def ddp022(info: ModuleInfo) -> Iterator[Hit]:
+    """An `assert` that only rank 0 evaluates, just before a broadcast: if it fires, the other
+    ranks wait for a rank that is gone. Off by default: on real code most such asserts are
+    invariants that cannot fire (a list just built to the world size, the shapes a rank-0
+    branch just made), 1 true in 7 on the tuning corpora of issue 20's sixth round."""
+    for d in divergences(info):
+        if d.code == "DDP022":
+            yield At(d.line), "DDP022", d.message
 
 
 _WRITE_HINT = {"save", "dump", "savez", "savez_compressed"}
@@ -94,11 +108,11 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                                         if id(f) not in called and reaches(info, id(f)))]
     done: set[int] = set()
     for root in roots:
-        zero = {id(ev) for ev, _ in project(info, root, RANK0).writes}
+        zero = {id(ev) for ev, _, _ in project(info, root, RANK0).writes}
         if not zero:
             continue
-        for ev, via in project(info, root, OTHERS).writes:
-            if id(ev) not in zero or ev.per_rank or id(ev) in done:
+        for ev, via, per_rank in project(info, root, OTHERS).writes:
+            if id(ev) not in zero or per_rank or id(ev) in done:
                 continue
             if root is not None:
                 # A helper nobody here calls runs under its caller's guard, elsewhere (also
@@ -309,4 +323,4 @@ def ddp018(info: ModuleInfo) -> Iterator[Hit]:
             yield rec.node, "DDP018", "print runs on every rank (duplicated output)"
 
 
-RULES = [ddp005, ddp006, ddp007, ddp016, ddp017, ddp018, ddp019]
+RULES = [ddp005, ddp006, ddp007, ddp016, ddp017, ddp018, ddp019, ddp022]

@@ -26,7 +26,8 @@ from .callgraph import (
 )
 from .context import CallRec, Func, ModuleInfo, dotted
 from .paths import per_rank_path, rank_dependent
-from .ranks import RANK0, UNKNOWN, evaluate_test, splits
+from .provenance import GLOBAL, LOCAL, rank_only
+from .ranks import FALSE, RANK0, UNKNOWN, evaluate_test, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
@@ -49,6 +50,7 @@ class Ev:
     text: str = ""     # the collective's group, the forwarded model, the written path
     per_rank: bool = False
     path: str = ""     # the file it is in (a callee may sit in another file)
+    names: frozenset[str] = frozenset()   # the plain names a written path is built from
 
 
 @dataclass(slots=True)
@@ -76,6 +78,9 @@ class CallN:
     # callee parameter the callee's own tests read -> a literal (True, False, None, a number,
     # a string) or ("param", caller's parameter): `load_data(args, evaluate=True)`
     consts: dict[str, object] = field(default_factory=dict)
+    # callee parameters whose argument here is a per-rank path (`f"best_w{rank}.th"`, or a
+    # name assigned one): a write to that parameter writes one file per rank
+    per_rank: frozenset[str] = frozenset()
 
 
 class Builder:
@@ -153,11 +158,17 @@ class Builder:
         elif t is ast.Return:
             out.append(Ev("exit", "return", s.lineno))
         elif t is ast.Raise:
-            out.append(Ev("exit", "raise", s.lineno))
+            # `raise NotImplementedError` marks code left out (a stub), not a path that fails
+            # on one rank: it ends the path, and no rule reports it as an exit.
+            out.append(Ev("exit", STUB if _stub(s.exc) else "raise", s.lineno))
         elif t is ast.Continue or t is ast.Break:
             out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno))
         elif t is ast.Assert:
-            if not _narrowing(s.test):
+            if not splits(self.info, s.test) and \
+                    evaluate_test(self.info, s.test, RANK0) == FALSE:
+                # `assert not args.distributed, "no DDP"`: a distributed run stops here
+                out.append(Ev("exit", "assert", s.lineno))
+            elif not _narrowing(s.test):
                 out.append(Ev("mayexit", "assert", s.lineno))
         elif t is ast.Expr and isinstance(s.value, ast.Yield | ast.YieldFrom):
             out.append(Ev("yield", "yield", s.lineno))
@@ -194,10 +205,19 @@ class Builder:
                 info.project is None or target.split(".", 1)[0] not in info.aliases)):
             return None
         target_fn = resolve(info, rec)
-        if target_fn is not None and reaches(target_fn[0], id(target_fn[1])):
-            return CallN(line, target_fn, self.bind(rec, target_fn[1]),
-                         consts=self.consts(rec, target_fn))
-        return None
+        if target_fn is None or _memoised(target_fn[1]) or \
+                not reaches(target_fn[0], id(target_fn[1])):
+            # A memoised callee (`@functools.cache`) may return without running its body on
+            # one rank and run it on another: what it does is unknown here.
+            return None
+        call = CallN(line, target_fn, self.bind(rec, target_fn[1]),
+                     consts=self.consts(rec, target_fn), per_rank=self.per_rank_args(rec,
+                                                                             target_fn[1]))
+        level = rank_only(target_fn[1])
+        if level:
+            # `@main_process def save(...)`: the body runs on the leader alone
+            return IfN(_LEADER_TEST[level], [call], [], True, line, UNKNOWN)
+        return call
 
     def write(self, rec: CallRec, qual: str) -> Ev | None:
         pos = _WRITES.get(qual, 1)
@@ -225,7 +245,8 @@ class Builder:
             if not any(rank_dependent(self.info, o) for o in obj):
                 return None  # the same contents from every rank (`params.pkl`): a benign race
         return Ev("write", op, rec.node.lineno, ast.unparse(dest),
-                  per_rank_path(self.info, dest))
+                  per_rank_path(self.info, dest),
+                  names=frozenset(n.id for n in ast.walk(dest) if isinstance(n, ast.Name)))
 
     def bind(self, rec: CallRec, fn: Func) -> dict[str, tuple[str, str]]:
         names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
@@ -245,6 +266,15 @@ class Builder:
                 out[name] = ("param", d)
         return out
 
+
+    def per_rank_args(self, rec: CallRec, fn: Func) -> frozenset[str]:
+        names = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if names and names[0] in ("self", "cls") and isinstance(rec.node.func, ast.Attribute):
+            names = names[1:]
+        pairs = list(zip(names, rec.node.args, strict=False)) + [
+            (k.arg, k.value) for k in rec.node.keywords if k.arg is not None]
+        return frozenset(name for name, arg in pairs
+                         if not isinstance(arg, ast.Constant) and per_rank_path(self.info, arg))
 
     def wrapped_before(self, name: str, line: int) -> bool:
         """`name` holds the DDP wrapper at `line` of the function being built. A plain local
@@ -329,6 +359,26 @@ def _narrowing(test: ast.expr) -> bool:
             and right.value is None
     return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
         test.func.id in ("isinstance", "callable", "hasattr")
+
+
+STUB = "raise NotImplementedError"
+_MEMO_DECORATORS = {"cache", "lru_cache", "cached", "memoize", "memoized", "cached_property"}
+_LEADER_TEST = {GLOBAL: ast.Call(ast.Name("is_main_process", ast.Load()), [], []),
+                LOCAL: ast.Call(ast.Name("is_local_main_process", ast.Load()), [], [])}
+
+
+def _stub(exc: ast.expr | None) -> bool:
+    if isinstance(exc, ast.Call):
+        exc = exc.func
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def _memoised(fn: Func) -> bool:
+    for d in fn.decorator_list:
+        name = dotted(d.func if isinstance(d, ast.Call) else d) or ""
+        if name.rsplit(".", 1)[-1] in _MEMO_DECORATORS:
+            return True
+    return False
 
 
 def builder(info: ModuleInfo) -> Builder:

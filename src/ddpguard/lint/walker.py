@@ -15,7 +15,7 @@ from .context import (
     ModuleInfo,
     dotted,
 )
-from .provenance import GLOBAL, LOCAL, NONE
+from .provenance import GLOBAL, LOCAL, NONE, rank_only
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
 _EXIT_TYPES = {ast.Return, ast.Continue, ast.Raise, ast.Break, ast.Assert}
@@ -232,6 +232,10 @@ class Walker:
                         info.batchnorm = True
                     elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
                         info.joins = True
+                    elif attr == "no_sync":
+                        # also where it is not called here: `ctx = model.no_sync if micro
+                        # else nullcontext`, then `with ctx():` (SAM-Med3D)
+                        info.no_sync = True
                     node = node.value  # type: ignore[union-attr]
                     t = type(node)
                     if t is not Attribute:
@@ -366,9 +370,9 @@ def _guard_functions(info: ModuleInfo) -> None:
                 sites.setdefault(fn, []).append(rec)
     for fns in info.funcs.values():
         for fn in fns:
-            if any("rank_zero" in (dotted(d.func if isinstance(d, ast.Call) else d) or "")
-                   for d in fn.decorator_list):
-                info.guarded_funcs[fn] = GLOBAL
+            level = rank_only(fn)
+            if level:
+                info.guarded_funcs[fn] = level
     for _ in range(3):
         changed = False
         for fn, recs in sites.items():
