@@ -1,3 +1,4 @@
+# ruff: noqa: SIM102, SIM223  (the dead branch written as TinyCLIP wrote it is the point)
 # Our fixture (issue 20, sixth round): code on the DDP path that a distributed run never
 # takes, or cannot be proven to take alike. A tool that refuses DDP (`assert not
 # args.distributed`) and then saves; a logger whose rank-0 branch holds a stub for code left

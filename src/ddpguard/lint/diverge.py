@@ -21,8 +21,8 @@ from difflib import SequenceMatcher
 from .callgraph import has_split
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
-from .schedule import STUB
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
+from .schedule import STUB
 
 _OPS = ("coll", "fwd")
 _EXIT_CODES = ("DDP019", "DDP022")
