@@ -90,6 +90,9 @@ M = [
  ("a leader-only decorator", "schedule.py", "        level = rank_only(target_fn[1])\n        if level:", "        level = rank_only(target_fn[1])\n        if False:"),
  ("a per-rank path passed by the caller", "projection.py", "per_rank or bool(ev.names & n.per_rank)", "per_rank"),
  ("asserts are DDP022, not DDP019", "diverge.py", "code = \"DDP022\" if ex.kind == \"mayexit\" else \"DDP019\"", "code = \"DDP019\""),
+ ("a sampler reseeded each epoch", "rules_data.py", "                and not _reseeded_in(loop, sampler) and", "                and"),
+ ("a set_epoch in a hook the loop calls", "rules_data.py", "    return bool(names) and any(rec.last in names and loop in rec.loops for rec in info.calls)", "    return False"),
+ ("a step after every backward is no accumulation", "rules_model.py", "    return any(r.last == \"backward\" for r in outside) and \\\n        not any(_is_optimizer_step(r.node) for r in outside)", "    return True"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

@@ -165,3 +165,29 @@ def test_a_flag_set_from_the_rank_in_another_file(tmp_path: Path) -> None:
     assert [(f.code, Path(f.path).name) for f in lint_paths([tmp_path])] == []
     # Linted alone, train.py cannot know the flag: the save looks like every rank's.
     assert [f.code for f in lint_paths([tmp_path / "train.py"])] == ["DDP007"]
+
+
+GAN = "fp_gan_hook_reseed.py"
+
+
+def test_gan_hooks_and_reseeded_loaders_are_quiet() -> None:
+    assert found(GAN) == []
+
+
+def test_a_step_after_every_backward_is_no_accumulation() -> None:
+    # Take the discriminator's step out and its backward passes pile up before the
+    # generator's step every n_critic iterations: accumulation without no_sync.
+    step = line_of(GAN, "opt_g.step()")
+    assert found(GAN, "            opt_d.step()\n", "") == [("DDP013", step - 1)]
+
+
+def test_a_set_epoch_in_a_hook_called_from_elsewhere_counts() -> None:
+    loop = line_of(GAN, "    def train(self, epochs):") + 1
+    assert found(GAN, "        self.trainer.loader.sampler.set_epoch(epoch)\n",
+                 "        pass\n") == [("DDP001", loop)]
+
+
+def test_a_sampler_made_each_epoch_with_the_epoch_as_seed_shuffles_anew() -> None:
+    loop = line_of(GAN, 'dist.init_process_group("nccl")') + 1
+    # A fresh sampler with a constant seed repeats the same order every epoch.
+    assert found(GAN, "seed=epoch)", "seed=0)") == [("DDP001", loop)]

@@ -74,7 +74,9 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         key = (id(loop), id(sampler))
         hit = misses.get(key)
         if hit is None:
-            hit = misses[key] = not _reaches_cached(info, loop, _set_epoch_recs(info, sampler))
+            targets = _set_epoch_recs(info, sampler)
+            hit = misses[key] = not _reaches_cached(info, loop, targets) \
+                and not _reseeded_in(loop, sampler) and not _called_elsewhere(info, loop, targets)
         return hit
 
     # Style 1: `for epoch ...: for batch in loader:` in one function.
@@ -128,6 +130,24 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
                 break
+
+
+def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
+    """A sampler made afresh inside the epoch loop with a seed that is not a constant
+    (`DistributedSampler(ds, seed=epoch)`): each epoch has its own order without set_epoch. (A
+    fresh sampler with the default seed repeats the order: that stays a finding.)"""
+    seed = kwarg(sampler, "seed")
+    return seed is not None and not isinstance(seed, ast.Constant) and \
+        loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno)
+
+
+def _called_elsewhere(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
+    """The loop calls, on another object, a method by the name of the function that holds a
+    set_epoch (`for hook in self.hooks: hook.before_epoch(epoch)`, the hook's `before_epoch`
+    calling `self.trainer.loader.sampler.set_epoch(epoch)`): the local call graph cannot
+    follow that call, so it gets the benefit of the doubt."""
+    names = {t.func.name for t in targets if t.func is not None}
+    return bool(names) and any(rec.last in names and loop in rec.loops for rec in info.calls)
 
 
 def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:

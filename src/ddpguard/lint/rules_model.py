@@ -6,7 +6,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
+from .context import CallRec, LoopRec, ModuleInfo, dominates, dotted, exclusive, kwarg
 from .paths import per_rank_path
 from .registry import Hit, rule
 
@@ -283,7 +283,8 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
                 continue
             for sub in node.body:
                 for call in ast.walk(sub):
-                    if isinstance(call, ast.Call) and _is_optimizer_step(call):
+                    if isinstance(call, ast.Call) and _is_optimizer_step(call) \
+                            and _unstepped_backward(info, lrec, node, call):
                         yield call, "DDP013", (
                             "the optimizer steps once every few iterations but every "
                             "micro-step's backward all-reduces the gradients anyway: wrap the "
@@ -296,6 +297,21 @@ def _solo(rec: CallRec) -> bool:
     store = kwarg(rec.node, "store")
     return (isinstance(ws, ast.Constant) and ws.value == 1) or (
         isinstance(store, ast.Call) and (dotted(store.func) or "").endswith("HashStore"))
+
+
+def _unstepped_backward(info: ModuleInfo, lrec: LoopRec, cond: ast.If, step: ast.Call) -> bool:
+    """Accumulation means backward passes that no step follows: on the path of this `if`
+    (not in a sibling arm), a backward runs every iteration outside it and no optimizer step
+    does. A GAN's generator every few discriminator steps (`d_loss.backward(); opt_d.step()`,
+    then `if i % n_critic == 0: g_loss.backward(); opt_g.step()`) steps after every backward."""
+    rec = info.call_rec(step)
+    if rec is None:
+        return True
+    inside = {id(n) for n in ast.walk(cond)}
+    outside = [r for r in info.calls if lrec.node in r.loops and id(r.node) not in inside
+               and not exclusive(r, rec)]
+    return any(r.last == "backward" for r in outside) and \
+        not any(_is_optimizer_step(r.node) for r in outside)
 
 
 def _accumulates(test: ast.expr) -> bool:
