@@ -379,7 +379,7 @@ def test_fixture_findings_exact(name: str) -> None:
 def test_helper_forward_severity_follows_buffers() -> None:
     source = (CORPUS / "miss_eval_helper.py").read_text(encoding="utf-8")
     [f] = lint_source(source)
-    assert (f.code, f.severity) == ("DDP006", "warning") and "call at line 27" in f.message
+    assert (f.code, f.severity) == ("DDP006", "warning") and "call at line 29" in f.message
     with_bn = source.replace("torch.nn.ReLU()", "torch.nn.BatchNorm1d(8)")
     sev = [(f.code, f.severity) for f in lint_source(with_bn) if f.code == "DDP006"]
     assert sev == [("DDP006", "error")]

@@ -14,16 +14,17 @@ ALL = Selection(select=("ALL",), ignore=("DDP018",))
 NAME = "fp_cache_leader_eval.py"
 
 
-def findings(old: str = "", new: str = "") -> list[tuple[str, int, str]]:
+def findings(*edits: str) -> list[tuple[str, int, str]]:
+    """The fixture's findings after each (old, new) pair of `edits` is applied once."""
     source = (CORPUS / NAME).read_text(encoding="utf-8")
-    if old:
+    for old, new in zip(edits[::2], edits[1::2], strict=True):
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     return [(f.code, f.line, f.message) for f in lint_source(source, NAME, ALL)]
 
 
-def codes(old: str = "", new: str = "") -> list[tuple[str, int]]:
-    return [(c, line) for c, line, _ in findings(old, new)]
+def codes(*edits: str) -> list[tuple[str, int]]:
+    return [(c, line) for c, line, _ in findings(*edits)]
 
 
 def test_the_old_example_trainer_shape_is_quiet_but_for_the_node_local_saves() -> None:
@@ -77,23 +78,36 @@ def main(rank):
                                                   "t.py", ALL)] == [("DDP005", 18)]
 
 
+# Evaluation with gradients on: a forward under no_grad on rank 0 alone pairs its one buffer
+# broadcast with the others' next training forward (sixth round), so these checks of which
+# arm runs and which name holds the wrapper evaluate with gradients.
+GRAD_ON = ("    with torch.no_grad():\n        return model(feats).mean().item()\n",
+           "    if True:\n        return model(feats).mean().item()\n")
+
+
 def test_the_single_process_arm_is_never_taken_in_a_distributed_run() -> None:
     # `args.local_rank == -1` is false on every rank once launched: the evaluation under it
     # (which runs the leader-first cache load) is no rank-0-only collective. Drop the test
     # and rank 0 forwards the DDP model alone.
+    assert not [c for c in codes(*GRAD_ON) if c[0] == "DDP006"]
     got = codes("            if args.local_rank == -1 and args.eval_during_training:\n",
-                "            if args.eval_during_training:\n")
+                "            if args.eval_during_training:\n", *GRAD_ON)
     assert ("DDP006", 48) in got
 
 
 def test_a_local_name_holds_the_wrapper_only_where_it_was_wrapped() -> None:
     # main() evaluates a fresh `model` on rank 0 only: not the wrapper of train().
-    assert not [c for c in codes() if c[0] == "DDP006"]
+    assert not [c for c in codes(*GRAD_ON) if c[0] == "DDP006"]
     # Rank 0 evaluating the wrapped model inside train() is a forward of the wrapper.
     got = codes("            if args.local_rank == -1 and args.eval_during_training:\n"
                 "                print(evaluate(args, model))\n",
-                "            print(evaluate(args, model))\n")
+                "            print(evaluate(args, model))\n", *GRAD_ON)
     assert ("DDP006", 47) in got
+    # Under no_grad its one broadcast pairs with the others' next training forward.
+    assert not [c for c in codes("            if args.local_rank == -1 and "
+                                 "args.eval_during_training:\n"
+                                 "                print(evaluate(args, model))\n",
+                                 "            print(evaluate(args, model))\n") if c[0] == "DDP006"]
 
 
 def test_a_node_local_save_is_reported_where_it_is_not_at_every_call() -> None:

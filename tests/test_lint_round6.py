@@ -191,3 +191,184 @@ def test_a_sampler_made_each_epoch_with_the_epoch_as_seed_shuffles_anew() -> Non
     loop = line_of(GAN, 'dist.init_process_group("nccl")') + 1
     # A fresh sampler with a constant seed repeats the same order every epoch.
     assert found(GAN, "seed=epoch)", "seed=0)") == [("DDP001", loop)]
+
+
+EVAL_IN_LOOP = _src("""
+    def train(model, loader, val, rank):
+        model = DDP(model, device_ids=[rank])
+        for step, x in enumerate(loader):
+            model(x).sum().backward()
+            if rank == 0 and step % 100 == 0:
+                with torch.no_grad():
+                    model(val)
+    """)
+
+
+def test_a_no_grad_forward_on_rank_0_pairs_with_the_next_training_forward() -> None:
+    # Its one buffer broadcast meets the others' broadcast at the next iteration's forward
+    # (and it clears the flag that would make rank 0's own next forward sync again).
+    assert [f.code for f in lint_source(EVAL_IN_LOOP)] == []
+    # With gradients on, rank 0 syncs once more than the others: a hang.
+    grad_on = EVAL_IN_LOOP.replace("with torch.no_grad():", "if True:")
+    assert [f.code for f in lint_source(grad_on)] == ["DDP006"]
+    # Under no_grad too, when the others go on to another collective first.
+    barrier = EVAL_IN_LOOP.replace("                model(val)\n",
+                                   "                model(val)\n        dist.barrier()\n")
+    assert [f.code for f in lint_source(barrier)] == ["DDP006"]
+
+
+def test_a_helper_called_in_both_arms_is_compared_once_in_the_helper() -> None:
+    src = _src("""
+        def training(rank, loader):
+            for it, x in enumerate(loader):
+                dist.all_reduce(x)
+                if it % 100 == 0 and rank == 0:
+                    dist.barrier()
+
+        def main_worker(rank, loader):
+            if rank == 0:
+                training(rank, loader)
+            else:
+                training(rank, loader)
+        """)
+    assert [(f.code, f.line) for f in lint_source(src)] == [("DDP005", 9)]
+    # Different literal arguments make different calls: the caller's comparison reports.
+    lit = _src("""
+        def training(rank, loader, sync=True):
+            for it, x in enumerate(loader):
+                if sync:
+                    dist.all_reduce(x)
+
+        def main_worker(rank, loader):
+            if rank == 0:
+                training(rank, loader)
+            else:
+                training(rank, loader, sync=False)
+        """)
+    assert [(f.code, f.line) for f in lint_source(lit)] == [("DDP005", 12)]
+
+
+def test_a_divergence_is_reported_past_the_collective_both_reach() -> None:
+    # Rank 0 all-reduces inline and then waits in a barrier; the others all-reduce inside a
+    # helper: the all_reduce is shared, the barrier is where they part.
+    src = _src("""
+        def sync(t):
+            dist.all_reduce(t)
+
+        def step(t, rank):
+            if rank == 0:
+                dist.all_reduce(t)
+                dist.barrier()
+            else:
+                sync(t)
+        """)
+    [f] = lint_source(src)
+    assert (f.code, f.line) == ("DDP005", 11) and "barrier()" in f.message
+
+
+def test_a_left_out_parameter_takes_its_literal_default() -> None:
+    src = _src("""
+        def gather_stats(t, sync=False):
+            if sync:
+                dist.all_reduce(t)
+            return t
+
+        def log(t, rank):
+            if rank == 0:
+                print(gather_stats(t))
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("gather_stats(t))",
+                                                    "gather_stats(t, sync=True))"))] == ["DDP005"]
+
+
+def test_no_grad_around_the_call_covers_the_helpers_forward() -> None:
+    src = _src("""
+        def evaluate(model, val):
+            return model(val).mean()
+
+        def train(model, loader, val, rank):
+            model = DDP(model, device_ids=[rank])
+            for step, x in enumerate(loader):
+                model(x).sum().backward()
+                if rank == 0 and step % 100 == 0:
+                    with torch.no_grad():
+                        evaluate(model, val)
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("with torch.no_grad():", "if True:"))] == [
+        "DDP006"]
+
+
+RESUME = _src("""
+    def main(rank, resume):
+        dist.init_process_group("nccl")
+        model = torch.nn.Linear(2, 2).cuda()
+        if resume:
+            sd = torch.load(resume, map_location="cpu")
+            sd = {k.replace("module.", ""): v for k, v in sd.items()}
+            model.load_state_dict(sd)
+        model = DDP(model, device_ids=[rank])
+        if rank == 0:
+            torch.save(model.state_dict(), "final.pth")
+    """)
+
+
+def test_a_resume_that_strips_the_prefix_reads_a_wrapper_checkpoint() -> None:
+    assert [f.code for f in lint_source(RESUME)] == []
+    for strip in ('{k[7:]: v for k, v in sd.items()}',
+                  '{k.removeprefix("module."): v for k, v in sd.items()}'):
+        src = RESUME.replace('{k.replace("module.", ""): v for k, v in sd.items()}', strip)
+        assert [f.code for f in lint_source(src)] == [], strip
+    plain = RESUME.replace('        sd = {k.replace("module.", ""): v for k, v in sd.items()}\n',
+                           "")
+    assert [f.code for f in lint_source(plain)] == ["DDP008"]
+
+
+def test_the_bare_arm_of_a_wrap_test_saves_the_bare_model() -> None:
+    src = RESUME.replace('        sd = {k.replace("module.", ""): v for k, v in sd.items()}\n',
+                         "").replace(
+        'torch.save(model.state_dict(), "final.pth")',
+        'torch.save(model.module.state_dict() if hasattr(model, "module") '
+        'else model.state_dict(), "final.pth")')
+    assert [f.code for f in lint_source(src)] == []
+    flipped = src.replace('if hasattr(model, "module")', "if rank > 1")
+    assert [f.code for f in lint_source(flipped)] == ["DDP008"]
+
+
+GATHER = _src("""
+    from torch.utils.data import DataLoader, DistributedSampler
+    def evaluate(model, val_set):
+        loader = DataLoader(val_set, batch_size=8, sampler=DistributedSampler(val_set))
+        preds = torch.cat([model(x) for x in loader])
+        out = [torch.zeros_like(preds) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, preds)
+        return torch.stack(out, 1).flatten(0, 1)[:len(val_set)].mean()
+    """)
+
+
+def test_gathered_results_cut_back_to_the_dataset_length_drop_the_padding() -> None:
+    assert [f.code for f in lint_source(GATHER)] == []
+    assert [f.code for f in lint_source(GATHER.replace("[:len(val_set)]", ""))] == ["DDP020"]
+
+
+def test_no_grad_around_a_method_call_covers_its_forward_of_self_model() -> None:
+    src = _src("""
+        class Trainer:
+            def __init__(self, model, rank):
+                self.model = DDP(model, device_ids=[rank])
+                self.rank = rank
+
+            def evaluate(self, val):
+                return self.model(val).mean()
+
+            def fit(self, loader, val):
+                for step, x in enumerate(loader):
+                    self.model(x).sum().backward()
+                    if self.rank == 0 and step % 100 == 0:
+                        with torch.no_grad():
+                            self.evaluate(val)
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("with torch.no_grad():", "if True:"))] == [
+        "DDP006"]

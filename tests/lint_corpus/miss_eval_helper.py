@@ -1,5 +1,8 @@
 # Our fixture (issue 13): rank-0-only evaluation through the DDP wrapper, hidden in a helper
-# that reads the module-level model (nanoGPT's estimate_loss pattern).
+# that reads the module-level model (nanoGPT's estimate_loss pattern), here with gradients on:
+# rank 0's extra forward syncs the buffers once more than the others ever do. (nanoGPT's own
+# helper runs under no_grad: its one broadcast pairs with the others' next training forward
+# and nothing hangs; issue 20's sixth round, measured on two gloo ranks by two reviewers.)
 import os
 
 import torch
@@ -14,7 +17,6 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to(ddp_local
 model = DDP(model, device_ids=[ddp_local_rank])
 
 
-@torch.no_grad()
 def estimate_loss():
     model.eval()
     out = model(torch.randn(4, 8)).mean()  # expect: DDP006

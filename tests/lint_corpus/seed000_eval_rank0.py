@@ -1,7 +1,10 @@
 # ruff: noqa  (test data for ddpguard lint: kept as the seeds wrote it)
 # Seed 000's hang (epoch 1 fine, stuck at the start of epoch 2): its setup with validation run
-# on rank 0 only, through the DDP wrapper (reconstructed from the post's description; the
-# post's fix broadcast_buffers=False only hides it).
+# on rank 0 only, through the DDP wrapper, while the other ranks wait in a barrier
+# (reconstructed from the post's description; the post's fix broadcast_buffers=False only
+# hides it). Rank 0's first forward after training broadcasts the buffers; the barrier is
+# another collective, so the two never match. (Without the barrier a no_grad forward's one
+# broadcast would pair with the others' next training forward.)
 import os
 
 import torch
@@ -31,4 +34,5 @@ def main(cfg, train_set, val_loader, net):
             validate(model, val_loader)
             with torch.no_grad():
                 out = model(x)
+        dist.barrier()
     dist.destroy_process_group()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 NAME = "lint"
@@ -48,11 +49,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
     findings = lint_paths(args.paths, selection, jobs=args.jobs)
     if args.format == "json":
-        print(render_json(findings))
+        text = render_json(findings)
     elif args.format == "sarif":
-        print(render_sarif(findings, __version__))
+        text = render_sarif(findings, __version__)
     else:
-        print(render_text(findings, len(files)))
+        text = render_text(findings, len(files))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # `ddpguard lint src | head`: the reader has what it wanted; no traceback, and none
+        # at exit either when Python flushes the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.exit_zero:
         return 0
     return 1 if any(f.severity in ("error", "warning") for f in findings) else 0

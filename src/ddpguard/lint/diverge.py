@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -94,41 +95,60 @@ def _coarse(it: Item) -> tuple[object, ...]:
 
 
 def _pairable(x: Item, y: Item) -> bool:
-    """The same branch or loop, or the same call site, as the two classes see it."""
-    return x.kind == y.kind and x.site == y.site and x.kind != "ev" and \
-        (x.kind != "call" or x.name == y.name)
+    """The same branch or loop as the two classes see it, or a call of the same function
+    with the same literal arguments (from one site, or from the two arms of a rank test:
+    `if rank == 0: training(rank) else: training(rank)`): what differs inside that callee is
+    its own comparison's to report, once."""
+    if x.kind != y.kind or x.kind == "ev":
+        return False
+    if x.kind == "call":
+        return x.name == y.name and x.args == y.args
+    return x.site == y.site
 
 
 def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence],
-          here: str = "") -> None:
+          here: str = "", then_a: Seq = (), then_b: Seq = ()) -> None:
+    """`then_a`/`then_b`: what each class runs once its sequence is done, as far as this
+    comparison knows it (after a loop body: that body again, the next iteration). Only the
+    forward-under-no_grad judgement reads them."""
     if [i.key for i in sa] == [i.key for i in sb]:
         return
     ka, kb = [_coarse(i) for i in sa], [_coarse(i) for i in sb]
     sm = SequenceMatcher(None, ka, kb, autojunk=False)
+
+    def pair(i: int, j: int) -> None:
+        x, y = sa[i], sb[j]
+        if x.key == y.key or x.kind == "call" or len(x.arms) != len(y.arms):
+            return  # a call both classes make: the callee's own comparison
+        for ax, ay in zip(x.arms, y.arms, strict=True):
+            na, nb = (ax, ay) if x.kind == "loop" else (sa[i + 1:] + then_a,
+                                                         sb[j + 1:] + then_b)
+            _diff(ax, ay, ca, cb, out, here, na, nb)
+
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
-        a, b = sa[i1:i2], sb[j1:j2]
         if tag == "equal":
-            for x, y in zip(a, b, strict=True):
-                if x.key == y.key or x.kind == "call":
-                    continue  # a call both classes make: the callee's own comparison
-                if len(x.arms) == len(y.arms):
-                    for ax, ay in zip(x.arms, y.arms, strict=True):
-                        _diff(ax, ay, ca, cb, out, here)
+            for t in range(i2 - i1):
+                pair(i1 + t, j1 + t)
             continue
-        if tag == "replace" and len(a) == len(b) and all(map(_pairable, a, b)):
-            for x, y in zip(a, b, strict=True):
-                if x.kind != "call" and len(x.arms) == len(y.arms):
-                    for ax, ay in zip(x.arms, y.arms, strict=True):
-                        _diff(ax, ay, ca, cb, out, here)
-            continue  # a call both classes make: the callee's own comparison
-        if tag == "replace":
-            _report(a, b, sa[i2:], sb[j2:], ca, cb, out, here)
+        # The same branch, loop or call at either end of a changed stretch (a helper called
+        # in both arms, then one more collective on one side) pairs up; what is left parts.
+        while i1 < i2 and j1 < j2 and _pairable(sa[i1], sb[j1]):
+            pair(i1, j1)
+            i1, j1 = i1 + 1, j1 + 1
+        while i1 < i2 and j1 < j2 and _pairable(sa[i2 - 1], sb[j2 - 1]):
+            pair(i2 - 1, j2 - 1)
+            i2, j2 = i2 - 1, j2 - 1
+        a, b = sa[i1:i2], sb[j1:j2]
+        if a and b:
+            _report(a, b, sa[i2:], sb[j2:], ca, cb, out, here, then_a, then_b)
             continue
         for k, it in enumerate(a or b):
             if a:
-                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out, here)
+                _report((it,), (), sa[i1 + k + 1:], sb[j1:], ca, cb, out, here, then_a,
+                        then_b)
             else:
-                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out, here)
+                _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out, here, then_a,
+                        then_b)
 
 
 def _exclusive(info: ModuleInfo, root: Func | None, line: int, site: int) -> bool:
@@ -321,7 +341,7 @@ def _line(it: Item, via: tuple[int, ...]) -> int:
 
 
 def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
-            out: list[Divergence], here: str = "") -> None:
+            out: list[Divergence], here: str = "", then_a: Seq = (), then_b: Seq = ()) -> None:
     ea, eb = _first(a, _OPS), _first(b, _OPS)
     if (ea is None and eb is None) or ops(a) == ops(b):
         # Nothing to wait on, or the same collectives through different lines (the send and
@@ -358,11 +378,18 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         rest_a, rest_b = (), ()
     if ea is None:
         ea, eb, a, b, rest_b, ca, cb = eb, None, b, a, rest_a, cb, ca
+        then_b = then_a
     assert ea is not None
     it, via = ea
     ev = it.ev
     assert ev is not None
     code = "DDP005" if ev.kind == "coll" else "DDP006"
+    if code == "DDP006" and _no_grad(a, it) and _pairs_with_a_forward(eb, b, rest_b, k,
+                                                                       then_b):
+        # A forward under no_grad syncs the buffers once at most (the flag it clears skips
+        # that class's next sync), and the other ranks' next forward makes the same
+        # broadcast: the counts meet. Only another collective on the other side hangs.
+        return
     if eb is not None:
         other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb, here)} instead"
         other_line = _line(*eb)
@@ -385,6 +412,38 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
     out.append(Divergence(code, _line(it, via),
                           f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
                           other_line))
+
+
+def _no_grad(seq: Seq, target: Item) -> bool:
+    """`target` (a forward) runs under `torch.no_grad()`: its own line, or a call on the way
+    down to it, sits in such a block or a function so decorated."""
+    for it in seq:
+        if it is target:
+            return bool(it.ev is not None and it.ev.no_grad)
+        for arm in it.arms:
+            if any(x is target for x in _walk(arm)):
+                return it.no_grad or _no_grad(arm, target)
+    return False
+
+
+def _walk(seq: Seq) -> Iterator[Item]:
+    for it in seq:
+        yield it
+        for arm in it.arms:
+            yield from _walk(arm)
+
+
+def _pairs_with_a_forward(eb: tuple[Item, tuple[int, ...]] | None, b: Seq, rest_b: Seq,
+                          k: int, then_b: Seq) -> bool:
+    """What the other class waits in next is a forward of the wrapper: in its own arm, after
+    the branch, or at the start of the loop's next iteration. (After the last iteration the
+    broadcast may find no partner; that is left to the guard at run time.)"""
+    if eb is not None:
+        nxt: tuple[Item, tuple[int, ...]] | None = eb
+    else:
+        nxt = (_first(b, _OPS) if not k else None) or _first(rest_b, _OPS) or \
+            _first(then_b, _OPS)
+    return nxt is not None and nxt[0].ev is not None and nxt[0].ev.kind == "fwd"
 
 
 def explain(info: ModuleInfo, func: Func | None = None) -> str:

@@ -29,6 +29,8 @@ class Item:
     name: str = ""
     cond: Cond = None              # the rank test (and its value) that chose this item's arm
     via: tuple[int, ...] = ()      # call sites from the compared function down to the event
+    args: tuple[tuple[str, object], ...] = ()   # a call's literal arguments (its callee's tests)
+    no_grad: bool = False          # a call made under `torch.no_grad()`
 
 
 Seq = tuple[Item, ...]
@@ -158,8 +160,10 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
                     and it.ev.kind == "yield"), len(seq))
         pre, post = seq[:cut], seq[cut + 1:]
     # Kept even when empty: a call both classes make must align, whatever the callee does.
+    args = tuple(sorted(passed, key=lambda p: p[0]))
     out.append(Item(("i", n.site, fn.name, tuple(i.key for i in pre)), "call",
-                    arms=(pre,), site=n.site, name=fn.name, cond=cond))
+                    arms=(pre,), site=n.site, name=fn.name, cond=cond, args=args,
+                    no_grad=n.no_grad))
     if n.ctx_body is not None:
         body, ex = _block(info, n.ctx_body, cls, stack, writes, cond, consts)
         out.extend(body)
@@ -167,7 +171,8 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
             return ex
         if post:
             out.append(Item(("i", n.site, fn.name + ".exit", tuple(i.key for i in post)),
-                            "call", arms=(post,), site=n.site, name=fn.name, cond=cond))
+                            "call", arms=(post,), site=n.site, name=fn.name, cond=cond,
+                            args=args, no_grad=n.no_grad))
     return callee.exit if callee.exit in ("raise", "exit") else None
 
 
@@ -208,8 +213,8 @@ def _rebind(seq: Seq, n: CallN) -> Seq:
             b = n.bind.get(ev.op)
             if b is None:
                 continue
-            new = Ev("fwd", "forward", n.site, b[1]) if b[0] == "ddp" else \
-                Ev("pcall", b[1], n.site)
+            new = Ev("fwd", "forward", n.site, b[1], no_grad=ev.no_grad or n.no_grad) \
+                if b[0] == "ddp" else Ev("pcall", b[1], n.site, no_grad=ev.no_grad or n.no_grad)
             out.append(Item(_ev_key(new), "ev", new, cond=it.cond))
         elif it.kind == "ev" and ev is not None and ev.kind == "yield" and n.ctx_body is None:
             continue
@@ -219,7 +224,8 @@ def _rebind(seq: Seq, n: CallN) -> Seq:
             key: tuple[object, ...] = ("a", *keys) if it.kind == "alt" else \
                 ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
             if any(arms):
-                out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via))
+                out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via,
+                                it.args, it.no_grad))
         else:
             out.append(it)
     return tuple(out)

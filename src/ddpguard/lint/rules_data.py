@@ -521,8 +521,9 @@ _KEYED_WRITES = {"index_copy_", "index_copy", "index_put_", "index_put", "unique
 
 def _keyed_by_index(info: ModuleInfo, fn: Func) -> bool:
     """The gathered results are stored by sample index (`features.index_copy_(0, index_all,
-    ...)`, `preds[ids] = ...`) or deduplicated (`torch.unique`): a repeated sample lands on
-    its own row again and is not counted twice (DINO's `extract_features`)."""
+    ...)`, `preds[ids] = ...`), deduplicated (`torch.unique`) or cut back to the dataset's
+    length (`[:len(dataset)]`): a repeated sample lands on its own row again, or is dropped,
+    and is not counted twice (DINO's `extract_features`, mmcv's `collect_results`)."""
     memo: dict[int, bool] = info._memo.setdefault(("keyed", 0), {})  # type: ignore[assignment]
     hit = memo.get(id(fn))
     if hit is None:
@@ -530,8 +531,25 @@ def _keyed_by_index(info: ModuleInfo, fn: Func) -> bool:
             isinstance(n, ast.Call) and info.callee_last(n) in _KEYED_WRITES
             or isinstance(n, ast.Assign) and any(
                 isinstance(t, ast.Subscript) and _index_like(t.slice) for t in n.targets)
+            or isinstance(n, ast.Subscript) and _cut_to_length(n.slice)
             for n in ast.walk(fn))
     return hit
+
+
+def _cut_to_length(node: ast.expr) -> bool:
+    """`[:len(dataset)]`, `[:size]`, `[: args.num_samples]`: gathered results cut back to the
+    dataset's length, which drops the padding the sampler added at the end."""
+    if not isinstance(node, ast.Slice) or node.lower is not None or node.step is not None \
+            or node.upper is None:
+        return False
+    for n in ast.walk(node.upper):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len":
+            return True
+        name = (dotted(n) or "").rsplit(".", 1)[-1].lower() \
+            if isinstance(n, ast.Name | ast.Attribute) else ""
+        if name and any(h in name for h in ("size", "num_samples", "total", "length", "n_samples")):
+            return True
+    return False
 
 
 def _index_like(node: ast.expr) -> bool:

@@ -28,7 +28,7 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
     `module.*`) is saved, and the same module loads a checkpoint strictly into an unwrapped
     model (before the wrap, or `model.module`) under the key it was saved with."""
     ddp = info.ddp_names()
-    if not ddp:
+    if not ddp or _strips_prefix(info):
         return
     loads = _unwrapped_strict_loads(info, ddp)
     if not loads:
@@ -44,7 +44,7 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
                 owner = dotted(node.func.value)  # type: ignore[attr-defined]
                 if owner not in ddp or node.lineno <= ddp[owner] or id(node) in seen:
                     continue
-                if _unwrapped_here(info, owner, node):
+                if _unwrapped_here(info, owner, node) or _wrap_tested(root, node):
                     continue
                 # The load must read this model back: the same dict key, or (no key) the
                 # same model under one of its names (`net`, `model.module`, `model`).
@@ -76,6 +76,40 @@ def _model_names(info: ModuleInfo, owner: str) -> set[str]:
     names.update(n for n, vals in info.assigns.items() if any(dotted(v) == inner
                                                                for _, v in vals))
     return names
+
+
+_PREFIX_CALLS = {"replace", "removeprefix", "lstrip", "sub", "startswith", "split",
+                 "consume_prefix_in_state_dict_if_present"}
+
+
+def _strips_prefix(info: ModuleInfo) -> bool:
+    """The script handles the `module.` prefix itself somewhere (`k.replace("module.", "")`,
+    `k[7:]`, `consume_prefix_in_state_dict_if_present`, `re.sub("^module.", ...)`): its resume
+    reads a wrapper's checkpoint, so no saved state_dict is a finding."""
+    hit = info._memo.get(("strips_prefix", 0))
+    if hit is None:
+        hit = any(r.last == "consume_prefix_in_state_dict_if_present" or (
+            r.last in _PREFIX_CALLS and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and a.value.lstrip("^").startswith("module") for a in r.node.args))
+            for r in info.calls) or any(
+            isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice)
+            and isinstance(n.slice.lower, ast.Constant) and n.slice.lower.value == 7
+            and n.slice.upper is None for n in ast.walk(info.tree))
+        info._memo[("strips_prefix", 0)] = hit
+    return bool(hit)
+
+
+def _wrap_tested(root: ast.AST, node: ast.Call) -> bool:
+    """`m.module.state_dict() if is_parallel(m) else m.state_dict()`: the arm that runs when
+    the model is not wrapped (a test of `isinstance(m, DDP)`, `hasattr(m, "module")`,
+    `is_parallel(m)`) saves the bare model."""
+    for n in ast.walk(root):
+        if isinstance(n, ast.IfExp) and any(sub is node for sub in ast.walk(n.orelse)):
+            text = ast.unparse(n.test).lower()
+            if any(h in text for h in ("parallel", "module", "ddp", "distributed")):
+                return True
+    return False
 
 
 def _unwrapped_here(info: ModuleInfo, owner: str, node: ast.Call) -> bool:

@@ -51,11 +51,12 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
         isinstance(k.value, ast.Constant) and k.value.value is False
         for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
         for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
-    tail = ("; DDP broadcasts the module's buffers (visible in this file) at the start of "
-            "every forward and waits for the other ranks: this forward hangs") if sev == "error" \
-        else ("; if the model has buffers (e.g. BatchNorm) and broadcast_buffers is on, DDP's "
-              "buffer broadcast at the start of every forward waits for the other ranks and "
-              "this forward hangs")
+    tail = ("; DDP broadcasts the module's buffers (visible in this file) before this "
+            "forward and waits for the other ranks, which make no matching broadcast: it hangs") \
+        if sev == "error" else (
+            "; if the model has buffers (e.g. BatchNorm) and broadcast_buffers is on, DDP "
+            "broadcasts them before this forward and waits for the other ranks, which make no "
+            "matching broadcast: it hangs")
     for d in found:
         yield At(d.line), "DDP006", d.message + tail, sev
 

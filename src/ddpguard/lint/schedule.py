@@ -51,6 +51,7 @@ class Ev:
     per_rank: bool = False
     path: str = ""     # the file it is in (a callee may sit in another file)
     names: frozenset[str] = frozenset()   # the plain names a written path is built from
+    no_grad: bool = False   # a forward under `torch.no_grad()` / `inference_mode()`
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ class CallN:
     # callee parameters whose argument here is a per-rank path (`f"best_w{rank}.th"`, or a
     # name assigned one): a write to that parameter writes one file per rank
     per_rank: frozenset[str] = frozenset()
+    no_grad: bool = False   # the call sits under `torch.no_grad()` in the caller
 
 
 class Builder:
@@ -94,12 +96,14 @@ class Builder:
         self.func: Func | None = None
         self.params: set[str] = set()
         self.handles: dict[str, ast.expr] = {}
+        self.no_grad = 0
 
     def tree(self, func: Func | None) -> list[object]:
         key = ("tree", id(func) if func is not None else 0)
         hit = self.info._memo.get(key)
         if hit is None:
             self.func, self.handles = func, {}
+            self.no_grad = int(func is not None and any(_grad_off(d) for d in func.decorator_list))
             self.params = params_of(func) if func is not None else set()
             self.by_stmt = {}
             for rec in self.by_func.get(key[1], ()):
@@ -145,7 +149,10 @@ class Builder:
             for item in s.items:
                 if isinstance(item.optional_vars, ast.Name):
                     self.handles[item.optional_vars.id] = item.context_expr
+            off = any(_grad_off(item.context_expr) for item in s.items)
+            self.no_grad += off
             body = self.block(s.body)
+            self.no_grad -= off
             ctx = [n for n in out[start:] if isinstance(n, CallN)]
             if ctx and is_generator(*ctx[-1].target):
                 ctx[-1].ctx_body = body
@@ -191,9 +198,9 @@ class Builder:
             else dotted(f)
         if target is not None:
             if target in self.ddp and self.wrapped_before(target, line):
-                return Ev("fwd", "forward", line, target)
+                return Ev("fwd", "forward", line, target, no_grad=self.no_grad > 0)
             if target in self.params and target not in ("self", "cls") and self.ddp:
-                return Ev("pcall", target, line)
+                return Ev("pcall", target, line, no_grad=self.no_grad > 0)
         last = rec.last
         if last in _EXIT_LASTS or last in WRITE_LASTS:
             qual = rec.qual or info.qualify(f) or ""
@@ -212,7 +219,8 @@ class Builder:
             return None
         call = CallN(line, target_fn, self.bind(rec, target_fn[1]),
                      consts=self.consts(rec, target_fn), per_rank=self.per_rank_args(rec,
-                                                                             target_fn[1]))
+                                                                             target_fn[1]),
+                     no_grad=self.no_grad > 0)
         level = rank_only(target_fn[1])
         if level:
             # `@main_process def save(...)`: the body runs on the leader alone
@@ -285,6 +293,10 @@ class Builder:
         (`self.model`) cross methods."""
         root = name.split(".", 1)[0]
         if "." in name:
+            if root in ("self", "cls"):
+                # wrapped in another method (`__init__`, `setup`) or earlier in this one
+                return any(w.func is not self.func or w.node.lineno < line
+                           for w in self.info.ddp_wraps(name)) or line > self.ddp[name]
             return line > self.ddp[name] and root not in self.params
         here = self.func
         for w in self.info.ddp_wraps(name):
@@ -365,6 +377,18 @@ STUB = "raise NotImplementedError"
 _MEMO_DECORATORS = {"cache", "lru_cache", "cached", "memoize", "memoized", "cached_property"}
 _LEADER_TEST = {GLOBAL: ast.Call(ast.Name("is_main_process", ast.Load()), [], []),
                 LOCAL: ast.Call(ast.Name("is_local_main_process", ast.Load()), [], [])}
+
+
+def _grad_off(node: ast.expr) -> bool:
+    """`torch.no_grad()`, `torch.inference_mode()`, `torch.set_grad_enabled(False)` (as a
+    context or a decorator)."""
+    call = node if isinstance(node, ast.Call) else None
+    name = dotted(call.func if call is not None else node) or ""
+    last = name.rsplit(".", 1)[-1]
+    if last in ("no_grad", "inference_mode"):
+        return True
+    return last == "set_grad_enabled" and call is not None and bool(call.args) and \
+        isinstance(call.args[0], ast.Constant) and call.args[0].value is False
 
 
 def _stub(exc: ast.expr | None) -> bool:
