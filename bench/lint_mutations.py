@@ -103,6 +103,15 @@ M = [
  ("the unwrapped arm of a wrap test", "rules_model.py", " or _wrap_tested(root, node):", ":"),
  ("truncated gathers drop the padding", "rules_data.py", "            or isinstance(n, ast.Subscript) and _cut_to_length(n.slice)\n", "\n"),
  ("self.model wrapped in another method", "schedule.py", "            if root in (\"self\", \"cls\"):", "            if False:"),
+ ("an attribute of self known on the path", "projection.py", "            fact = _fact(n.test) if not n.split else None", "            fact = None"),
+ ("facts passed to methods of self", "projection.py", "    if n.via_self:\n", "    if False:\n"),
+ ("a method of an instance of this file's class", "context.py", "            return self.instance_methods(rec) if self.classes else []", "            return []"),
+ ("an instance method's call site guards it", "walker.py", "                info.instance_methods(rec) if rec.callee == \"\" and info.classes else ():", "                ():"),
+ ("a rank read from a config by key", "provenance.py", "    return env_level(key) or (name_level(key) if key.islower() else NONE)", "    return env_level(key)"),
+ ("a single-process flag is false in a distributed run", "ranks.py", "    if d is not None and _SINGLE_NAME.search(d.rsplit(\".\", 1)[-1]):\n        return FALSE", "    pass"),
+ ("writes under an undecided rank test are not proven", "projection.py", "            if n.split and not unproven:", "            if False:"),
+ ("is_root predicates", "provenance.py", "leader|root|rank_?0", "leader|rank_?0"),
+ ("apex's DistributedDataParallel is not torch's", "context.py", "        return (last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")) and \\\n            not foreign_ddp(self.qualify(node.func))", "        return last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

@@ -372,3 +372,196 @@ def test_no_grad_around_a_method_call_covers_its_forward_of_self_model() -> None
     assert [f.code for f in lint_source(src)] == []
     assert [f.code for f in lint_source(src.replace("with torch.no_grad():", "if True:"))] == [
         "DDP006"]
+
+
+FLAG = _src("""
+    class Tracker:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def _sync(self, x):
+            if self.cfg.pipelined:
+                dist.all_reduce(x)
+            return x
+
+        def _update(self):
+            self._sync(torch.zeros(1))
+
+        def update(self):
+            if self.cfg.pipelined:
+                self._update()
+            else:
+                if dist.get_rank() == 0:
+                    self._update()
+                dist.barrier()
+    """)
+
+
+def test_an_attribute_of_self_tested_on_the_way_is_known_in_the_methods_it_calls() -> None:
+    # In the `else` arm `self.cfg.pipelined` is false, so the helper's all_reduce is not
+    # reached there: rank 0's extra call does nothing the others wait on.
+    assert [f.code for f in lint_source(FLAG)] == []
+    # Another flag in the helper stays unknown: rank 0 may all-reduce alone.
+    other = FLAG.replace("        if self.cfg.pipelined:\n            dist.all_reduce(x)",
+                         "        if self.cfg.summed:\n            dist.all_reduce(x)")
+    assert [f.code for f in lint_source(other)] == ["DDP005"]
+
+
+ENGINE = _src("""
+    import os
+
+    class Engine:
+        def __init__(self, model):
+            self.model = model
+
+        def save(self):
+            torch.save(self.model.state_dict(), "model.pth")
+
+    def main(model):
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("nccl")
+        trainer = Engine(model)
+        for epoch in range(10):
+            if rank == 0:
+                trainer.save()
+
+    if __name__ == "__main__":
+        main(torch.nn.Linear(2, 2))
+    """)
+
+
+def test_a_method_called_on_an_instance_of_a_class_of_this_file() -> None:
+    # `trainer = Engine(...)`: `trainer.save()` runs Engine.save, here on rank 0 only.
+    assert [f.code for f in lint_source(ENGINE)] == []
+    every = ENGINE.replace("        if rank == 0:\n            trainer.save()",
+                           "        trainer.save()")
+    assert [f.code for f in lint_source(every)] == ["DDP007"]
+
+
+CONFIG = _src("""
+    class Trainer:
+        def __init__(self, config, model):
+            self.config, self.model = config, model
+
+        def save(self, path):
+            if not self.config["single_spec"] and self.config["local_rank"] != 0:
+                return
+            torch.save(self.model.state_dict(), path)
+
+        def fit(self, loader, path):
+            for x in loader:
+                self.model(x).sum().backward()
+            self.save(path)
+
+    def main(config, model, loader):
+        dist.init_process_group("nccl")
+        Trainer(config, model).fit(loader, "ckpt.pth")
+
+    if __name__ == "__main__":
+        main({}, torch.nn.Linear(2, 2), [])
+    """)
+
+
+def test_a_rank_read_from_a_config_by_key_and_a_single_process_flag() -> None:
+    # `config["local_rank"]` is the local rank; `not config["single_spec"]` holds in a
+    # distributed run: ranks > 0 leave before the save.
+    assert [f.code for f in lint_source(CONFIG)] == []
+    unknown = CONFIG.replace('self.config["single_spec"]', 'self.config["fast"]')
+    # An unknown conjunct beside the rank test: the ranks > 0 may or may not leave, so the
+    # save is not proven to run on every rank either.
+    assert [f.code for f in lint_source(unknown)] == []
+    assert [f.code for f in lint_source(CONFIG.replace(
+        '        if not self.config["single_spec"] and self.config["local_rank"] != 0:\n'
+        "            return\n", ""))] == ["DDP007"]
+
+
+def test_an_is_root_predicate_tests_the_rank() -> None:
+    src = _src("""
+        def save_model(backend, obj, path):
+            if not backend.is_root_worker():
+                return
+            torch.save(obj, path)
+
+        def main(backend, obj):
+            dist.init_process_group("nccl")
+            save_model(backend, obj, "dalle.pt")
+
+        if __name__ == "__main__":
+            main(None, {})
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("is_root_worker", "is_ready"))] == [
+        "DDP007"]
+
+
+def test_apex_ddp_forwards_make_no_collective() -> None:
+    src = """import torch
+import torch.distributed as dist
+from apex.parallel import DistributedDataParallel as DDP
+
+
+def train(g, loader, val, rank):
+    g = DDP(g)
+    for x in loader:
+        g(x).sum().backward()
+    if rank == 0:
+        g(val)
+    dist.barrier()
+"""
+    assert [f.code for f in lint_source(src)] == []
+    torch_ddp = src.replace("from apex.parallel import", "from torch.nn.parallel import")
+    assert [f.code for f in lint_source(torch_ddp)] == ["DDP006"]
+
+
+def test_a_collective_in_a_method_of_an_instance_runs_where_the_call_does() -> None:
+    src = _src("""
+        class Syncer:
+            def sync(self, t):
+                dist.all_reduce(t)
+
+        def step(t, rank):
+            syncer = Syncer()
+            if rank == 0:
+                syncer.sync(t)
+        """)
+    assert [f.code for f in lint_source(src)] == ["DDP005"]
+
+
+def test_an_instance_method_called_on_the_local_rank_0_writes_once_per_node() -> None:
+    src = ENGINE.replace('rank = int(os.environ["RANK"])', 'rank = int(os.environ["LOCAL_RANK"])'
+                         ).replace('dist.init_process_group("nccl")',
+                                   'dist.init_process_group("nccl")\n'
+                                   '    print(os.environ["NODE_RANK"])')
+    assert [f.code for f in lint_source(src)] == ["DDP017"]
+
+
+def test_a_single_process_arm_is_never_taken_in_a_distributed_run() -> None:
+    src = _src("""
+        def log(config, t, rank):
+            if rank == 0:
+                if config["single_spec"]:
+                    dist.barrier()
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace('config["single_spec"]',
+                                                    'config["sync"]'))] == ["DDP005"]
+
+
+def test_a_load_in_an_instance_method_called_on_rank_0_only_is_guarded() -> None:
+    # DDP010 (off by default) skips loads that only rank 0 makes: the guard of the call
+    # site `if rank == 0: engine.restore()` reaches the method.
+    src = _src("""
+        class Engine:
+            def restore(self, path):
+                return torch.load(path, weights_only=True)
+
+        def main(path, rank):
+            dist.init_process_group("nccl")
+            engine = Engine()
+            if rank == 0:
+                engine.restore(path)
+        """)
+    sel = Selection(extend_select=("DDP010",))
+    assert [f.code for f in lint_source(src, selection=sel)] == []
+    every = src.replace("    if rank == 0:\n        engine.restore(path)", "    engine.restore(path)")
+    assert [f.code for f in lint_source(every, selection=sel)] == ["DDP010"]

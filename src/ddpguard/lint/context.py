@@ -199,7 +199,8 @@ class ModuleInfo:
         if not isinstance(node, ast.Call):
             return False
         last = self.callee_last(node)
-        return last == "DistributedDataParallel" or last.endswith("_DDP")
+        return (last == "DistributedDataParallel" or last.endswith("_DDP")) and \
+            not foreign_ddp(self.qualify(node.func))
 
     def is_ddp_value(self, node: ast.AST) -> bool:
         return any(self.is_ddp_call(v) for v in self.values_of(node))
@@ -217,8 +218,8 @@ class ModuleInfo:
                     if type(value) is not ast.Call:
                         continue
                     last = last_of.get(id(value))
-                    if (last == "DistributedDataParallel" or last.endswith("_DDP")) \
-                            if last is not None else ddp_call(value):
+                    if ((last == "DistributedDataParallel" or last.endswith("_DDP"))
+                            and ddp_call(value)) if last is not None else ddp_call(value):
                         out[name] = min(out.get(name, line), line)
             hit = self._memo[key] = out
         return hit  # type: ignore[return-value]
@@ -261,7 +262,9 @@ class ModuleInfo:
     def local_callees(self, rec: CallRec) -> list[Func]:
         name = rec.callee
         if name is not None:
-            return self.funcs.get(name, []) if name else []
+            if name:
+                return self.funcs.get(name, [])
+            return self.instance_methods(rec) if self.classes else []
         f = rec.node.func
         if isinstance(f, ast.Name):
             return self.funcs.get(f.id, [])
@@ -269,6 +272,21 @@ class ModuleInfo:
                 and f.value.id in ("self", "cls"):
             return self.funcs.get(f.attr, [])
         return []
+
+    def instance_methods(self, rec: CallRec) -> list[Func]:
+        """`trainer.save()` where `trainer = Engine(...)` and Engine is a class of this file:
+        Engine's `save`."""
+        f = rec.node.func
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)):
+            return []
+        key = ("instance", f.value.id, f.attr)
+        hit = self._memo.get(key)
+        if hit is None:
+            classes = {self.callee_last(v) for _, v in self.assigns.get(f.value.id, [])
+                       if isinstance(v, ast.Call)} & set(self.classes)
+            hit = self._memo[key] = [fn for fn in self.funcs.get(f.attr, [])
+                                     if self.func_class.get(fn) in classes] if classes else []
+        return hit  # type: ignore[return-value]
 
     def effective_guard(self, rec: CallRec | LoopRec) -> int:
         if rec.guard:
@@ -279,6 +297,16 @@ class ModuleInfo:
     def rank_level(self, node: ast.AST | None) -> int:
         """GLOBAL/LOCAL when `node` (an if-test) depends on the rank, else NONE."""
         return test_level(self, node)
+
+
+# Wrappers named DistributedDataParallel that are not torch's: apex's makes no collective in
+# its forward (parameters are broadcast once, gradients synced in backward hooks) and has
+# no no_sync.
+_FOREIGN_DDP = ("apex.", "horovod.", "paddle.", "mindspore.", "oneflow.", "jittor.")
+
+
+def foreign_ddp(qual: str | None) -> bool:
+    return qual is not None and qual.startswith(_FOREIGN_DDP)
 
 
 def dominates(first: CallRec, later: CallRec) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .context import Func, ModuleInfo
+from .context import Func, ModuleInfo, dotted
 from .ranks import FALSE, TRUE, UNKNOWN, RankClass, evaluate_test
 from .schedule import MAX_DEPTH, CallN, Ev, IfN, LoopN, builder
 
@@ -77,6 +77,22 @@ def project(info: ModuleInfo, func: Func | None, cls: RankClass,
 def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
            writes: list[Write], cond: Cond,
            consts: dict[str, object]) -> tuple[list[Item], str | None]:
+    """The class's items for `nodes`, and the exit that ends them (if one surely does).
+    A write under a rank test this class cannot decide (`if not single and local_rank != 0:
+    return`, `if rank % 8 == 0:`), or after such a test's exit, is not proven to run on this
+    class: it is marked as not shared (DDP007 reports only writes every rank surely makes)."""
+    unproven: list[int] = []
+    out, ex = _items(info, nodes, cls, stack, writes, cond, consts, unproven)
+    if unproven:
+        for i in range(unproven[0], len(writes)):
+            ev, via, _ = writes[i]
+            writes[i] = (ev, via, True)
+    return out, ex
+
+
+def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[int, ...],
+           writes: list[Write], cond: Cond, consts: dict[str, object],
+           unproven: list[int]) -> tuple[list[Item], str | None]:
     out: list[Item] = []
     for n in nodes:
         t = type(n)
@@ -112,8 +128,15 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 if ex:
                     return out, ex
                 continue
-            b, bx = _block(info, n.body, cls, stack, writes, cond, consts)
-            o, ox = _block(info, n.orelse, cls, stack, writes, cond, consts)
+            # A test of an attribute of `self` (`if self.cfg.pipe:`) has one value on a path:
+            # each arm knows it, and so do the methods of `self` it calls.
+            fact = _fact(n.test) if not n.split else None
+            if n.split and not unproven:
+                unproven.append(len(writes))
+            b, bx = _block(info, n.body, cls, stack, writes, cond,
+                           {**consts, fact[0]: fact[1]} if fact else consts)
+            o, ox = _block(info, n.orelse, cls, stack, writes, cond,
+                           {**consts, fact[0]: not fact[1]} if fact else consts)
             kb, ko = tuple(i.key for i in b), tuple(i.key for i in o)
             if kb == ko:
                 out.extend(b)
@@ -149,6 +172,8 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
                 continue
             val = consts[val[1]]
         passed.append((name, val))
+    if n.via_self:
+        passed.extend((k, v) for k, v in consts.items() if k.startswith("self."))
     callee = project(minfo, fn, cls, stack, tuple(sorted(passed, key=lambda p: p[0])))
     writes.extend((ev, (n.site, *via), per_rank or bool(ev.names & n.per_rank))
                   for ev, via, per_rank in callee.writes)
@@ -176,12 +201,23 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
     return callee.exit if callee.exit in ("raise", "exit") else None
 
 
+def _fact(test: ast.expr) -> tuple[str, bool] | None:
+    """`self.x.y` (true in the body) or `not self.x.y` (false in the body)."""
+    positive = True
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, positive = test.operand, not positive
+    d = dotted(test) if isinstance(test, ast.Attribute) else None
+    return (d, positive) if d is not None and d.startswith("self.") else None
+
+
 def _with_consts(info: ModuleInfo, node: ast.expr, cls: RankClass,
                  consts: dict[str, object]) -> int:
     """A test decided by the literals the caller passed, where the rank alone leaves it open:
     `local_rank == 0 and not evaluate` with evaluate=True is false on every rank."""
     if isinstance(node, ast.Name) and node.id in consts:
         return TRUE if consts[node.id] else FALSE
+    if isinstance(node, ast.Attribute) and (d := dotted(node)) is not None and d in consts:
+        return TRUE if consts[d] else FALSE
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         v = _with_consts(info, node.operand, cls, consts)
         return v if v == UNKNOWN else 1 - v

@@ -39,7 +39,7 @@ _PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_ra
                "is_local_master", "is_local_process_zero", "is_local_primary",
                "master_process", "main_process", "is_chief", "is_root_process", "is_rank_0"}
 # Predicates by their shape: `is_master_proc()`, `is_main_rank`, `is_primary_worker` ...
-_PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|chief|leader|rank_?0|rank_zero|"
+_PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|chief|leader|root|rank_?0|rank_zero|"
                            r"global_zero)", re.I)
 
 
@@ -112,6 +112,13 @@ def env_level(key: object) -> int:
     return _ENV.get(key, NONE) if isinstance(key, str) else NONE
 
 
+def key_level(key: object) -> int:
+    """`os.environ["RANK"]`, and a config read by key: `config["local_rank"]`."""
+    if not isinstance(key, str):
+        return NONE
+    return env_level(key) or (name_level(key) if key.islower() else NONE)
+
+
 def value_level(info: RankTable, node: ast.AST) -> int:
     """Level of a value: the rank itself, or anything computed from it."""
     t = type(node)
@@ -131,11 +138,11 @@ def value_level(info: RankTable, node: ast.AST) -> int:
         if last in _PASS_THROUGH and n.args:
             return value_level(info, n.args[0])
         if last in ("get", "getenv") and n.args and isinstance(n.args[0], ast.Constant):
-            return env_level(n.args[0].value)
+            return key_level(n.args[0].value)
         return NONE
     if t is ast.Subscript:
         if isinstance(n.slice, ast.Constant):
-            return env_level(n.slice.value)
+            return key_level(n.slice.value)
         return NONE
     if t is ast.BinOp:
         left = value_level(info, n.left)

@@ -36,6 +36,9 @@ _DESIGNATED = {"dst", "src", "root", "main_rank", "master_rank", "dst_rank", "sr
 # Tests of the launch mode, not of the rank: in a distributed run they hold on every rank.
 _LAUNCH_NAME = re.compile(r"(^|_)(distributed|ddp|multiprocessing_distributed|multi_gpu|"
                           r"is_dist|use_dist|dist_enabled|use_ddp|is_ddp)$", re.I)
+# ... and names that say the run is NOT distributed: false in a distributed run.
+_SINGLE_NAME = re.compile(r"(^|_)(single_spec|single_gpu|single_process|single_device|"
+                          r"non_distributed|not_distributed|no_ddp|no_dist)$", re.I)
 _LAUNCH_CALLS = {"is_initialized", "is_available", "is_dist_avail_and_initialized",
                  "is_distributed", "is_dist_available_and_initialized", "is_torchelastic_launched"}
 _WORLD = re.compile(r"(^|_)(world_size|num_gpus|ngpus|n_gpus|nprocs|num_processes|"
@@ -255,8 +258,13 @@ def launch(info: Table, node: ast.AST | None) -> int:
                                                                           fn(3, c)) else UNKNOWN
         return UNKNOWN
     d = dotted(node)
+    if d is None and isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str):
+        d = node.slice.value  # `config["single_spec"]`
     if d is not None and _LAUNCH_NAME.search(d.rsplit(".", 1)[-1]):
         return TRUE
+    if d is not None and _SINGLE_NAME.search(d.rsplit(".", 1)[-1]):
+        return FALSE
     return UNKNOWN
 
 

@@ -122,7 +122,8 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 if root.name not in used:
                     continue
             done.add(id(ev))
-            how = f" (through the call at line {via[0]})" if via else ""
+            # the call that runs the writing function (a nested helper's call, not `main()`)
+            how = f" (through the call at line {via[-1]})" if via else ""
             yield At(ev.line), "DDP007", (
                 f"rank 0 and the ranks > 0 all reach this {ev.op} of `{ev.text}`{how}: every "
                 "rank writes the same file at once (torn or clobbered, and only one rank's "

@@ -83,6 +83,7 @@ class CallN:
     # name assigned one): a write to that parameter writes one file per rank
     per_rank: frozenset[str] = frozenset()
     no_grad: bool = False   # the call sits under `torch.no_grad()` in the caller
+    via_self: bool = False  # `self.method(...)`: the callee's `self` is the caller's
 
 
 class Builder:
@@ -220,7 +221,9 @@ class Builder:
         call = CallN(line, target_fn, self.bind(rec, target_fn[1]),
                      consts=self.consts(rec, target_fn), per_rank=self.per_rank_args(rec,
                                                                              target_fn[1]),
-                     no_grad=self.no_grad > 0)
+                     no_grad=self.no_grad > 0,
+                     via_self=isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                     and f.value.id == "self")
         level = rank_only(target_fn[1])
         if level:
             # `@main_process def save(...)`: the body runs on the leader alone

@@ -14,6 +14,7 @@ from .context import (
     LoopRec,
     ModuleInfo,
     dotted,
+    foreign_ddp,
 )
 from .provenance import GLOBAL, LOCAL, NONE, rank_only
 
@@ -277,7 +278,8 @@ class Walker:
                     if last == "no_sync":
                         info.no_sync = True
                     elif last == "DistributedDataParallel":
-                        info.wraps_ddp = True  # the same test as ModuleInfo.is_ddp_call
+                        # the same test as ModuleInfo.is_ddp_call
+                        info.wraps_ddp = info.wraps_ddp or not foreign_ddp(info.qualify(f))
                     elif last == "cuda":
                         info.uses_cuda = True
                     elif last == "register_buffer":
@@ -365,9 +367,10 @@ def _guard_functions(info: ModuleInfo) -> None:
     sites: dict[Func, list[CallRec]] = {}
     funcs = info.funcs
     for rec in info.calls:
-        if rec.callee:  # info.local_callees(rec), inlined
-            for fn in funcs.get(rec.callee, ()):
-                sites.setdefault(fn, []).append(rec)
+        # info.local_callees(rec), inlined for the common case
+        for fn in funcs.get(rec.callee, ()) if rec.callee else \
+                info.instance_methods(rec) if rec.callee == "" and info.classes else ():
+            sites.setdefault(fn, []).append(rec)
     for fns in info.funcs.values():
         for fn in fns:
             level = rank_only(fn)
