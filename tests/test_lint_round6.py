@@ -563,5 +563,6 @@ def test_a_load_in_an_instance_method_called_on_rank_0_only_is_guarded() -> None
         """)
     sel = Selection(extend_select=("DDP010",))
     assert [f.code for f in lint_source(src, selection=sel)] == []
-    every = src.replace("    if rank == 0:\n        engine.restore(path)", "    engine.restore(path)")
+    every = src.replace("    if rank == 0:\n        engine.restore(path)",
+                        "    engine.restore(path)")
     assert [f.code for f in lint_source(every, selection=sel)] == ["DDP010"]
