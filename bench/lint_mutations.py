@@ -112,6 +112,8 @@ M = [
  ("writes under an undecided rank test are not proven", "projection.py", "            if n.split and not unproven:", "            if False:"),
  ("is_root predicates", "provenance.py", "leader|root|rank_?0", "leader|rank_?0"),
  ("apex's DistributedDataParallel is not torch's", "context.py", "        return (last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")) and \\\n            not foreign_ddp(self.qualify(node.func))", "        return last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")"),
+ ("a launch flag compared with True", "ranks.py", "        v = launch(info, node.left)\n", "        return UNKNOWN\n"),
+ ("a parallel flag is the launch mode", "ranks.py", "is_ddp|parallel|", "is_ddp|"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

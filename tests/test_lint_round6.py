@@ -566,3 +566,17 @@ def test_a_load_in_an_instance_method_called_on_rank_0_only_is_guarded() -> None
     every = src.replace("    if rank == 0:\n        engine.restore(path)",
                         "    engine.restore(path)")
     assert [f.code for f in lint_source(every, selection=sel)] == ["DDP010"]
+
+
+def test_a_parallel_flag_compared_with_true_is_the_launch_mode() -> None:
+    # `if (parallel == True): if rank == 0: save()  else: save()`: the else arm is the
+    # single-process run, which a distributed run never takes.
+    src = ENGINE.replace("        if rank == 0:\n            trainer.save()\n",
+                         "        if parallel == True:\n"
+                         "            if rank == 0:\n                trainer.save()\n"
+                         "        else:\n            trainer.save()\n"
+                         ).replace("def main(model):", "def main(model, parallel):")
+    assert "parallel == True" in src
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("parallel == True", "parallel == False"))
+            ] == ["DDP007"]

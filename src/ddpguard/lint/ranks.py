@@ -35,7 +35,8 @@ _DESIGNATED = {"dst", "src", "root", "main_rank", "master_rank", "dst_rank", "sr
                "root_rank", "leader", "leader_rank"}
 # Tests of the launch mode, not of the rank: in a distributed run they hold on every rank.
 _LAUNCH_NAME = re.compile(r"(^|_)(distributed|ddp|multiprocessing_distributed|multi_gpu|"
-                          r"is_dist|use_dist|dist_enabled|use_ddp|is_ddp)$", re.I)
+                          r"is_dist|use_dist|dist_enabled|use_ddp|is_ddp|parallel|"
+                          r"parallel_training)$", re.I)
 # ... and names that say the run is NOT distributed: false in a distributed run.
 _SINGLE_NAME = re.compile(r"(^|_)(single_spec|single_gpu|single_process|single_device|"
                           r"non_distributed|not_distributed|no_ddp|no_dist)$", re.I)
@@ -248,6 +249,15 @@ def launch(info: Table, node: ast.AST | None) -> int:
         return UNKNOWN if UNKNOWN in vals else 1 - stop
     if isinstance(node, ast.Call):
         return TRUE if info.callee_last(node) in _LAUNCH_CALLS else UNKNOWN
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and \
+            isinstance(node.comparators[0], ast.Constant) and \
+            isinstance(node.comparators[0].value, bool) and \
+            isinstance(node.ops[0], ast.Eq | ast.Is | ast.NotEq | ast.IsNot):
+        # `parallel == True`, `args.distributed is False`
+        v = launch(info, node.left)
+        flip = (node.comparators[0].value is False) != isinstance(node.ops[0], ast.NotEq
+                                                                   | ast.IsNot)
+        return v if v == UNKNOWN or not flip else 1 - v
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
         c = _const(node.comparators[0])
         if isinstance(c, int) and not isinstance(c, bool) and _is_world(info, node.left):
