@@ -57,7 +57,7 @@ class ModuleInfo:
     funcs: dict[str, list[Func]] = field(default_factory=dict)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     nccl_strings: list[ast.Constant] = field(default_factory=list)
-    subscripts: list[ast.Subscript] = field(default_factory=list)  # x[a:b:c], f(...)[i]
+    subscripts: list[ast.Subscript] = field(default_factory=list)  # x[a:b:c], f(...)[i], k[7:]
     rank_names: dict[str, int] = field(default_factory=dict)   # name -> GLOBAL/LOCAL
     rank_funcs: dict[str, int] = field(default_factory=dict)
     guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
@@ -277,7 +277,8 @@ class ModuleInfo:
         """`trainer.save()` where `trainer = Engine(...)` and Engine is a class of this file:
         Engine's `save`."""
         f = rec.node.func
-        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)):
+        if type(f) is not ast.Attribute or f.attr not in self.funcs \
+                or type(f.value) is not ast.Name:
             return []
         key = ("instance", f.value.id, f.attr)
         hit = self._memo.get(key)

@@ -95,7 +95,7 @@ def _strips_prefix(info: ModuleInfo) -> bool:
             for r in info.calls) or any(
             isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice)
             and isinstance(n.slice.lower, ast.Constant) and n.slice.lower.value == 7
-            and n.slice.upper is None for n in ast.walk(info.tree))
+            and n.slice.upper is None for n in info.subscripts)
         info._memo[("strips_prefix", 0)] = hit
     return bool(hit)
 

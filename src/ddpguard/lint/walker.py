@@ -323,7 +323,9 @@ class Walker:
                 continue
             if t is ast.Subscript:
                 sl = node.slice  # type: ignore[attr-defined]
-                if (type(sl) is ast.Slice and sl.step is not None) \
+                if (type(sl) is ast.Slice and (sl.step is not None or (
+                        # `k[7:]`: a state_dict key stripped of `module.` (DDP008)
+                        type(sl.lower) is Constant and sl.lower.value == 7))) \
                         or type(node.value) is Call:  # type: ignore[attr-defined]
                     info.subscripts.append(node)  # type: ignore[arg-type]
             elif t is ast.Yield or t is ast.YieldFrom:
