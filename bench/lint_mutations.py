@@ -114,6 +114,9 @@ M = [
  ("apex's DistributedDataParallel is not torch's", "context.py", "        return (last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")) and \\\n            not foreign_ddp(self.qualify(node.func))", "        return last == \"DistributedDataParallel\" or last.endswith(\"_DDP\")"),
  ("a launch flag compared with True", "ranks.py", "        v = launch(info, node.left)\n", "        return UNKNOWN\n"),
  ("a parallel flag is the launch mode", "ranks.py", "is_ddp|parallel|", "is_ddp|"),
+ ("an NCCL variable in prose is no setting", "rules_model.py", "        if m and (text.strip() == m.group(0) or text[m.end():m.end() + 1] == \"=\"):", "        if m:"),
+ ("a sampler that moves its own epoch", "rules_data.py", "    if info is not None and _advances_itself(info, info.callee_last(s)):", "    if False:"),
+ ("hvd.rank() is the rank", "provenance.py", "\"get_node_local_rank\": LOCAL, \"rank\": GLOBAL,", "\"get_node_local_rank\": LOCAL,"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

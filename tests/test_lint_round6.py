@@ -580,3 +580,55 @@ def test_a_parallel_flag_compared_with_true_is_the_launch_mode() -> None:
     assert [f.code for f in lint_source(src)] == []
     assert [f.code for f in lint_source(src.replace("parallel == True", "parallel == False"))
             ] == ["DDP007"]
+
+
+def test_an_nccl_variable_named_in_prose_is_no_setting() -> None:
+    src = _src("""
+        import argparse, os
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--debug", help="sets NCCL_BLOCKING_WAIT while debugging")
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src + 'os.environ["NCCL_BLOCKING_WAIT"] = "1"\n')] == [
+        "DDP011"]
+    assert [f.code for f in lint_source(
+        src + 'os.system("NCCL_BLOCKING_WAIT=1 python train.py")\n')] == ["DDP011"]
+
+
+def test_a_sampler_that_moves_its_own_epoch_needs_no_set_epoch() -> None:
+    src = _src("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        class EpochSampler(DistributedSampler):
+            def __iter__(self):
+                self.epoch += 1
+                return super().__iter__()
+
+        def train(ds, model, epochs):
+            loader = DataLoader(ds, sampler=EpochSampler(ds))
+            for epoch in range(epochs):
+                for b in loader:
+                    model(b)
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("self.epoch += 1", "pass"))] == ["DDP001"]
+
+
+def test_other_launchers_spell_the_rank_as_a_call() -> None:
+    src = _src("""
+        import horovod.torch as hvd
+
+        def save(model):
+            if hvd.rank() == 0:
+                torch.save(model.state_dict(), "m.pt")
+
+        def main():
+            dist.init_process_group("nccl")
+            save(torch.nn.Linear(2, 2))
+
+        if __name__ == "__main__":
+            main()
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("hvd.rank() == 0", "hvd.size() == 1"))] == [
+        "DDP007"]

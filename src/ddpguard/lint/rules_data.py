@@ -214,19 +214,37 @@ def _shuffling(samplers: list[ast.Call], info: ModuleInfo | None = None) -> list
     for s in samplers:
         hit = memo.get(id(s))
         if hit is None:
-            hit = memo[id(s)] = _shuffles(s)
+            hit = memo[id(s)] = _shuffles(s, info)
         if hit:
             out.append(s)
     return out
 
 
-def _shuffles(s: ast.Call) -> bool:
+def _shuffles(s: ast.Call, info: ModuleInfo | None = None) -> bool:
     sh = kwarg(s, "shuffle")
     if isinstance(sh, ast.Constant) and sh.value is False:
+        return False
+    if info is not None and _advances_itself(info, info.callee_last(s)):
         return False
     data = s.args[0] if s.args else kwarg(s, "dataset")
     name = (dotted(data) or "").lower() if data is not None else ""
     return not any(h in name for h in _EVAL)
+
+
+def _advances_itself(info: ModuleInfo, name: str) -> bool:
+    """A sampler class of this file that moves its own epoch on outside set_epoch
+    (`self.epoch += 1` in `__iter__`): each pass shuffles anew without a call."""
+    cls = info.classes.get(name)
+    if cls is None:
+        return False
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name != "set_epoch":
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, ast.AugAssign) else []
+                if any(dotted(t) == "self.epoch" for t in targets) and fn.name != "__init__":
+                    return True
+    return False
 
 
 def _msg001(sampler: ast.Call) -> str:

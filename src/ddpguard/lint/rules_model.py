@@ -279,8 +279,11 @@ def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
       'init_process_group(timeout=...)')
 def ddp011(info: ModuleInfo) -> Iterator[Hit]:
     for node in info.nccl_strings:
-        m = _BAD_NCCL.search(str(node.value))
-        if m:
+        text = str(node.value)
+        m = _BAD_NCCL.search(text)
+        # The variable itself (`os.environ["NCCL_BLOCKING_WAIT"]`) or set in a command
+        # (`NCCL_BLOCKING_WAIT=1 python ...`); not prose that names it (a --help text).
+        if m and (text.strip() == m.group(0) or text[m.end():m.end() + 1] == "="):
             yield node, "DDP011", f"{m.group(0)} {_NCCL_FIX[m.group(1)]}"
 
 
