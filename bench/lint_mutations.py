@@ -117,6 +117,7 @@ M = [
  ("an NCCL variable in prose is no setting", "rules_model.py", "        if m and (text.strip() == m.group(0) or text[m.end():m.end() + 1] == \"=\"):", "        if m:"),
  ("a sampler that moves its own epoch", "rules_data.py", "    if info is not None and _advances_itself(info, info.callee_last(s)):", "    if False:"),
  ("hvd.rank() is the rank", "provenance.py", "\"get_node_local_rank\": LOCAL, \"rank\": GLOBAL,", "\"get_node_local_rank\": LOCAL,"),
+ ("a break leaves the loop the others go on with", "diverge.py", "            later = _colls(then) if ex.op == \"break\" else []", "            later = []"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

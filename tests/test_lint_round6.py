@@ -632,3 +632,26 @@ def test_other_launchers_spell_the_rank_as_a_call() -> None:
     assert [f.code for f in lint_source(src)] == []
     assert [f.code for f in lint_source(src.replace("hvd.rank() == 0", "hvd.size() == 1"))] == [
         "DDP007"]
+
+
+EARLY_STOP = _src("""
+    def train(model, loader, rank, epochs, stopper):
+        model = DDP(model, device_ids=[rank])
+        for epoch in range(epochs):
+            for x in loader:
+                model(x).sum().backward()
+            loss = torch.zeros(1)
+            dist.all_reduce(loss)
+            if rank == 0:
+                if stopper(loss):
+                    break
+    """)
+
+
+def test_early_stopping_decided_on_rank_0_leaves_the_others_in_the_next_epoch() -> None:
+    [f] = lint_source(EARLY_STOP)
+    assert f.code == "DDP019" and "next iteration" in f.message
+    # Decided on every rank (the reduced loss), the break is taken by all: nothing to report.
+    assert lint_source(EARLY_STOP.replace("        if rank == 0:\n            if stopper(loss):\n"
+                                          "                break",
+                                          "        if stopper(loss):\n            break")) == []

@@ -346,18 +346,23 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
     if (ea is None and eb is None) or ops(a) == ops(b):
         # Nothing to wait on, or the same collectives through different lines (the send and
         # receive sides of one broadcast in two arms): an exit before them is what can part.
-        for x, cx, side, rest, co in ((_early_exit(a), ca, b, rest_b, cb),
-                                      (_early_exit(b), cb, a, rest_a, ca)):
+        for x, cx, side, rest, co, then in ((_early_exit(a), ca, b, rest_b, cb, then_b),
+                                            (_early_exit(b), cb, a, rest_a, ca, then_a)):
             if x is None or x[0].ev is None or x[0].ev.op in ("yield", STUB):
                 continue
             ex = x[0].ev
             partners = []
-            for it, via in _colls((*side, *rest)):
+            # A `break` leaves the loop the others go on with: their next iteration's
+            # collectives wait too (early stopping decided on rank 0 alone).
+            later = _colls(then) if ex.op == "break" else []
+            now = _colls((*side, *rest))
+            for k, (it, via) in enumerate([*now, *later]):
                 nx = it.ev
                 assert nx is not None
+                when = " in the loop's next iteration" if k >= len(now) else ""
                 partners.append((nx.line, via[0] if via else nx.line, (
                     f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
-                    f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}: "
+                    f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}{when}: "
                     "the ranks still in it wait for ranks that are gone")))
             if partners:
                 line, site, message = partners[0]
