@@ -169,8 +169,10 @@ def discover(paths: Iterable[str | Path]) -> list[Path]:
         p = Path(raw)
         if p.is_dir():
             for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-                out.extend(Path(root) / f for f in sorted(files) if f.endswith(".py"))
+                # `{{cookiecutter.name}}/` folders hold templates, not modules
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and "{{" not in d)
+                out.extend(Path(root) / f for f in sorted(files)
+                           if f.endswith(".py") and "{{" not in f)
         elif p.exists():
             out.append(p)
         else:

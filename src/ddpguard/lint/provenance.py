@@ -134,6 +134,12 @@ def value_level(info: RankTable, node: ast.AST) -> int:
     if t is _Call:
         last = info.callee_last(n)
         if last in _RANK_CALLS:
+            # `device_mesh["tp"].get_local_rank()`: the rank within a mesh dimension (a
+            # subgroup), not the process's rank
+            f = n.func
+            if type(f) is _Attribute and (type(f.value) is ast.Subscript or "mesh" in (
+                    dotted(f.value) or "").lower()):
+                return NONE
             return _RANK_CALLS[last]
         if is_predicate(last) or last in info.rank_funcs:
             return info.rank_funcs.get(last) or name_level(last)

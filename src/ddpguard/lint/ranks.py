@@ -61,6 +61,7 @@ NODE_LEADERS = RankClass("local rank 0 of the other nodes", POS, 0)
 
 
 class Table(RankTable, Protocol):
+    tree: ast.Module
     assigns: dict[str, list[tuple[int, ast.expr]]]
     funcs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]
     _memo: dict[tuple[object, ...], object]
@@ -215,6 +216,10 @@ def _flag(info: Table, d: str, node: ast.AST, cls: RankClass, depth: int) -> int
     last = d.rsplit(".", 1)[-1]
     if is_predicate(last):
         return _predicate(last, cls)
+    if "rank" not in last.lower() and d not in info.rank_names:
+        # `if cfg.mode.gpu:` is a "use the GPU" switch, not local rank 0 being falsy: only a
+        # name that says rank (or was assigned one) is tested for its truth as a rank
+        return launch(info, node)
     val = _rank_value(info, node, cls)
     return _truth(val) if val is not None else launch(info, node)
 
@@ -249,6 +254,11 @@ def launch(info: Table, node: ast.AST | None) -> int:
         return UNKNOWN if UNKNOWN in vals else 1 - stop
     if isinstance(node, ast.Call):
         return TRUE if info.callee_last(node) in _LAUNCH_CALLS else UNKNOWN
+    if isinstance(node, ast.Name) and _module_function(info, node.id):
+        # `not evaluate` where `evaluate` is this file's function, not a parameter or a
+        # variable anywhere: a function object is always true (a shadowing slip in the old
+        # example trainers that disables the barrier under it)
+        return TRUE
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and \
             isinstance(node.comparators[0], ast.Constant) and \
             isinstance(node.comparators[0].value, bool) and \
@@ -276,6 +286,20 @@ def launch(info: Table, node: ast.AST | None) -> int:
     if d is not None and _SINGLE_NAME.search(d.rsplit(".", 1)[-1]):
         return FALSE
     return UNKNOWN
+
+
+def _module_function(info: Table, name: str) -> bool:
+    memo: dict[str, bool] = info._memo.setdefault(  # type: ignore[assignment]
+        ("module_function", 0), {})
+    hit = memo.get(name)
+    if hit is None:
+        fns = info.funcs.get(name, [])
+        hit = memo[name] = bool(fns) and name not in info.assigns and all(
+            not isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) or name not in
+            {a.arg for a in [*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs]}
+            for fs in info.funcs.values() for f in fs) and any(
+            f in info.tree.body for f in fns)
+    return hit
 
 
 def _is_world(info: Table, node: ast.AST) -> bool:
