@@ -118,6 +118,18 @@ M = [
  ("a sampler that moves its own epoch", "rules_data.py", "    if info is not None and _advances_itself(info, info.callee_last(s)):", "    if False:"),
  ("hvd.rank() is the rank", "provenance.py", "\"get_node_local_rank\": LOCAL, \"rank\": GLOBAL,", "\"get_node_local_rank\": LOCAL,"),
  ("a break leaves the loop the others go on with", "diverge.py", "            later = _colls(then) if ex.op == \"break\" else []", "            later = []"),
+ ("a write in another file is reported at this file's call", "rules_rank.py", "            if ev.path and ev.path != info.path and via:", "            if False:"),
+ ("a master field is the leader flag", "provenance.py", "\"is_rank_0\",\n               \"master\"}", "\"is_rank_0\"}"),
+ ("a sampler chosen by a conditional expression", "context.py", "        if isinstance(node, ast.IfExp):\n            # `RandomSampler(d)", "        if False:\n            # `RandomSampler(d)"),
+ ("a loader behind a progress bar of another name", "context.py", "            elif last in _UNWRAP and v.args:  # `bar = tqdm(train_loader)`", "            elif False:"),
+ ("loaders assigned as a tuple", "walker.py", "            if type(value) is ast.Tuple and any(type(g) is ast.Tuple for g in targets):", "            if False:"),
+ ("names resolve in the loop's own function first", "rules_data.py", "        local = [v for line, v in info.assigns.get(node.id, [])\n                 if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]", "        local = []"),
+ ("an evaluation sampler by its name", "rules_data.py", " or any(\n            h in name.lower() for name in _names_of(info, s) for h in _EVAL)):", "):"),
+ ("a module function as a truth value", "ranks.py", "    if isinstance(node, ast.Name) and _module_function(info, node.id):", "    if False:"),
+ ("a gpu switch is no rank", "ranks.py", "    if \"rank\" not in last.lower() and d not in info.rank_names:", "    if False:"),
+ ("a mesh coordinate is no rank", "provenance.py", "            if type(f) is _Attribute and (type(f.value) is ast.Subscript or \"mesh\" in (", "            if False and (type(f.value) is ast.Subscript or \"mesh\" in ("),
+ ("template folders are skipped", "engine.py", "                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and \"{{\" not in d)", "                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)"),
+ ("NCCL_TIMEOUT apart from deprecated names", "rules_model.py", "        if name == \"TIMEOUT\":", "        if True:"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
 ]
 

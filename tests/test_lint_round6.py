@@ -588,11 +588,16 @@ def test_an_nccl_variable_named_in_prose_is_no_setting() -> None:
         parser = argparse.ArgumentParser()
         parser.add_argument("--debug", help="sets NCCL_BLOCKING_WAIT while debugging")
         """)
-    assert [f.code for f in lint_source(src)] == []
-    assert [f.code for f in lint_source(src + 'os.environ["NCCL_BLOCKING_WAIT"] = "1"\n')] == [
-        "DDP011"]
+    sel = Selection(extend_select=("DDP023",))
+    assert [f.code for f in lint_source(src, selection=sel)] == []
+    assert [f.code for f in lint_source(src + 'os.environ["NCCL_BLOCKING_WAIT"] = "1"\n',
+                                        selection=sel)] == ["DDP023"]
     assert [f.code for f in lint_source(
-        src + 'os.system("NCCL_BLOCKING_WAIT=1 python train.py")\n')] == ["DDP011"]
+        src + 'os.system("NCCL_BLOCKING_WAIT=1 python train.py")\n', selection=sel)] == [
+        "DDP023"]
+    # NCCL_TIMEOUT does not exist at all: on by default.
+    assert [f.code for f in lint_source(src + 'os.environ["NCCL_TIMEOUT"] = "60"\n')] == [
+        "DDP011"]
 
 
 def test_a_sampler_that_moves_its_own_epoch_needs_no_set_epoch() -> None:
@@ -655,3 +660,168 @@ def test_early_stopping_decided_on_rank_0_leaves_the_others_in_the_next_epoch() 
     assert lint_source(EARLY_STOP.replace("        if rank == 0:\n            if stopper(loss):\n"
                                           "                break",
                                           "        if stopper(loss):\n            break")) == []
+
+
+def test_a_write_in_another_file_is_reported_at_this_files_call(tmp_path: Path) -> None:
+    (tmp_path / "lib.py").write_text(
+        "import torch\n\n\ndef dump(obj, path):\n    torch.save(obj, path + '/seeds.pth')\n")
+    (tmp_path / "main.py").write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        from lib import dump
+
+
+        def main(obj, path):
+            dist.init_process_group("nccl")
+            dump(obj, path)
+
+
+        if __name__ == "__main__":
+            main(None, "/tmp/out")
+        """))
+    [f] = lint_paths([tmp_path])
+    assert (Path(f.path).name, f.line, f.code) == ("main.py", 8, "DDP007")
+    assert "lib.py:5" in f.message
+
+
+def test_a_master_field_is_the_leader_flag() -> None:
+    src = ENGINE.replace('rank = int(os.environ["RANK"])',
+                         'env = DistEnv(master=dist.get_rank() == 0)').replace(
+        "        if rank == 0:\n", "        if env.master:\n")
+    assert "env.master" in src
+    assert [f.code for f in lint_source(src)] == []
+
+
+HF_STYLE = _src("""
+    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+    from tqdm import tqdm
+
+    def train(args, train_dataset, model, optimizer):
+        train_sampler = RandomSampler(train_dataset) if args.local_rank == -1 \\
+            else DistributedSampler(train_dataset)
+        train_dataloader = DataLoader(train_dataset, sampler=train_sampler, batch_size=8)
+        for epoch in range(int(args.num_train_epochs)):
+            epoch_iterator = tqdm(train_dataloader, desc="Iteration")
+            for step, batch in enumerate(epoch_iterator):
+                model(batch).sum().backward()
+                optimizer.step()
+
+    def evaluate(args, eval_dataset, model):
+        for task in args.tasks:
+            epoch_iterator = tqdm(DataLoader(eval_dataset, batch_size=8))
+            for batch in epoch_iterator:
+                model(batch)
+    """)
+
+
+def test_a_sampler_chosen_by_a_conditional_behind_a_progress_bar() -> None:
+    # The old example trainers: RandomSampler or DistributedSampler, the loader wrapped in
+    # tqdm under another name, and no set_epoch: every epoch repeats the same order.
+    loop = HF_STYLE.splitlines().index("    for epoch in range(int(args.num_train_epochs)):") + 1
+    got = [(f.code, f.line) for f in lint_source(HF_STYLE)]
+    assert got == [("DDP001", loop)]
+    fixed = HF_STYLE.replace('        epoch_iterator = tqdm(train_dataloader, desc="Iteration")\n',
+                             '        train_sampler.set_epoch(epoch)\n'
+                             '        epoch_iterator = tqdm(train_dataloader, desc="Iteration")\n')
+    assert lint_source(fixed) == []
+
+
+def test_names_resolve_in_the_loops_own_function_first() -> None:
+    # evaluate() also names its iterator `epoch_iterator`: its own assignment is the one.
+    got = [(f.code, f.line) for f in lint_source(HF_STYLE)]
+    assert ("DDP001", 18) not in got
+    scoped = _src("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def train(model, train_set, epochs):
+            sampler = DistributedSampler(train_set)
+            loader = DataLoader(train_set, sampler=sampler)
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                for b in loader:
+                    model(b)
+
+        def test(model, sets):
+            for ds in sets:
+                sampler = DistributedSampler(ds, shuffle=False)
+                loader = DataLoader(ds, sampler=sampler)
+                for b in loader:
+                    model(b)
+        """)
+    assert lint_source(scoped) == []
+
+
+def test_loaders_assigned_as_a_tuple() -> None:
+    src = _src("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def train(model, train_set, val_set, epochs):
+            s = DistributedSampler(train_set)
+            train_loader, val_loader = DataLoader(train_set, sampler=s), DataLoader(val_set)
+            for epoch in range(epochs):
+                for b in train_loader:
+                    model(b)
+        """)
+    assert [f.code for f in lint_source(src)] == ["DDP001"]
+
+
+def test_an_evaluation_sampler_by_its_name_needs_no_set_epoch() -> None:
+    src = _src("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def run(model, dataset, rounds):
+            eval_sampler = DistributedSampler(dataset)
+            loader = DataLoader(dataset, sampler=eval_sampler)
+            for r in range(rounds):
+                for b in loader:
+                    model(b)
+        """)
+    assert lint_source(src) == []
+    assert [f.code for f in lint_source(src.replace("eval_sampler", "sampler"))] == ["DDP001"]
+
+
+def test_a_function_of_this_file_used_as_a_truth_value() -> None:
+    # `not evaluate` names the module's evaluate(): always false, the barrier never runs.
+    src = _src("""
+        def evaluate(model):
+            return model
+
+        def load(args, split="train"):
+            if args.local_rank == 0 and not evaluate:
+                dist.barrier()
+            return split
+
+        def log(args):
+            if args.local_rank in [-1, 0]:
+                load(args, split="dev")
+        """)
+    assert lint_source(src) == []
+    # As a parameter (the old example trainers' `evaluate=False`), it is a value.
+    param = src.replace('def load(args, split="train"):', 'def load(args, evaluate=False):'
+                        ).replace('load(args, split="dev")', 'load(args)').replace(
+        "    return split", "    return evaluate")
+    assert {f.code for f in lint_source(param)} == {"DDP005"}
+
+
+def test_a_gpu_switch_and_a_mesh_coordinate_are_no_rank() -> None:
+    src = _src("""
+        def run(cfg, loss):
+            if cfg.mode.gpu:
+                dist.all_reduce(loss)
+
+        def serve(mesh, obj):
+            if mesh["tp"].get_local_rank() == 0:
+                dist.broadcast_object_list(obj, group=mesh["dp"].get_group(), group_src=0)
+        """)
+    assert lint_source(src) == []
+    ranked = src.replace("if cfg.mode.gpu:", "if cfg.mode.rank:").replace(
+        'mesh["tp"].get_local_rank()', "dist.get_rank()")
+    assert [f.code for f in lint_source(ranked)] == ["DDP005", "DDP005"]
+
+
+def test_template_folders_are_not_linted(tmp_path: Path) -> None:
+    t = tmp_path / "{{cookiecutter.name}}"
+    t.mkdir()
+    (t / "train.py").write_text("def f({{cookiecutter.arg}}):\n    pass\n")
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    assert lint_paths([tmp_path]) == []

@@ -100,6 +100,10 @@ class ModuleInfo:
             return []
         if isinstance(node, ast.Call):
             return [node]
+        if isinstance(node, ast.IfExp):
+            # `RandomSampler(d) if args.local_rank == -1 else DistributedSampler(d)`
+            return [*(self.values_of(node.body, depth + 1) or [node.body]),
+                    *(self.values_of(node.orelse, depth + 1) or [node.orelse])]
         d = dotted(node)
         if d is None:
             return []
@@ -189,6 +193,8 @@ class ModuleInfo:
             if last in ("DataLoader", "BatchSampler"):
                 for s in loader_samplers(v, first_arg=last == "BatchSampler"):
                     found.extend(self.samplers_of(s, depth + 1))
+            elif last in _UNWRAP and v.args:  # `bar = tqdm(train_loader)`
+                found.extend(self.samplers_of(v.args[0], depth + 1))
             elif self.is_dist_sampler(v):
                 found.append(v)
         return found

@@ -34,7 +34,9 @@ class Item:
 
 
 Seq = tuple[Item, ...]
-Write = tuple[Ev, tuple[int, ...], bool]
+# a write, the call sites down to it, whether it is one file per rank, and the file of each
+# call site
+Write = tuple[Ev, tuple[int, ...], bool, tuple[str, ...]]
 
 
 @dataclass
@@ -85,8 +87,8 @@ def _block(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
     out, ex = _items(info, nodes, cls, stack, writes, cond, consts, unproven)
     if unproven:
         for i in range(unproven[0], len(writes)):
-            ev, via, _ = writes[i]
-            writes[i] = (ev, via, True)
+            ev, via, _, paths = writes[i]
+            writes[i] = (ev, via, True, paths)
     return out, ex
 
 
@@ -99,7 +101,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
         if t is Ev:
             assert isinstance(n, Ev)
             if n.kind == "write":
-                writes.append((n, (), n.per_rank))
+                writes.append((n, (), n.per_rank, ()))
             elif n.kind == "mayexit":
                 ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
                 out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
@@ -175,8 +177,8 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
     if n.via_self:
         passed.extend((k, v) for k, v in consts.items() if k.startswith("self."))
     callee = project(minfo, fn, cls, stack, tuple(sorted(passed, key=lambda p: p[0])))
-    writes.extend((ev, (n.site, *via), per_rank or bool(ev.names & n.per_rank))
-                  for ev, via, per_rank in callee.writes)
+    writes.extend((ev, (n.site, *via), per_rank or bool(ev.names & n.per_rank),
+                   (info.path, *paths)) for ev, via, per_rank, paths in callee.writes)
     seq = _rebind(callee.seq, n)
     pre: Seq = seq
     post: Seq = ()

@@ -6,7 +6,17 @@ import ast
 from collections.abc import Iterator
 
 from .callgraph import is_collective
-from .context import CallRec, Func, Loop, LoopRec, ModuleInfo, dotted, is_true, kwarg
+from .context import (
+    CallRec,
+    Func,
+    Loop,
+    LoopRec,
+    ModuleInfo,
+    dotted,
+    is_true,
+    kwarg,
+    loader_samplers,
+)
 from .crossfile import uses_join
 from .registry import Hit, rule
 
@@ -86,7 +96,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        found = info.samplers_of(node.iter)  # memoised: one list per name
+        found = _loop_samplers(info, lrec)
         hit = shuffled.get(id(found))
         if hit is None:
             hit = shuffled[id(found)] = (found, _shuffling(found, info))
@@ -132,6 +142,48 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 break
 
 
+def _loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
+    """The samplers behind a loop's iterable. Names are resolved module-wide, except that a
+    plain name assigned in the loop's own function means that assignment (`evaluate()`'s
+    `epoch_iterator = tqdm(eval_dataloader)`, not `train()`'s of the same name)."""
+    fn, node = lrec.func, lrec.node
+    if isinstance(node, ast.While):
+        return []
+    if fn is None:
+        return info.samplers_of(node.iter)  # memoised: one list per name
+    key = ("loop_samplers", id(node))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _scoped(info, fn, node.iter, 0)
+    return hit  # type: ignore[return-value]
+
+
+def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.Call]:
+    while isinstance(node, ast.Call) and info.callee_last(node) in _UNWRAP_ITER and node.args:
+        node = node.args[0]
+    if depth > 8:
+        return []
+    if isinstance(node, ast.Name):
+        local = [v for line, v in info.assigns.get(node.id, [])
+                 if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]
+        if not local:
+            return info.samplers_of(node)
+        return [s for v in local for s in _scoped(info, fn, v, depth + 1)]
+    if isinstance(node, ast.IfExp):
+        return [*_scoped(info, fn, node.body, depth + 1),
+                *_scoped(info, fn, node.orelse, depth + 1)]
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("DataLoader", "BatchSampler"):
+            return [s for arg in loader_samplers(node, first_arg=last == "BatchSampler")
+                    for s in _scoped(info, fn, arg, depth + 1)]
+        return [node] if info.is_dist_sampler(node) else []
+    return info.samplers_of(node)
+
+
+_UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
+
+
 def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
     """A sampler made afresh inside the epoch loop with a seed that is not a constant
     (`DistributedSampler(ds, seed=epoch)`): each epoch has its own order without set_epoch. (A
@@ -172,7 +224,7 @@ def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
             names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
             if names & params:
                 continue
-            out.extend(_shuffling(info.samplers_of(node.iter), info))
+            out.extend(_shuffling(_loop_samplers(info, lrec), info))
     return out
 
 
@@ -224,11 +276,28 @@ def _shuffles(s: ast.Call, info: ModuleInfo | None = None) -> bool:
     sh = kwarg(s, "shuffle")
     if isinstance(sh, ast.Constant) and sh.value is False:
         return False
-    if info is not None and _advances_itself(info, info.callee_last(s)):
+    if info is not None and (_advances_itself(info, info.callee_last(s)) or any(
+            h in name.lower() for name in _names_of(info, s) for h in _EVAL)):
+        # `eval_sampler = DistributedSampler(dataset)`: the order of evaluation does not
+        # change a metric
         return False
     data = s.args[0] if s.args else kwarg(s, "dataset")
     name = (dotted(data) or "").lower() if data is not None else ""
     return not any(h in name for h in _EVAL)
+
+
+def _names_of(info: ModuleInfo, value: ast.expr) -> list[str]:
+    """The names a value was assigned to (`eval_sampler = DistributedSampler(...)`), also as
+    an arm of a conditional expression."""
+    index: dict[int, list[str]] | None = info._memo.get(("names_of", 0))  # type: ignore
+    if index is None:
+        index = {}
+        for name, entries in info.assigns.items():
+            for _, v in entries:
+                for part in (v.body, v.orelse) if isinstance(v, ast.IfExp) else (v,):
+                    index.setdefault(id(part), []).append(name)
+        info._memo[("names_of", 0)] = index
+    return index.get(id(value), [])
 
 
 def _advances_itself(info: ModuleInfo, name: str) -> bool:

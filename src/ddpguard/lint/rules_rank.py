@@ -4,6 +4,7 @@ collective schedule (diverge.py), DDP007 the file writes each rank class reaches
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
 from .callgraph import is_collective, reaches, resolve
@@ -109,10 +110,10 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                                         if id(f) not in called and reaches(info, id(f)))]
     done: set[int] = set()
     for root in roots:
-        zero = {id(ev) for ev, _, _ in project(info, root, RANK0).writes}
+        zero = {id(ev) for ev, *_ in project(info, root, RANK0).writes}
         if not zero:
             continue
-        for ev, via, per_rank in project(info, root, OTHERS).writes:
+        for ev, via, per_rank, paths in project(info, root, OTHERS).writes:
             if id(ev) not in zero or per_rank or id(ev) in done:
                 continue
             if root is not None:
@@ -122,6 +123,16 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 if root.name not in used:
                     continue
             done.add(id(ev))
+            if ev.path and ev.path != info.path and via:
+                # A write in another file: reported here, at the last call of this file on the
+                # way to it.
+                here = max(k for k, p in enumerate(paths) if p == info.path)
+                yield At(via[here]), "DDP007", (
+                    f"rank 0 and the ranks > 0 all reach the {ev.op} of `{ev.text}` at "
+                    f"{os.path.basename(ev.path)}:{ev.line} through this call: every rank "
+                    "writes the same file at once (torn or clobbered, and only one rank's "
+                    "contents survive)")
+                continue
             # the call that runs the writing function (a nested helper's call, not `main()`)
             how = f" (through the call at line {via[-1]})" if via else ""
             yield At(ev.line), "DDP007", (

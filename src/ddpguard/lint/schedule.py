@@ -256,7 +256,7 @@ class Builder:
             if not any(rank_dependent(self.info, o) for o in obj):
                 return None  # the same contents from every rank (`params.pkl`): a benign race
         return Ev("write", op, rec.node.lineno, ast.unparse(dest),
-                  per_rank_path(self.info, dest),
+                  per_rank_path(self.info, dest), path=self.info.path,
                   names=frozenset(n.id for n in ast.walk(dest) if isinstance(n, ast.Name)))
 
     def bind(self, rec: CallRec, fn: Func) -> dict[str, tuple[str, str]]:

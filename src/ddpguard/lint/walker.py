@@ -108,6 +108,14 @@ class Walker:
             self.expr(value)
             targets = s.targets if t is _Assign else [s.target]
             level = info.rank_level(value) if type(value) is not _Constant else NONE
+            if type(value) is ast.Tuple and any(type(g) is ast.Tuple for g in targets):
+                # `train_loader, val_loader = DataLoader(...), DataLoader(...)`
+                for tgt in targets:
+                    if type(tgt) is ast.Tuple and len(tgt.elts) == len(value.elts):
+                        for el, v in zip(tgt.elts, value.elts, strict=True):
+                            name = dotted(el)
+                            if name is not None:
+                                info.assigns.setdefault(name, []).append((s.lineno, v))
             for tgt in targets:
                 name = dotted(tgt)
                 if name is not None:
