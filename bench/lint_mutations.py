@@ -115,7 +115,7 @@ M = [
  ("a launch flag compared with True", "ranks.py", "        v = launch(info, node.left)\n", "        return UNKNOWN\n"),
  ("a parallel flag is the launch mode", "ranks.py", "is_ddp|parallel|", "is_ddp|"),
  ("an NCCL variable in prose is no setting", "rules_model.py", "        if m and (text.strip() == m.group(0) or text[m.end():m.end() + 1] == \"=\"):", "        if m:"),
- ("a sampler that moves its own epoch", "rules_data.py", "    if info is not None and _advances_itself(info, info.callee_last(s)):", "    if False:"),
+ ("a sampler that moves its own epoch", "rules_data.py", "    if info is not None and (_advances_itself(info, info.callee_last(s)) or any(", "    if info is not None and (False or any("),
  ("hvd.rank() is the rank", "provenance.py", "\"get_node_local_rank\": LOCAL, \"rank\": GLOBAL,", "\"get_node_local_rank\": LOCAL,"),
  ("a break leaves the loop the others go on with", "diverge.py", "            later = _colls(then) if ex.op == \"break\" else []", "            later = []"),
  ("a write in another file is reported at this file's call", "rules_rank.py", "            if ev.path and ev.path != info.path and via:", "            if False:"),

@@ -825,3 +825,22 @@ def test_template_folders_are_not_linted(tmp_path: Path) -> None:
     (t / "train.py").write_text("def f({{cookiecutter.arg}}):\n    pass\n")
     (tmp_path / "ok.py").write_text("x = 1\n")
     assert lint_paths([tmp_path]) == []
+
+
+def test_a_script_without_functions_follows_the_same_values() -> None:
+    # At module level the names resolve module-wide (no function to scope them): the
+    # conditional sampler and the renamed progress bar are followed there too.
+    src = _src("""
+        from torch.utils.data import DataLoader, RandomSampler, DistributedSampler
+        from tqdm import tqdm
+        import sys
+
+        local_rank = int(sys.argv[1])
+        sampler = RandomSampler(ds) if local_rank == -1 else DistributedSampler(ds)
+        loader = DataLoader(ds, sampler=sampler, batch_size=8)
+        for epoch in range(10):
+            bar = tqdm(loader)
+            for batch in bar:
+                model(batch).sum().backward()
+        """)
+    assert [f.code for f in lint_source(src)] == ["DDP001"]
