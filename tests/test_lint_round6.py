@@ -348,8 +348,10 @@ GATHER = _src("""
 
 
 def test_gathered_results_cut_back_to_the_dataset_length_drop_the_padding() -> None:
-    assert [f.code for f in lint_source(GATHER)] == []
-    assert [f.code for f in lint_source(GATHER.replace("[:len(val_set)]", ""))] == ["DDP020"]
+    sel = Selection(extend_select=("DDP020",))  # off by default since the seventh round
+    assert [f.code for f in lint_source(GATHER, selection=sel)] == []
+    assert [f.code for f in lint_source(GATHER.replace("[:len(val_set)]", ""),
+                                        selection=sel)] == ["DDP020"]
 
 
 def test_no_grad_around_a_method_call_covers_its_forward_of_self_model() -> None:
@@ -532,7 +534,8 @@ def test_an_instance_method_called_on_the_local_rank_0_writes_once_per_node() ->
                          ).replace('dist.init_process_group("nccl")',
                                    'dist.init_process_group("nccl")\n'
                                    '    print(os.environ["NODE_RANK"])')
-    assert [f.code for f in lint_source(src)] == ["DDP017"]
+    assert [f.code for f in lint_source(src, selection=Selection(extend_select=("DDP017",)))
+            ] == ["DDP017"]
 
 
 def test_a_single_process_arm_is_never_taken_in_a_distributed_run() -> None:

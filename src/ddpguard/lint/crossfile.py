@@ -5,10 +5,11 @@ inlined at the call. Modules are keyed by their dotted path suffixes (`comm`, `u
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
-from .context import Func, ModuleInfo
+from .context import Func, ModuleInfo, dotted
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -43,6 +44,7 @@ class Project:
             for name, level in info.rank_names.items():
                 if "." in name:
                     shared.setdefault(name, level)
+        _constructor_flags(infos)
         for info in infos:
             if shared:
                 own = info.rank_names
@@ -83,6 +85,38 @@ class Project:
                     return m, fns[0]
             return None
         return None
+
+
+def _constructor_flags(infos: list[ModuleInfo]) -> None:
+    """A rank-derived value passed to a constructor and kept on `self`
+    (`Checkpointer(model, save_to_disk=comm.is_main_process())`, then
+    `self.save_to_disk = save_to_disk` and `if not self.save_to_disk: return`): the
+    attribute gets the caller's expression as one of its values, in the class's file."""
+    classes: dict[str, tuple[ModuleInfo, ast.FunctionDef]] = {}
+    for info in infos:
+        for name, cls in info.classes.items():
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                         and f.name == "__init__"), None)
+            if init is not None:
+                classes.setdefault(name, (info, init))
+    if not classes:
+        return
+    for info in infos:
+        for rec in info.calls_named(*(n for n in info.call_lasts() if n in classes)):
+            target, init = classes[rec.last]
+            names = [a.arg for a in init.args.args][1:]
+            passed = [*zip(names, rec.node.args, strict=False),
+                      *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+            for param, value in passed:
+                if not info.rank_level(value):
+                    continue
+                for st in init.body:
+                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) \
+                            and st.value.id == param:
+                        for tgt in st.targets:
+                            d = dotted(tgt)
+                            if d is not None and d.startswith("self."):
+                                target.assigns.setdefault(d, []).append((st.lineno, value))
 
 
 def uses_join(info: ModuleInfo) -> bool:

@@ -10,10 +10,11 @@ differ reach different collectives: diverge.py compares them.
 from __future__ import annotations
 
 import ast
+import operator
 from dataclasses import dataclass, field
 
 from .context import Func, ModuleInfo, dotted
-from .ranks import FALSE, TRUE, UNKNOWN, RankClass, evaluate_test
+from .ranks import FALSE, TRUE, UNKNOWN, RankClass, _const, evaluate_test
 from .schedule import MAX_DEPTH, CallN, Ev, IfN, LoopN, builder
 
 # -- projected items ------------------------------------------------------------------------
@@ -112,10 +113,17 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                     return out, n.op
         elif t is IfN:
             assert isinstance(n, IfN)
-            v = evaluate_test(info, n.test, cls) if n.split else n.fixed
-            if consts and v == UNKNOWN:
+            split = n.split
+            if consts and split and _decided_by_consts(n.test, consts):
                 v = _with_consts(info, n.test, cls, consts)
-            if v != UNKNOWN and not n.split:
+                # decided by the literals alone: the same on every class
+                split = v == UNKNOWN or not all(
+                    n2.id in consts for n2 in ast.walk(n.test) if isinstance(n2, ast.Name))
+            else:
+                v = evaluate_test(info, n.test, cls) if split else n.fixed
+                if consts and v == UNKNOWN:
+                    v = _with_consts(info, n.test, cls, consts)
+            if v != UNKNOWN and not split:
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
                                  cond, consts)
                 out.extend(seq)
@@ -132,8 +140,8 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 continue
             # A test of an attribute of `self` (`if self.cfg.pipe:`) has one value on a path:
             # each arm knows it, and so do the methods of `self` it calls.
-            fact = _fact(n.test) if not n.split else None
-            if n.split and not unproven:
+            fact = _fact(n.test) if not split else None
+            if split and not unproven:
                 unproven.append(len(writes))
             b, bx = _block(info, n.body, cls, stack, writes, cond,
                            {**consts, fact[0]: fact[1]} if fact else consts)
@@ -230,16 +238,35 @@ def _with_consts(info: ModuleInfo, node: ast.expr, cls: RankClass,
             return stop
         return UNKNOWN if UNKNOWN in vals else 1 - stop
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, ast.Name) \
-            and node.left.id in consts and isinstance(node.comparators[0], ast.Constant):
-        op, left, right = node.ops[0], consts[node.left.id], node.comparators[0].value
-        if isinstance(op, ast.Is | ast.IsNot):
-            same = left is right
-            return TRUE if same == isinstance(op, ast.Is) else FALSE
-        if isinstance(op, ast.Eq | ast.NotEq):
-            same = left == right
-            return TRUE if same == isinstance(op, ast.Eq) else FALSE
+            and node.left.id in consts:
+        op, left = node.ops[0], consts[node.left.id]
+        right = node.comparators[0]
+        if isinstance(right, ast.Constant):
+            r = right.value
+            if isinstance(op, ast.Is | ast.IsNot):
+                return TRUE if (left is r) == isinstance(op, ast.Is) else FALSE
+            if isinstance(op, ast.Eq | ast.NotEq):
+                return TRUE if (left == r) == isinstance(op, ast.Eq) else FALSE
+            fn = _ORDER.get(type(op))
+            if fn is not None and isinstance(left, int | float) and isinstance(r, int | float):
+                return TRUE if fn(left, r) else FALSE
+            return UNKNOWN
+        # `rank not in [-1, 0]` with the literal rank=-1 a caller passed (YOLOv6's validation
+        # loader skips both barriers of its leader-first context manager)
+        items = _const(right)
+        if isinstance(op, ast.In | ast.NotIn) and isinstance(items, tuple):
+            return TRUE if (left in items) == isinstance(op, ast.In) else FALSE
         return UNKNOWN
     return evaluate_test(info, node, cls)
+
+
+_ORDER = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+
+
+def _decided_by_consts(node: ast.expr, consts: dict[str, object]) -> bool:
+    """The test reads a parameter the caller passed as a literal: the literal decides it,
+    whatever the parameter's name says about the rank."""
+    return any(isinstance(n, ast.Name) and n.id in consts for n in ast.walk(node))
 
 
 def _rebind(seq: Seq, n: CallN) -> Seq:

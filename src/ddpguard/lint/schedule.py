@@ -27,7 +27,7 @@ from .callgraph import (
 from .context import CallRec, Func, ModuleInfo, dotted
 from .paths import per_rank_path, rank_dependent
 from .provenance import GLOBAL, LOCAL, rank_only
-from .ranks import FALSE, RANK0, UNKNOWN, evaluate_test, splits
+from .ranks import FALSE, RANK0, UNKNOWN, _const, evaluate_test, splits
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
@@ -334,12 +334,17 @@ class Builder:
         for name, d in defaults:
             if name in tested and name not in given and isinstance(d, ast.Constant):
                 out[name] = d.value
+            elif name in tested and name not in given and _const(d) is not None:
+                out[name] = _const(d)
         for name, arg in [*zip(names, rec.node.args, strict=False),
                           *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]:
             if name not in tested:
                 continue
+            lit = _const(arg)  # `rank=-1` is a unary minus, not a Constant
             if isinstance(arg, ast.Constant):
                 out[name] = arg.value
+            elif lit is not None:
+                out[name] = lit
             elif isinstance(arg, ast.Name) and arg.id in self.params:
                 out[name] = ("param", arg.id)
         return out
