@@ -161,6 +161,10 @@ def test_a_flag_set_from_the_rank_in_another_file(tmp_path: Path) -> None:
             for step in range(10):
                 if args.should_save and step % 5 == 0:
                     torch.save(model.state_dict(), f"{args.out}/latest.pt")
+
+
+        if __name__ == "__main__":
+            train(None, None)
         """))
     assert [(f.code, Path(f.path).name) for f in lint_paths([tmp_path])] == []
     # Linted alone, train.py cannot know the flag: the save looks like every rank's.

@@ -111,3 +111,38 @@ def test_rules_whose_first_contact_findings_were_debatable_are_off_by_default() 
     # repeated samples); DDP017: 1 true in 5 (a shared file system the code does not show).
     assert RULES["DDP020"].default is False
     assert RULES["DDP017"].default is False
+
+
+UNUSED_SAVE = """import os
+import torch
+import torch.distributed as dist
+
+
+def save_checkpoint(state, save):
+    torch.save(state, os.path.join(save, "checkpoint.pth.tar"))
+
+
+def save(model, model_path):
+    torch.save(model.state_dict(), model_path)
+
+
+def log(writer, save):
+    writer.save(os.path.join(save, "log.txt"))
+
+
+def main(state, out, rank):
+    dist.init_process_group("nccl")
+    if rank == 0:
+        save_checkpoint(state, out)
+"""
+
+
+def test_a_module_function_is_referenced_by_its_bare_name_only() -> None:
+    # LSGM's `save(model, path)` is called nowhere: neither `writer.save(...)` nor a
+    # directory variable named `save` is a use of it (the sixth round's second blind half).
+    assert lint_source(UNUSED_SAVE) == []
+    used = UNUSED_SAVE + "\n\nif __name__ == '__main__':\n    save(torch.nn.Linear(2, 2), 'f.pth')\n"
+    assert [f.code for f in lint_source(used)] == ["DDP007"]
+    # Called nowhere, but named by its bare name as a value (`mp.spawn(save, ...)`-style).
+    passed = UNUSED_SAVE + "\n\ndef launch(spawn):\n    spawn(save, nprocs=2)\n"
+    assert [f.code for f in lint_source(passed)] == ["DDP007"]

@@ -7,7 +7,7 @@ import ast
 import os
 from collections.abc import Iterator
 
-from .callgraph import is_collective, reaches, resolve
+from .callgraph import is_collective, params_of, reaches, resolve
 from .context import CallRec, Func, ModuleInfo, dotted, kwarg
 from .diverge import divergences
 from .projection import project
@@ -105,7 +105,7 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     if not any(r.last in _WRITE_HINT and not info.effective_guard(r) for r in info.calls):
         return
     called = {id(fn) for rec in info.calls for fn in info.local_callees(rec)}
-    used: set[str] | None = None
+    used: tuple[set[str], set[str]] | None = None
     roots: list[Func | None] = [None, *(f for fns in info.funcs.values() for f in fns
                                         if id(f) not in called and reaches(info, id(f)))]
     done: set[int] = set()
@@ -120,7 +120,11 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 # A helper nobody here calls runs under its caller's guard, elsewhere (also
                 # when it writes through another helper: fairseq's save_ema_as_checkpoint).
                 used = _referenced_names(info) if used is None else used
-                if root.name not in used:
+                # A method may be called on any object (`ckpt.save()`); a function of the
+                # module only by its own name (LSGM's unused `utils.save` is no method of
+                # the `writer.save()` the module calls).
+                names = used[0] if root in info.func_class else used[1]
+                if root.name not in names:
                     continue
             done.add(id(ev))
             if ev.path and ev.path != info.path and via:
@@ -141,9 +145,11 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 "contents survive)")
 
 
-def _referenced_names(info: ModuleInfo) -> set[str]:
-    """Function names this module calls or passes on (`mp.spawn(main_worker, ...)`)."""
+def _referenced_names(info: ModuleInfo) -> tuple[set[str], set[str]]:
+    """Function names this module calls or passes on (`mp.spawn(main_worker, ...)`): every
+    name, and the names used bare (a call `f(...)`, a value `f`), not as an attribute."""
     out: set[str] = set()
+    bare: set[str] = set()
     modules = set(info.aliases)
     for s in info.tree.body:
         if isinstance(s, ast.Import):
@@ -157,11 +163,17 @@ def _referenced_names(info: ModuleInfo) -> set[str]:
                 out.add(f.attr)
         elif isinstance(f, ast.Name):
             out.add(f.id)
+            bare.add(f.id)
+        params = params_of(rec.func) if rec.func is not None else set()
         for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
             name = dotted(a)
             if name is not None:
                 out.add(name.rsplit(".", 1)[-1])
-    return out
+                # a function passed on (`mp.spawn(main_worker)`), not a variable of that
+                # name (LSGM's `save` directory, a parameter)
+                if isinstance(a, ast.Name) and a.id not in params and a.id not in info.assigns:
+                    bare.add(a.id)
+    return out, bare
 
 
 def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:

@@ -332,10 +332,11 @@ class Builder:
             if d is not None]
         given = {*names[:len(rec.node.args)], *(k.arg for k in rec.node.keywords)}
         for name, d in defaults:
-            if name in tested and name not in given and isinstance(d, ast.Constant):
-                out[name] = d.value
-            elif name in tested and name not in given and _const(d) is not None:
-                out[name] = _const(d)
+            if name in tested and name not in given:
+                if isinstance(d, ast.Constant):
+                    out[name] = d.value
+                elif (lit := _const(d)) is not None:  # `rank=-1`
+                    out[name] = lit
         for name, arg in [*zip(names, rec.node.args, strict=False),
                           *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]:
             if name not in tested:
