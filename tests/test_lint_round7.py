@@ -139,9 +139,10 @@ def main(state, out, rank):
 
 def test_a_module_function_is_referenced_by_its_bare_name_only() -> None:
     # LSGM's `save(model, path)` is called nowhere: neither `writer.save(...)` nor a
-    # directory variable named `save` is a use of it (the sixth round's second blind half).
+    # directory variable named `save` is a use of it (the seventh round's blind half).
     assert lint_source(UNUSED_SAVE) == []
-    used = UNUSED_SAVE + "\n\nif __name__ == '__main__':\n    save(torch.nn.Linear(2, 2), 'f.pth')\n"
+    used = UNUSED_SAVE + ("\n\nif __name__ == '__main__':\n"
+                          "    save(torch.nn.Linear(2, 2), 'f.pth')\n")
     assert [f.code for f in lint_source(used)] == ["DDP007"]
     # Called nowhere, but named by its bare name as a value (`mp.spawn(save, ...)`-style).
     passed = UNUSED_SAVE + "\n\ndef launch(spawn):\n    spawn(save, nprocs=2)\n"
