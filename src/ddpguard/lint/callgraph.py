@@ -12,6 +12,7 @@ import ast
 
 from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
 from .crossfile import EXTERNAL
+from .ranks import FALSE, TRUE, launch, splits
 
 
 def is_collective(rec: CallRec) -> bool:
@@ -169,3 +170,88 @@ def has_split(info: ModuleInfo, func: Func | None) -> bool:
     the call graph: no schedule is built for the others."""
     key = id(func) if func is not None else 0
     return key in candidates(info) and reaches(info, key)
+
+
+def _parents(info: ModuleInfo) -> dict[int, Func]:
+    hit = info._memo.get(("parents", 0))
+    if hit is None:
+        found: dict[int, Func] = {}
+        hit = found
+        for fns in info.funcs.values():
+            for fn in fns:
+                for node in ast.walk(fn):
+                    if node is not fn and isinstance(node, (ast.FunctionDef,
+                                                            ast.AsyncFunctionDef)):
+                        found.setdefault(id(node), fn)
+        info._memo[("parents", 0)] = hit
+    return hit  # type: ignore[return-value]
+
+
+def handed_away_under_rank_tests(info: ModuleInfo, fn: Func) -> bool:
+    """A nested function that is handed to other code (`optimizer.step(closure)`) and only
+    ever named under rank tests (in a distributed run: the arm of `if distributed:` that a
+    single process takes does not count): which ranks run it, and what the others do
+    meanwhile, is decided by that code and its callers, not by its own body (mace's L-BFGS
+    closure, which rank 0's optimizer calls and the workers call after a signal)."""
+    parent = _parents(info).get(id(fn))
+    if parent is None:
+        return False
+    refs: list[tuple[bool, bool]] = []   # (under a rank test, handed rather than called)
+    _refs(info, parent.body, fn.name, False, refs)
+    return bool(refs) and all(u for u, _ in refs) and any(h for _, h in refs)
+
+
+def _refs(info: ModuleInfo, stmts: list[ast.stmt], name: str, under: bool,
+          out: list[tuple[bool, bool]]) -> None:
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(s, ast.If):
+            _names(s.test, name, under, out)
+            v = launch(info, s.test)
+            inner = under or splits(info, s.test)
+            if v != FALSE:
+                _refs(info, s.body, name, inner, out)
+            if v != TRUE:
+                _refs(info, s.orelse, name, inner, out)
+            continue
+        for _, value in ast.iter_fields(s):
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, ast.ExceptHandler):
+                    _refs(info, v.body, name, under, out)
+                elif isinstance(v, ast.stmt):
+                    _refs(info, [v], name, under, out)
+                elif isinstance(v, ast.AST):
+                    _names(v, name, under, out)
+
+
+def _names(node: ast.AST, name: str, under: bool, out: list[tuple[bool, bool]]) -> None:
+    called = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load):
+            out.append((under, id(n) not in called))
+
+
+def message_loop(info: ModuleInfo, func: Func | None) -> bool:
+    """A loop under a rank test that receives in a collective and leaves on what it received
+    (`while True: broadcast(signal, src=0); if signal.item() == 0: break`): a worker that
+    serves the leader's requests. How many collectives it makes is the sender's decision at
+    run time; no static alignment of the two classes proves anything."""
+    for loop in info.loops:
+        if loop.func is not func or not loop.guard:
+            continue
+        got: set[str] = set()
+        for rec in info.calls:
+            if rec.func is func and loop.node in rec.loops and is_collective(rec) \
+                    and rec.node.args:
+                name = dotted(rec.node.args[0])
+                if name:
+                    got.add(name.split(".")[0])
+        if not got:
+            continue
+        for node in ast.walk(loop.node):
+            if isinstance(node, ast.If) and any(
+                    isinstance(n, ast.Name) and n.id in got for n in ast.walk(node.test)) \
+                    and any(isinstance(s, (ast.Break, ast.Return)) for s in node.body):
+                return True
+    return False

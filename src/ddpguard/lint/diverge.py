@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from .callgraph import has_split
+from .callgraph import handed_away_under_rank_tests, has_split, message_loop
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
@@ -57,7 +57,8 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
     pairs = [(RANK0, OTHERS)] + ([(NODE_LEADERS, OTHERS)] if info.multi_node
                                  and info.local_tests else [])
     for root in roots:
-        if not has_split(info, root):
+        if not has_split(info, root) or message_loop(info, root) or (
+                root is not None and handed_away_under_rank_tests(info, root)):
             continue
         for a, b in pairs:
             pa, pb = project(info, root, a), project(info, root, b)

@@ -1,0 +1,114 @@
+"""Issue 20, eighth round: false-positive classes of the tuning corpora, each pinned by code of
+our own that expects nothing, and by the one-line change that makes the same code wrong."""
+
+from __future__ import annotations
+
+from ddpguard.lint import lint_source
+
+# The leader drives an optimizer that calls the closure; the workers serve it: each waits
+# for a signal, runs the closure when told to, and leaves when told to stop (mace's L-BFGS).
+SIGNAL_PROTOCOL = """import torch
+import torch.distributed as dist
+
+
+def train_lbfgs(model, optimizer, loader, rank, distributed):
+    signal = torch.zeros(1) if distributed else None
+
+    def closure():
+        if distributed:
+            if rank == 0:
+                signal.fill_(1)
+                dist.broadcast(signal, src=0)
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        optimizer.zero_grad()
+        loss = sum(model(x).sum() for x in loader)
+        loss.backward()
+        if distributed:
+            dist.all_reduce(loss)
+        return loss
+
+    if distributed:
+        if rank == 0:
+            loss = optimizer.step(closure)
+            signal.fill_(0)
+            dist.broadcast(signal, src=0)
+        else:
+            while True:
+                dist.broadcast(signal, src=0)
+                if signal.item() == 0:
+                    break
+                if signal.item() == 1:
+                    loss = closure()
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+    else:
+        loss = optimizer.step(closure)
+    return loss
+"""
+
+
+def test_a_worker_loop_that_leaves_on_what_it_received_is_not_aligned() -> None:
+    assert lint_source(SIGNAL_PROTOCOL) == []
+    # The same workers leaving on their own count instead of the leader's signal: rank 0
+    # broadcasts once, the workers wait in a broadcast that rank 0 never makes again.
+    own_count = SIGNAL_PROTOCOL.replace("if signal.item() == 0:\n                    break",
+                                        "if step > 3:\n                    break")
+    assert "DDP005" in [f.code for f in lint_source(own_count)]
+
+
+def test_a_closure_handed_to_the_optimizer_under_rank_tests_only() -> None:
+    # With the worker loop as it is, the closure's own rank test is one side of the protocol.
+    assert lint_source(SIGNAL_PROTOCOL) == []
+    # Handed to the optimizer on every rank (no rank test around it): its body is what every
+    # rank runs, and the broadcast only rank 0 makes there parts them.
+    everywhere = """import torch
+import torch.distributed as dist
+
+
+def train_lbfgs(model, optimizer, loader, rank):
+    signal = torch.zeros(1)
+
+    def closure():
+        if rank == 0:
+            dist.broadcast(signal, src=0)
+        loss = sum(model(x).sum() for x in loader)
+        dist.all_reduce(loss)
+        return loss
+
+    return optimizer.step(closure)
+"""
+    assert [f.code for f in lint_source(everywhere)] == ["DDP005"]
+    # Called directly under the rank test, not handed away: the caller's comparison and the
+    # closure's own still see every rank that runs it.
+    called = everywhere.replace("    return optimizer.step(closure)",
+                                "    if rank == 0:\n        closure()\n    return closure()")
+    assert "DDP005" in [f.code for f in lint_source(called)]
+
+
+UNCALLED_METHOD = """import torch
+import torch.distributed as dist
+
+
+class Checkpointer:
+    def __init__(self, model, path):
+        self.model, self.path = model, path
+
+    def save(self):
+        torch.save(self.model.state_dict(), self.path)
+
+
+def main(model, rank):
+    dist.init_process_group("gloo")
+    if rank == 0:
+        torch.save(model.state_dict(), "last.pth")
+"""
+
+
+def test_torch_save_is_no_call_of_a_method_named_save() -> None:
+    # `Checkpointer.save` is called from no line of this file (a caller elsewhere decides
+    # which ranks run it); `torch.save(...)` is torch's function, not that method.
+    assert lint_source(UNCALLED_METHOD) == []
+    # Called on an object of the module on every rank: every rank writes the one path.
+    called = UNCALLED_METHOD + "    Checkpointer(model, 'ckpt.pth').save()\n"
+    assert [f.code for f in lint_source(called)] == ["DDP007"]
