@@ -141,6 +141,9 @@ M = [
  ("worker loop on a received signal", "diverge.py", "or message_loop(info, root) or (", "or False or ("),
  ("closure handed away under rank tests", "diverge.py", "root is not None and handed_away_under_rank_tests(info, root)):", "False):"),
  ("closure reference in the single-process arm", "callgraph.py", "            if v != TRUE:\n                _refs(info, s.orelse, name, inner, out)", "            _refs(info, s.orelse, name, inner, out)"),
+ ("a tool that forms no group", "rules_rank.py", "    if not info.distributed or not (runs_as_a_group(info) or (", "    if not info.distributed or not (True or ("),
+ ("a module imported by a group's file", "rules_rank.py", "            info.project is not None and info.project.in_group(info))):", "            False)):"),
+ ("plain imports join the group", "crossfile.py", "for qual in set(caller.aliases.values()) | plain:", "for qual in set(caller.aliases.values()):"),
 ]
 
 

@@ -161,6 +161,7 @@ def test_a_flag_set_from_the_rank_in_another_file(tmp_path: Path) -> None:
             for step in range(10):
                 if args.should_save and step % 5 == 0:
                     torch.save(model.state_dict(), f"{args.out}/latest.pt")
+            dist.barrier()
 
 
         if __name__ == "__main__":

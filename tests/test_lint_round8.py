@@ -3,7 +3,9 @@ our own that expects nothing, and by the one-line change that makes the same cod
 
 from __future__ import annotations
 
-from ddpguard.lint import lint_source
+from pathlib import Path
+
+from ddpguard.lint import lint_paths, lint_source
 
 # The leader drives an optimizer that calls the closure; the workers serve it: each waits
 # for a signal, runs the closure when told to, and leaves when told to stop (mace's L-BFGS).
@@ -112,3 +114,65 @@ def test_torch_save_is_no_call_of_a_method_named_save() -> None:
     # Called on an object of the module on every rank: every rank writes the one path.
     called = UNCALLED_METHOD + "    Checkpointer(model, 'ckpt.pth').save()\n"
     assert [f.code for f in lint_source(called)] == ["DDP007"]
+
+
+CONVERT_TOOL = """import torch
+import torch.distributed as dist
+
+
+def get_dist_info():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def load_state_dict(module, state_dict):
+    missing = [k for k in module.state_dict() if k not in state_dict]
+    rank, _ = get_dist_info()
+    if missing and rank == 0:
+        print("missing keys:", missing)
+    module.load_state_dict(state_dict, strict=False)
+
+
+def main(model, src, dst):
+    load_state_dict(model, torch.load(src, map_location="cpu"))
+    torch.save(model.state_dict(), dst)
+
+
+main(torch.nn.Linear(2, 2), "in.pth", "out.pth")
+"""
+
+
+def test_a_tool_that_only_reads_the_rank_runs_as_one_process(tmp_path: Path) -> None:
+    # CenterPoint's checkpoint converter: the rank is read only by a copied helper that
+    # prints on rank 0; nothing sets up a group, wraps a model or calls a collective.
+    assert lint_source(CONVERT_TOOL) == []
+    tool = tmp_path / "tools" / "convert.py"
+    tool.parent.mkdir()
+    tool.write_text(CONVERT_TOOL)
+    # A trainer beside it that does form a group changes nothing: it does not import it.
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\n\n\ndef main():\n"
+        "    dist.init_process_group('nccl')\n    dist.barrier()\n")
+    assert lint_paths([tmp_path]) == []
+    # The tool launched as a group (mmcv's init_dist): every rank writes out.pth.
+    launched = CONVERT_TOOL.replace("def main(model, src, dst):\n",
+                                    "def main(model, src, dst):\n    init_dist('pytorch')\n")
+    assert [f.code for f in lint_source(launched)] == ["DDP007"]
+
+
+def test_a_library_module_runs_in_the_group_of_the_file_that_imports_it(
+        tmp_path: Path) -> None:
+    (tmp_path / "ckpt.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\nHOOKS = []\n\n\n"
+        "def save(model, path):\n    torch.save(model.state_dict(), path)\n\n\n"
+        "def on_exit(model):\n    if dist.get_rank() == 0:\n        print('saving')\n"
+        "    save(model, 'model.pth')\n\n\nHOOKS.append(on_exit)\n")
+    trainer = ("import torch.distributed as dist\n{}\n\ndef main(model):\n"
+               "    dist.init_process_group('nccl')\n")
+    (tmp_path / "train.py").write_text(trainer.format("import ckpt\n"))
+    assert [(Path(f.path).name, f.code) for f in lint_paths([tmp_path])] == [
+        ("ckpt.py", "DDP007")]
+    # Nobody imports it: on its own it is no multi-process program.
+    (tmp_path / "train.py").write_text(trainer.format(""))
+    assert lint_paths([tmp_path]) == []

@@ -9,7 +9,7 @@ import ast
 import os
 from pathlib import Path
 
-from .context import Func, ModuleInfo, dotted
+from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, Func, ModuleInfo, dotted
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -45,6 +45,8 @@ class Project:
                 if "." in name:
                     shared.setdefault(name, level)
         _constructor_flags(infos)
+        self.infos = infos
+        self._grouped: set[int] | None = None
         for info in infos:
             if shared:
                 own = info.rank_names
@@ -64,6 +66,38 @@ class Project:
         a = self.parts.get(id(m), ())[self.depth:]
         b = self.parts.get(id(caller), ())[self.depth:]
         return len(a) < 2 or len(b) < 2 or a[0] == b[0]
+
+    def in_group(self, info: ModuleInfo) -> bool:
+        """`info` runs as a group itself, or a file on the command line that does imports it
+        (directly or through others): the trainer's checkpoint module, not a conversion tool
+        that sits beside it."""
+        if self._grouped is None:
+            self._grouped = {id(i) for i in self.infos if runs_as_a_group(i)}
+            todo = [i for i in self.infos if id(i) in self._grouped]
+            while todo:
+                caller = todo.pop()
+                plain = {a.name for n in ast.walk(caller.tree) if isinstance(n, ast.Import)
+                         for a in n.names}
+                for qual in set(caller.aliases.values()) | plain:
+                    for m in self._modules(qual, caller):
+                        if id(m) not in self._grouped:
+                            self._grouped.add(id(m))
+                            todo.append(m)
+        return id(info) in self._grouped
+
+    def _modules(self, qual: str, caller: ModuleInfo) -> list[ModuleInfo]:
+        """The files an import names: `pkg.mod` for `from pkg.mod import f` or `import
+        pkg.mod`; within the caller's own tree for a bare name."""
+        parts = qual.split(".")
+        if parts[0] in EXTERNAL:
+            return []
+        for end in (len(parts), len(parts) - 1):
+            for k in range(min(4, end), 0, -1):
+                cands = [m for m in self.index.get(".".join(parts[end - k:end]), ())
+                         if m is not caller and (k > 1 or self._same_tree(m, caller))]
+                if cands:
+                    return cands
+        return []
 
     def find(self, qual: str, caller: ModuleInfo) -> tuple[ModuleInfo, Func] | None:
         module, _, name = qual.rpartition(".")
@@ -117,6 +151,21 @@ def _constructor_flags(infos: list[ModuleInfo]) -> None:
                             d = dotted(tgt)
                             if d is not None and d.startswith("self."):
                                 target.assigns.setdefault(d, []).append((st.lineno, value))
+
+
+_GROUP_CALLS = ("init_process_group", "init_dist", "init_distributed", "setup_dist",
+                "dist_init", "distributed_init", "setup_ddp", "ddp_setup", "spawn",
+                "start_processes", "DistributedDataParallel", "DDP", "DistributedSampler")
+
+
+def runs_as_a_group(info: ModuleInfo) -> bool:
+    """The module shows a multi-process run: it sets up a group, wraps a model, shards data or
+    calls a collective. A conversion tool that only reads the rank through a copied helper
+    (CenterPoint's `convert_voxelnet.py`: mmcv's `load_state_dict` prints on rank 0) runs as
+    one process, and its one write is no race."""
+    return any(r.last.startswith(_GROUP_CALLS) or "distributed_mode" in r.last or (
+        (r.last in COLLECTIVE_EXACT or r.last.startswith(COLLECTIVE_PREFIXES))
+        and (r.qual or "").startswith("torch.distributed.")) for r in info.calls)
 
 
 def uses_join(info: ModuleInfo) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from .callgraph import is_collective, params_of, reaches, resolve
 from .context import CallRec, Func, ModuleInfo, dotted, kwarg
+from .crossfile import runs_as_a_group
 from .diverge import divergences
 from .projection import project
 from .provenance import LOCAL, NONE
@@ -98,7 +99,8 @@ _WRITE_HINT = {"save", "dump", "savez", "savez_compressed"}
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     """Rank 0 and the ranks > 0 both reach a write of one path: the writes race, and when
     the contents differ per rank (shards, per-rank state) all but one are lost."""
-    if not info.distributed:
+    if not info.distributed or not (runs_as_a_group(info) or (
+            info.project is not None and info.project.in_group(info))):  # type: ignore[attr-defined]
         return
     # Only writes outside every rank branch (the walker's guards) can be reached by all
     # classes; the schedule then decides, through callers, launch-mode arms and other files.
