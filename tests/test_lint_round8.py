@@ -176,3 +176,14 @@ def test_a_library_module_runs_in_the_group_of_the_file_that_imports_it(
     # Nobody imports it: on its own it is no multi-process program.
     (tmp_path / "train.py").write_text(trainer.format(""))
     assert lint_paths([tmp_path]) == []
+
+
+def test_jupyter_autosaved_copies_are_not_linted(tmp_path: Path) -> None:
+    # OpenP5 commits `.ipynb_checkpoints/main-checkpoint.py` beside `main.py`: one finding
+    # would be reported twice.
+    bad = ("import torch.distributed as dist\n\n\ndef f(rank):\n"
+           "    if rank == 0:\n        dist.barrier()\n")
+    (tmp_path / "main.py").write_text(bad)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "main-checkpoint.py").write_text(bad)
+    assert [Path(f.path).name for f in lint_paths([tmp_path])] == ["main.py"]

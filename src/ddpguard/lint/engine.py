@@ -18,7 +18,12 @@ from .source import Unreadable, parse, read
 from .walker import build
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
-_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist"}
+# ruff's default exclusions: tool caches, environments, and Jupyter's autosaved copies
+# (`.ipynb_checkpoints/main-checkpoint.py` would repeat every finding of `main.py`).
+_SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "build", "dist",
+              ".ipynb_checkpoints", ".hg", ".svn", ".bzr", ".eggs", ".nox", ".direnv",
+              ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", "__pypackages__",
+              "buck-out", "_build"}
 
 
 @dataclass(frozen=True)
