@@ -172,28 +172,13 @@ def has_split(info: ModuleInfo, func: Func | None) -> bool:
     return key in candidates(info) and reaches(info, key)
 
 
-def _parents(info: ModuleInfo) -> dict[int, Func]:
-    hit = info._memo.get(("parents", 0))
-    if hit is None:
-        found: dict[int, Func] = {}
-        hit = found
-        for fns in info.funcs.values():
-            for fn in fns:
-                for node in ast.walk(fn):
-                    if node is not fn and isinstance(node, (ast.FunctionDef,
-                                                            ast.AsyncFunctionDef)):
-                        found.setdefault(id(node), fn)
-        info._memo[("parents", 0)] = hit
-    return hit  # type: ignore[return-value]
-
-
 def handed_away_under_rank_tests(info: ModuleInfo, fn: Func) -> bool:
     """A nested function that is handed to other code (`optimizer.step(closure)`) and only
     ever named under rank tests (in a distributed run: the arm of `if distributed:` that a
     single process takes does not count): which ranks run it, and what the others do
     meanwhile, is decided by that code and its callers, not by its own body (mace's L-BFGS
     closure, which rank 0's optimizer calls and the workers call after a signal)."""
-    parent = _parents(info).get(id(fn))
+    parent = info.parents.get(id(fn))
     if parent is None:
         return False
     refs: list[tuple[bool, bool]] = []   # (under a rank test, handed rather than called)

@@ -62,6 +62,7 @@ class ModuleInfo:
     rank_funcs: dict[str, int] = field(default_factory=dict)
     guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
     func_class: dict[Func, str] = field(default_factory=dict)      # method -> its class name
+    parents: dict[int, Func] = field(default_factory=dict)  # id(nested function) -> enclosing
     split_funcs: set[int] = field(default_factory=set)  # ids of functions with a rank test
     local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
     exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one

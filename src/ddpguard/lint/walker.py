@@ -174,6 +174,8 @@ class Walker:
                     if level:
                         info.rank_funcs[s.name] = level
             outer = (self.guard, self.loops, self.func, self.in_class, self.branch)
+            if self.func is not None:
+                info.parents[id(s)] = self.func
             self.guard, self.loops, self.func, self.in_class, self.branch = NONE, (), s, False, ()
             self.block(s.body)
             self.guard, self.loops, self.func, self.in_class, self.branch = outer
