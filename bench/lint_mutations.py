@@ -144,6 +144,8 @@ M = [
  ("a tool that forms no group", "rules_rank.py", "    if not info.distributed or not (runs_as_a_group(info) or (", "    if not info.distributed or not (True or ("),
  ("a module imported by a group's file", "rules_rank.py", "            info.project is not None and info.project.in_group(info))):", "            False)):"),
  ("plain imports join the group", "crossfile.py", "for qual in set(caller.aliases.values()) | plain:", "for qual in set(caller.aliases.values()):"),
+ ("a subcommand that forms no group", "rules_rank.py", "            if mode_without_group(info, lines):", "            if False:"),
+ ("a group set up through this file's functions", "callgraph.py", "                    and any(id(fn) in out for fn in info.local_callees(rec))}", "                    and False}"),
 ]
 
 

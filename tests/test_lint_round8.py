@@ -187,3 +187,44 @@ def test_jupyter_autosaved_copies_are_not_linted(tmp_path: Path) -> None:
     (tmp_path / ".ipynb_checkpoints").mkdir()
     (tmp_path / ".ipynb_checkpoints" / "main-checkpoint.py").write_text(bad)
     assert [Path(f.path).name for f in lint_paths([tmp_path])] == ["main.py"]
+
+
+SUBCOMMANDS = """import torch
+import torch.distributed as dist
+
+
+def setup():
+    dist.init_process_group("nccl")
+
+
+def train(model):
+    setup()
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), "trained.pth")
+    dist.barrier()
+
+
+def export(model, out):
+    torch.save(model.state_dict(), out)
+
+
+def main(command, model, out):
+    if command == "train":
+        train(model)
+    elif command == "export":
+        export(model, out)
+
+
+if __name__ == "__main__":
+    main("export", torch.nn.Linear(2, 2), "model.pth")
+"""
+
+
+def test_a_subcommand_that_forms_no_group_writes_alone() -> None:
+    # deepmd's entry point: `train` sets up the group, `change-bias` converts a checkpoint in
+    # one process; the converter's save is no race.
+    assert lint_source(SUBCOMMANDS) == []
+    # The export mode sets up the group as well: now every rank writes model.pth.
+    both = SUBCOMMANDS.replace("def export(model, out):\n",
+                               "def export(model, out):\n    dist.init_process_group('nccl')\n")
+    assert [f.code for f in lint_source(both)] == ["DDP007"]

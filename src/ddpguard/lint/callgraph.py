@@ -240,3 +240,66 @@ def message_loop(info: ModuleInfo, func: Func | None) -> bool:
                     and any(isinstance(s, (ast.Break, ast.Return)) for s in node.body):
                 return True
     return False
+
+
+_GROUP_SETUP = ("init_process_group", "init_dist", "init_distributed", "setup_dist",
+                "distributed_init", "dist_init", "setup_ddp", "ddp_setup")
+
+
+def _forming(info: ModuleInfo) -> set[int]:
+    """Functions of this file that set up a process group, directly or through this file's
+    other functions."""
+    hit = info._memo.get(("forming", 0))
+    if hit is None:
+        out: set[int] = set()
+        for rec in info.calls:
+            if rec.func is not None and (rec.last.startswith(_GROUP_SETUP)
+                                         or "distributed_mode" in rec.last):
+                out.add(id(rec.func))
+        for _ in range(4):
+            more = {id(rec.func) for rec in info.calls if rec.func is not None
+                    and id(rec.func) not in out
+                    and any(id(fn) in out for fn in info.local_callees(rec))}
+            if not more:
+                break
+            out |= more
+        hit = info._memo[("forming", 0)] = out
+    return hit  # type: ignore[return-value]
+
+
+def mode_without_group(info: ModuleInfo, lines: list[int]) -> bool:
+    """One of `lines` (the calls on the way to a write, in this file) sits in one arm of a
+    test that splits no ranks (a CLI subcommand: `if command == "train": train() elif
+    command == "change-bias": change_bias()`), another arm of which sets up the process
+    group while this one does not: this mode runs as one process (deepmd's change-bias
+    writes its model once)."""
+    forming = _forming(info)
+    if not forming or not lines:
+        return False
+    ifs = info._memo.get(("ifs", 0))
+    if ifs is None:
+        ifs = info._memo[("ifs", 0)] = [n for n in ast.walk(info.tree)
+                                          if isinstance(n, ast.If) and n.orelse]
+    for node in ifs:  # type: ignore[attr-defined]
+        if info.rank_level(node.test):
+            continue
+        arms = (node.body, node.orelse)
+        for line in lines:
+            mine = [a for a in arms
+                    if a[0].lineno <= line <= (a[-1].end_lineno or a[-1].lineno)]
+            if len(mine) != 1:
+                continue
+            other = arms[1] if mine[0] is arms[0] else arms[0]
+            if _sets_up(info, other, forming) and not _sets_up(info, mine[0], forming):
+                return True
+    return False
+
+
+def _sets_up(info: ModuleInfo, stmts: list[ast.stmt], forming: set[int]) -> bool:
+    first, last = stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno
+    for rec in info.calls:
+        if first <= rec.node.lineno <= last and (
+                rec.last.startswith(_GROUP_SETUP) or "distributed_mode" in rec.last
+                or any(id(fn) in forming for fn in info.local_callees(rec))):
+            return True
+    return False

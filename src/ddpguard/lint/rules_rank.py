@@ -7,7 +7,7 @@ import ast
 import os
 from collections.abc import Iterator
 
-from .callgraph import is_collective, params_of, reaches, resolve
+from .callgraph import is_collective, mode_without_group, params_of, reaches, resolve
 from .context import CallRec, Func, ModuleInfo, dotted, kwarg
 from .crossfile import runs_as_a_group
 from .diverge import divergences
@@ -117,6 +117,10 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
             continue
         for ev, via, per_rank, paths in project(info, root, OTHERS).writes:
             if id(ev) not in zero or per_rank or id(ev) in done:
+                continue
+            lines = [ln for ln, p in zip([*via, ev.line], [*paths, ev.path or info.path],
+                                         strict=False) if p == info.path]
+            if mode_without_group(info, lines):
                 continue
             if root is not None:
                 # A helper nobody here calls runs under its caller's guard, elsewhere (also
