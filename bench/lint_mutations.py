@@ -138,7 +138,7 @@ M = [
  ("a module function is referenced by its bare name", "rules_rank.py", "                names = used[0] if root in info.func_class else used[1]", "                names = used[0]"),
  ("a variable of that name is no reference", "rules_rank.py", "                if isinstance(a, ast.Name) and a.id not in params and a.id not in info.assigns:", "                if isinstance(a, ast.Name):"),
  ("a rank flag set in another file", "crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
- ("worker loop on a received signal", "diverge.py", "or message_loop(info, root) or (", "or False or ("),
+ ("worker loop on a received signal", "diverge.py", "if not has_split(info, root) or message_loop(info, root) or", "if not has_split(info, root) or False or"),
  ("closure handed away under rank tests", "diverge.py", "root is not None and handed_away_under_rank_tests(info, root)):", "False):"),
  ("closure reference in the single-process arm", "callgraph.py", "            if v != TRUE:\n                _refs(info, s.orelse, name, inner, out)", "            _refs(info, s.orelse, name, inner, out)"),
  ("a tool that forms no group", "rules_rank.py", "    if not info.distributed or not (runs_as_a_group(info) or (", "    if not info.distributed or not (True or ("),
@@ -146,6 +146,14 @@ M = [
  ("plain imports join the group", "crossfile.py", "for qual in set(caller.aliases.values()) | plain:", "for qual in set(caller.aliases.values()):"),
  ("a subcommand that forms no group", "rules_rank.py", "            if mode_without_group(info, lines):", "            if False:"),
  ("a group set up through this file's functions", "callgraph.py", "                    and any(id(fn) in out for fn in info.local_callees(rec))}", "                    and False}"),
+ ("buffer broadcast set from a config", "rules_rank.py", "    if found and _buffers_maybe_unsynced(info):", "    if False:"),
+ ("a tuple literal is no caller parameter", "projection.py", "        if isinstance(val, CallerParam):", "        if isinstance(val, CallerParam | tuple):"),
+ ("a bare .cuda() in sight", "rules_model.py", "                _bare_cuda(info, rec) and not _placed_per_rank(", "                not _placed_per_rank("),
+ ("pair the events of the same line", "diverge.py", "        if i2 - i1 + j2 - j1 == 1:\n            i1, i2, j1, j2 = _slide(", "        if False:\n            i1, i2, j1, j2 = _slide("),
+ ("a while loop's continue that comes back", "diverge.py", "            if ex.op == \"continue\" and ex.text == \"while\" and _retry(", "            if False and _retry("),
+ ("work handed to a thread under a rank test", "diverge.py", "                hands_work_away(info, root) or (", "                False or ("),
+ ("rank functions known before the walk", "walker.py", "    _rank_functions_first(info, tree.body)\n", ""),
+ ("the look-ahead's cache read again", "walker.py", "    info._memo.clear()\n    info._last.clear()\n    walker.block", "    walker.block"),
 ]
 
 

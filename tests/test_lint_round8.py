@@ -3,7 +3,10 @@ our own that expects nothing, and by the one-line change that makes the same cod
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pytest
 
 from ddpguard.lint import lint_paths, lint_source
 
@@ -50,12 +53,39 @@ def train_lbfgs(model, optimizer, loader, rank, distributed):
 """
 
 
+DRIVER = """import torch
+import torch.distributed as dist
+
+
+def drive(step, n_steps, rank):
+    signal = torch.zeros(1)
+    if rank == 0:
+        for _ in range(n_steps):
+            signal.fill_(1)
+            dist.broadcast(signal, src=0)
+            step()
+        signal.fill_(0)
+        dist.broadcast(signal, src=0)
+    else:
+        while True:
+            dist.broadcast(signal, src=0)
+            if signal.item() == 0:
+                break
+            step()
+"""
+
+
 def test_a_worker_loop_that_leaves_on_what_it_received_is_not_aligned() -> None:
     assert lint_source(SIGNAL_PROTOCOL) == []
+    assert lint_source(DRIVER) == []
     # The same workers leaving on their own count instead of the leader's signal: rank 0
     # broadcasts once, the workers wait in a broadcast that rank 0 never makes again.
+    # (Rank 0 calls the closure itself here: handed to the optimizer, how often it runs is
+    # the optimizer's decision, and nothing is proven either way.)
     own_count = SIGNAL_PROTOCOL.replace("if signal.item() == 0:\n                    break",
-                                        "if step > 3:\n                    break")
+                                        "if step > 3:\n                    break").replace(
+        "            loss = optimizer.step(closure)\n            signal.fill_(0)",
+        "            loss = closure()\n            signal.fill_(0)")
     assert "DDP005" in [f.code for f in lint_source(own_count)]
 
 
@@ -228,3 +258,169 @@ def test_a_subcommand_that_forms_no_group_writes_alone() -> None:
     both = SUBCOMMANDS.replace("def export(model, out):\n",
                                "def export(model, out):\n    dist.init_process_group('nccl')\n")
     assert [f.code for f in lint_source(both)] == ["DDP007"]
+
+
+def test_a_tuple_default_is_a_literal_not_a_marker() -> None:
+    # DAMO-YOLO: `def inference(..., iou_types=("bbox",), expected_results=())`, passed on
+    # whole to the evaluation; the tuple was read as the analysis's own "caller's parameter"
+    # marker and crashed the run.
+    src = ("import torch.distributed as dist\n\n\n"
+           "def evaluate(predictions, iou_types):\n"
+           "    if iou_types:\n        print(predictions)\n\n\n"
+           "def inference(model, data, iou_types=()):\n"
+           "    predictions = model(data)\n    dist.barrier()\n"
+           "    if dist.get_rank() != 0:\n        return None\n"
+           "    return evaluate(predictions, iou_types=iou_types)\n\n\n"
+           "def main(model, data):\n    if dist.get_rank() != 0:\n        dist.barrier()\n"
+           "    inference(model, data)\n"
+           "    if dist.get_rank() == 0:\n        dist.barrier()\n")
+    assert lint_source(src) == []
+
+
+def test_a_rule_that_fails_is_reported_and_the_others_still_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpguard.lint import catalog
+
+    def broken(info: object) -> object:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setitem(catalog.RULES, "DDP005",
+                        dataclasses.replace(catalog.RULES["DDP005"], check=broken))
+    src = ("import torch.distributed as dist\nfrom torch.utils.data import DistributedSampler\n\n\n"
+           "def main(ds):\n    s = DistributedSampler(ds)\n    for epoch in range(3):\n"
+           "        for x in s:\n            pass\n")
+    found = lint_source(src)
+    assert [f.code for f in found] == ["DDP000", "DDP001"]
+    assert "internal error" in found[0].message and "DDP005" in found[0].message
+    assert "IndexError" in found[0].message
+
+
+NO_GRAD_PROBE = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main(model, loader, cfg, rank):
+    dist.init_process_group("nccl")
+    model = DistributedDataParallel(model, broadcast_buffers=cfg.broadcast_buffers)
+    for x in loader:
+        model(x).sum().backward()
+        if rank == 0:
+            with torch.no_grad():
+                print(model(x).mean())
+        dist.barrier()
+"""
+
+
+def test_a_no_grad_forward_with_buffer_broadcast_from_a_config_is_unproven() -> None:
+    # physicsnemo: `broadcast_buffers=dist.broadcast_buffers`, False by default in its
+    # manager; under no_grad the buffer broadcast is a forward's only collective.
+    assert lint_source(NO_GRAD_PROBE) == []
+    on = NO_GRAD_PROBE.replace("broadcast_buffers=cfg.broadcast_buffers", "broadcast_buffers=True")
+    assert [f.code for f in lint_source(on)] == ["DDP006"]
+
+
+def test_ddp_without_device_ids_needs_a_visible_bare_cuda() -> None:
+    # A model placed by the caller (on its own rank's device, for all this file shows) is no
+    # evidence that every process uses cuda:0.
+    placed_elsewhere = ("import torch.distributed as dist\n"
+                        "from torch.nn.parallel import DistributedDataParallel\n\n\n"
+                        "def wrap(model):\n    dist.init_process_group('nccl')\n"
+                        "    return DistributedDataParallel(model)\n")
+    assert lint_source(placed_elsewhere) == []
+    bare = placed_elsewhere.replace("    return Dist", "    model.cuda()\n    return Dist")
+    assert [f.code for f in lint_source(bare)] == ["DDP015"]
+    inline = placed_elsewhere.replace("DistributedDataParallel(model)",
+                                      "DistributedDataParallel(model.to('cuda'))")
+    assert [f.code for f in lint_source(inline)] == ["DDP015"]
+
+
+RETRY = """import torch.distributed as dist
+
+
+def serve(model, rank):
+    while True:
+        if rank == 0:
+            line = input("> ")
+            if not line:
+                continue
+            request = [line]
+        else:
+            request = [None]
+        dist.broadcast_object_list(request, src=0)
+        if request[0] == "quit":
+            break
+        model(request[0])
+"""
+
+
+def test_a_while_loops_continue_that_comes_back_to_the_collective() -> None:
+    # metaseq's interactive loop: rank 0 reads again until it has a line; the others wait
+    # in the broadcast rank 0 comes back to.
+    assert lint_source(RETRY) == []
+    # Over a fixed sequence the same `continue` drops rank 0's broadcast for that step.
+    over_data = RETRY.replace("    while True:\n", "    for _ in range(100):\n")
+    assert [f.code for f in lint_source(over_data)] == ["DDP019"]
+
+
+THREADED = """import threading
+import torch
+import torch.distributed as dist
+
+
+def batching_loop(queue):
+    while True:
+        batch = queue.get()
+        dist.broadcast_object_list([batch], src=0)
+
+
+def worker_main(model):
+    while True:
+        batch = [None]
+        dist.broadcast_object_list(batch, src=0)
+        model(batch[0])
+
+
+def main(model, queue):
+    dist.init_process_group("nccl")
+    if dist.get_rank() == 0:
+        threading.Thread(target=batching_loop, args=(queue,), daemon=True).start()
+        serve_http(queue)
+    else:
+        worker_main(model)
+"""
+
+
+def test_collectives_handed_to_a_thread_on_one_rank_are_not_aligned() -> None:
+    # metaseq's hosted server: rank 0's thread makes the broadcasts the workers wait in.
+    assert lint_source(THREADED) == []
+    # Rank 0 starts nothing: the workers wait in a broadcast no rank makes.
+    alone = THREADED.replace(
+        "        threading.Thread(target=batching_loop, args=(queue,), daemon=True).start()\n", "")
+    assert [f.code for f in lint_source(alone)] == ["DDP005"]
+
+
+CHIEF = """import torch
+import torch.distributed as dist
+from tml.core import env
+
+
+def run(model, loader):
+    if env.is_reader():
+        loader.serve()
+    if env.is_chief():
+        dist.init_process_group("nccl")
+        for x in loader:
+            loss = model(x)
+            dist.all_reduce(loss)
+"""
+
+
+def test_is_chief_is_a_role_not_rank_zero() -> None:
+    # the-algorithm-ml: `is_chief()` tests TASK_TYPE == "chief", true on every trainer.
+    assert lint_source(CHIEF) == []
+    # Defined here from the rank, it is the rank-0 test it looks like.
+    ranked = CHIEF.replace("from tml.core import env\n", "") \
+        .replace("env.is_chief()", "is_chief()").replace("env.is_reader()", "False") + (
+        "\n\ndef is_chief():\n    return dist.get_rank() == 0\n")
+    assert [f.code for f in lint_source(ranked)] == ["DDP005"]

@@ -303,3 +303,19 @@ def _sets_up(info: ModuleInfo, stmts: list[ast.stmt], forming: set[int]) -> bool
                 or any(id(fn) in forming for fn in info.local_callees(rec))):
             return True
     return False
+
+
+def hands_work_away(info: ModuleInfo, func: Func | None) -> bool:
+    """Under a rank test, `func` hands a function of this file that reaches collectives to
+    other code instead of calling it (`threading.Thread(target=batching_loop).start()` on
+    rank 0, the workers' loop in the other arm): when and how often it runs is that code's
+    decision, so the two classes' schedules cannot be aligned from the text."""
+    for rec in info.calls:
+        if rec.func is not func or not rec.guard:
+            continue
+        for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
+            name = a.id if isinstance(a, ast.Name) else None
+            if name and any(reaches(info, id(fn)) for fn in info.funcs.get(name, ())
+                            if fn not in info.func_class):
+                return True
+    return False

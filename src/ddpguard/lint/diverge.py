@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from .callgraph import handed_away_under_rank_tests, has_split, message_loop
+from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split, message_loop
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
@@ -41,6 +41,7 @@ class Divergence:
     # DDP019: every collective the other class goes on to, in order, as (line, site, the
     # message with it); the first one the exit does not exclude is reported.
     partners: tuple[tuple[int, int, str], ...] = ()
+    no_grad: bool = False   # DDP006: the forward runs under torch.no_grad()
 
 
 def divergences(info: ModuleInfo) -> list[Divergence]:
@@ -57,7 +58,8 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
     pairs = [(RANK0, OTHERS)] + ([(NODE_LEADERS, OTHERS)] if info.multi_node
                                  and info.local_tests else [])
     for root in roots:
-        if not has_split(info, root) or message_loop(info, root) or (
+        if not has_split(info, root) or message_loop(info, root) or \
+                hands_work_away(info, root) or (
                 root is not None and handed_away_under_rank_tests(info, root)):
             continue
         for a, b in pairs:
@@ -139,6 +141,8 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence],
         while i1 < i2 and j1 < j2 and _pairable(sa[i2 - 1], sb[j2 - 1]):
             pair(i2 - 1, j2 - 1)
             i2, j2 = i2 - 1, j2 - 1
+        if i2 - i1 + j2 - j1 == 1:
+            i1, i2, j1, j2 = _slide(sa, sb, i1, i2, j1, j2)
         a, b = sa[i1:i2], sb[j1:j2]
         if a and b:
             _report(a, b, sa[i2:], sb[j2:], ca, cb, out, here, then_a, then_b)
@@ -150,6 +154,33 @@ def _diff(sa: Seq, sb: Seq, ca: RankClass, cb: RankClass, out: list[Divergence],
             else:
                 _report((), (it,), sa[i1:], sb[j1 + k + 1:], ca, cb, out, here, then_a,
                         then_b)
+
+
+def _slide(sa: Seq, sb: Seq, i1: int, i2: int, j1: int,
+           j2: int) -> tuple[int, int, int, int]:
+    """One extra event on one side, the same kind of event right after it matched on the
+    other: the match may be the wrong one of the two (rank 0's no_grad forward at line 13
+    after the training forward at line 10, the others' forward at line 10). Pair the events of
+    the same line, and report the other."""
+    xs, ys, x, y = (sa, sb, i1, j2) if i2 > i1 else (sb, sa, j1, i2)
+    while x + 1 < len(xs) and y < len(ys) and xs[x].key == xs[x + 1].key \
+            and _ev_line(xs[x]) == _ev_line(ys[y]) != _ev_line(xs[x + 1]):
+        x, y = x + 1, y + 1
+    return (x, x + 1, y, y) if i2 > i1 else (y, y, x, x + 1)
+
+
+def _retry(mine: Seq, theirs: Seq) -> bool:
+    """A `while` loop's `continue` after which the leaving class's next collective is the
+    very one the others wait in (metaseq's `if rank == 0: x = input(); if not x: continue`
+    before the broadcast): it comes back to it, nothing is skipped. In a `for` loop over data
+    the same `continue` drops that step's collectives, and the counts part."""
+    a, b = _colls(mine), _colls(theirs)
+    return bool(a and b) and a[0][0].ev is not None and b[0][0].ev is not None and \
+        (a[0][0].ev.op, a[0][0].ev.line) == (b[0][0].ev.op, b[0][0].ev.line)
+
+
+def _ev_line(it: Item) -> int:
+    return it.ev.line if it.ev is not None else -1
 
 
 def _exclusive(info: ModuleInfo, root: Func | None, line: int, site: int) -> bool:
@@ -347,11 +378,14 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
     if (ea is None and eb is None) or ops(a) == ops(b):
         # Nothing to wait on, or the same collectives through different lines (the send and
         # receive sides of one broadcast in two arms): an exit before them is what can part.
-        for x, cx, side, rest, co, then in ((_early_exit(a), ca, b, rest_b, cb, then_b),
-                                            (_early_exit(b), cb, a, rest_a, ca, then_a)):
+        for x, cx, side, rest, co, then, mine in (
+                (_early_exit(a), ca, b, rest_b, cb, then_b, then_a),
+                (_early_exit(b), cb, a, rest_a, ca, then_a, then_b)):
             if x is None or x[0].ev is None or x[0].ev.op in ("yield", STUB):
                 continue
             ex = x[0].ev
+            if ex.op == "continue" and ex.text == "while" and _retry(mine, (*side, *rest)):
+                continue
             partners = []
             # A `break` leaves the loop the others go on with: their next iteration's
             # collectives wait too (early stopping decided on rank 0 alone).
@@ -417,7 +451,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         if code == "DDP005" else ""
     out.append(Divergence(code, _line(it, via),
                           f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
-                          other_line))
+                          other_line, no_grad=code == "DDP006" and _no_grad(a, it)))
 
 
 def _no_grad(seq: Seq, target: Item) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,10 @@ def analyse(source: str, path: str) -> ModuleInfo | Finding:
         tree = parse(source, path)
     except Unreadable as exc:
         return _ddp000(path, exc)
-    return build(tree, path)
+    try:
+        return build(tree, path)
+    except Exception as exc:  # noqa: BLE001  (the other files still get checked)
+        return _internal_error(path, "the analysis", exc)
 
 
 def _ddp000(path: str, exc: Unreadable) -> Finding:
@@ -92,7 +96,12 @@ def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> 
     lines = source.splitlines()
     found: dict[tuple[int, int, str], Finding] = {}
     for code in selection.codes():
-        for node, hit_code, message, *sev in RULES[code](info):
+        try:
+            hits = list(RULES[code](info))
+        except Exception as exc:  # noqa: BLE001  (one rule's bug must not cost the others)
+            found.setdefault((1, 1, "DDP000"), _internal_error(path, code, exc))
+            continue
+        for node, hit_code, message, *sev in hits:
             line = getattr(node, "lineno", 1)
             col = getattr(node, "col_offset", 0) + 1
             if _suppressed(lines, line, hit_code):
@@ -103,6 +112,17 @@ def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> 
             found.setdefault(key, Finding(path, line, col, hit_code, severity, message,
                                           RULES[hit_code].fix))
     return [found[k] for k in sorted(found)]
+
+
+def _internal_error(path: str, code: str, exc: Exception) -> Finding:
+    """A bug of ours, not of the file: say so, say where, and let the other rules and files
+    run (one crash used to end the whole command)."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    return Finding(path, 1, 1, "DDP000", "error",
+                   f"internal error of ddpguard lint in {code} ({type(exc).__name__}: {exc}"
+                   f"{where}); this file's other rules and the other files were checked",
+                   f"please report it with this file; meanwhile `--ignore {code}` skips the rule")
 
 
 def _suppressed(lines: list[str], line: int, code: str) -> bool:

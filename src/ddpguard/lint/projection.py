@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .context import Func, ModuleInfo, dotted
 from .ranks import FALSE, TRUE, UNKNOWN, RankClass, _const, evaluate_test
-from .schedule import MAX_DEPTH, CallN, Ev, IfN, LoopN, builder
+from .schedule import MAX_DEPTH, CallerParam, CallN, Ev, IfN, LoopN, builder
 
 # -- projected items ------------------------------------------------------------------------
 Cond = tuple[ast.expr, int] | None
@@ -177,10 +177,10 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
         return None
     passed: list[tuple[str, object]] = []
     for name, val in n.consts.items():
-        if isinstance(val, tuple):  # the caller's own parameter: known only if it was passed
-            if val[1] not in consts:
+        if isinstance(val, CallerParam):  # known only if the caller's caller passed it
+            if val.name not in consts:
                 continue
-            val = consts[val[1]]
+            val = consts[val.name]
         passed.append((name, val))
     if n.via_self:
         passed.extend((k, v) for k, v in consts.items() if k.startswith("self."))

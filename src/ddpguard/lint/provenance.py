@@ -37,10 +37,13 @@ _PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_ra
                "is_global_zero", "is_world_process_zero", "is_primary", "is_global_primary",
                "is_master_process", "is_local_main", "is_local_main_process",
                "is_local_master", "is_local_process_zero", "is_local_primary",
-               "master_process", "main_process", "is_chief", "is_root_process", "is_rank_0",
+               "master_process", "main_process", "is_root_process", "is_rank_0",
                "master"}  # (`env.master = dist.get_rank() == 0` in a dataclass, rq-vae)
+# Not `is_chief`: TensorFlow's role name; torchrec-style code sets it from the task type
+# (`TASK_TYPE == "chief"`), true on every trainer process (the-algorithm-ml). Where a linted
+# file defines it from the rank, the definition says so.
 # Predicates by their shape: `is_master_proc()`, `is_main_rank`, `is_primary_worker` ...
-_PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|chief|leader|root|rank_?0|rank_zero|"
+_PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|leader|root|rank_?0|rank_zero|"
                            r"global_zero)", re.I)
 
 

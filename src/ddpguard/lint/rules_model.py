@@ -434,12 +434,37 @@ def ddp015(info: ModuleInfo) -> Iterator[Hit]:
         elif rec.last == "DistributedDataParallel" and info.uses_cuda and \
                 not any(k.arg is None for k in rec.node.keywords) and \
                 kwarg(rec.node, "device_ids") is None and len(rec.node.args) < 2 and \
-                not _placed_per_rank(info, rec, set_devices):
+                _bare_cuda(info, rec) and not _placed_per_rank(info, rec, set_devices):
             yield rec.node, "DDP015", (
                 "DDP without device_ids on a model placed with a bare .cuda() and no "
                 "torch.cuda.set_device on this path: every process of a node uses the current "
                 "device (cuda:0); DDP has not spread one process over several GPUs since "
                 "torch 1.9")
+
+
+def _is_bare_move(call: ast.Call) -> bool:
+    """`.cuda()` or `.to("cuda")`: the current device, whichever that is."""
+    if not isinstance(call.func, ast.Attribute) or call.keywords:
+        return False
+    if call.func.attr == "cuda":
+        return not call.args
+    return call.func.attr == "to" and len(call.args) == 1 and \
+        isinstance(call.args[0], ast.Constant) and call.args[0].value == "cuda"
+
+
+def _bare_cuda(info: ModuleInfo, wrap: CallRec) -> bool:
+    """The wrapped model is visibly placed with a bare `.cuda()` on the way to the wrap (in
+    its arguments, or earlier in the same function). A model the caller placed is no
+    evidence of cuda:0 (physicsnemo wraps a parameter that its caller moved)."""
+    arg = wrap.node.args[0] if wrap.node.args else kwarg(wrap.node, "module")
+    if isinstance(arg, ast.Call):
+        return _is_bare_move(arg)
+    name = dotted(arg) if arg is not None else None
+    return name is not None and any(
+        _is_bare_move(rec.node) and isinstance(rec.node.func, ast.Attribute)
+        and dotted(rec.node.func.value) == name and rec.func is wrap.func
+        and rec.node.lineno <= wrap.node.lineno and not exclusive(rec, wrap)
+        for rec in info.calls_named("to", "cuda"))
 
 
 def _moved_there_before(info: ModuleInfo, move: CallRec, wrap: CallRec) -> bool:
@@ -477,12 +502,14 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     # `DDP(model.to(local_rank))`, or `model.cuda(gpu)` on the way: placed on a chosen device
     arg = wrap.node.args[0] if wrap.node.args else kwarg(wrap.node, "module")
     if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute):
-        return arg.func.attr in ("to", "cuda") and bool(arg.args or arg.keywords)
+        return arg.func.attr in ("to", "cuda") and bool(arg.args or arg.keywords) \
+            and not _is_bare_move(arg)
     name = dotted(arg) if arg is not None else None
     for rec in info.calls_named("to", "cuda"):
         f = rec.node.func
         if rec.last in ("to", "cuda") and isinstance(f, ast.Attribute) \
                 and dotted(f.value) == name and (rec.node.args or rec.node.keywords) \
+                and not _is_bare_move(rec.node) \
                 and rec.func is wrap.func and not exclusive(rec, wrap) \
                 and rec.node.lineno <= wrap.node.lineno:
             return True

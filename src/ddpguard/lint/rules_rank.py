@@ -47,6 +47,10 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     """DDP broadcasts the module's buffers at the start of each forward and waits for every
     rank: a forward on rank 0 alone hangs as soon as the model has a buffer (docs/pitfalls.md)."""
     found = [d for d in divergences(info) if d.code == "DDP006"]
+    if found and _buffers_maybe_unsynced(info):
+        # Under no_grad a forward's only collective is the buffer broadcast; with
+        # `broadcast_buffers` set from a config (modulus: False by default) that is unproven.
+        found = [d for d in found if not d.no_grad]
     if not found:
         return
     sev = "error" if (info.batchnorm or info.buffers) and not any(
@@ -61,6 +65,16 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
             "matching broadcast: it hangs")
     for d in found:
         yield At(d.line), "DDP006", d.message + tail, sev
+
+
+def _buffers_maybe_unsynced(info: ModuleInfo) -> bool:
+    """Every DDP wrap of the module passes `broadcast_buffers=` something other than a
+    literal True."""
+    wraps = [r for r in info.calls if r.last == "DistributedDataParallel" or r.last == "DDP"]
+    return bool(wraps) and all(any(
+        k.arg == "broadcast_buffers" and not (isinstance(k.value, ast.Constant)
+                                              and k.value.value is True)
+        for k in r.node.keywords) for r in wraps)
 
 
 @rule("DDP019", "exit-before-collective", "warning",

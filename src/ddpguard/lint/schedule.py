@@ -42,6 +42,13 @@ _TRY_STAR = getattr(ast, "TryStar", None)
 
 
 # -- the tree built once per function -------------------------------------------------------
+@dataclass(frozen=True)
+class CallerParam:
+    """A callee parameter bound to the caller's own parameter: its value is known only where
+    the caller's caller passed a literal (a marker of its own: a literal may be a tuple)."""
+    name: str
+
+
 @dataclass(slots=True)
 class Ev:
     kind: str          # coll fwd pcall write exit mayexit yield
@@ -77,7 +84,7 @@ class CallN:
     bind: dict[str, tuple[str, str]]   # callee parameter -> ("ddp", name) | ("param", name)
     ctx_body: list[object] | None = None   # `with helper(): body` on a generator helper
     # callee parameter the callee's own tests read -> a literal (True, False, None, a number,
-    # a string) or ("param", caller's parameter): `load_data(args, evaluate=True)`
+    # a string, a tuple) or CallerParam(name): `load_data(args, evaluate=True)`
     consts: dict[str, object] = field(default_factory=dict)
     # callee parameters whose argument here is a per-rank path (`f"best_w{rank}.th"`, or a
     # name assigned one): a write to that parameter writes one file per rank
@@ -98,6 +105,7 @@ class Builder:
         self.params: set[str] = set()
         self.handles: dict[str, ast.expr] = {}
         self.no_grad = 0
+        self.whiles: list[bool] = []   # the enclosing loops, innermost last: a `while`?
 
     def tree(self, func: Func | None) -> list[object]:
         key = ("tree", id(func) if func is not None else 0)
@@ -142,7 +150,9 @@ class Builder:
                 fixed = UNKNOWN if split else evaluate_test(self.info, s.test, RANK0)
                 out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
+            self.whiles.append(t is ast.While)
             body = self.block(s.body)
+            self.whiles.pop()
             if body:
                 out.append(LoopN(body, s.lineno))
             out.extend(self.block(s.orelse))
@@ -170,7 +180,10 @@ class Builder:
             # on one rank: it ends the path, and no rule reports it as an exit.
             out.append(Ev("exit", STUB if _stub(s.exc) else "raise", s.lineno))
         elif t is ast.Continue or t is ast.Break:
-            out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno))
+            # A `continue` of a `while` loop may be a retry (read the input again), not a
+            # step the other ranks take without this one; diverge.py tells them apart.
+            out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno,
+                          text="while" if self.whiles and self.whiles[-1] else ""))
         elif t is ast.Assert:
             if not splits(self.info, s.test) and \
                     evaluate_test(self.info, s.test, RANK0) == FALSE:
@@ -347,7 +360,7 @@ class Builder:
             elif lit is not None:
                 out[name] = lit
             elif isinstance(arg, ast.Name) and arg.id in self.params:
-                out[name] = ("param", arg.id)
+                out[name] = CallerParam(arg.id)
         return out
 
 

@@ -368,10 +368,28 @@ def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
     """One walk over `tree`, then the functions' guard levels."""
     info = ModuleInfo(tree, path=path)
     walker = Walker(info)
+    _rank_functions_first(info, tree.body)
+    # What that look-ahead cached was read before the imports were: read it again.
+    info._memo.clear()
+    info._last.clear()
     walker.block(tree.body)
     info.gloo_only = walker.gloo and not info.uses_cuda
     _guard_functions(info)
     return info
+
+
+def _rank_functions_first(info: ModuleInfo, body: list[ast.stmt]) -> None:
+    """Module functions (and methods) that return a rank test, known before the walk: `main()`
+    at the top may test `is_leader()` defined below it."""
+    for s in body:
+        if type(s) is ast.ClassDef:
+            _rank_functions_first(info, s.body)
+        elif (type(s) is _FunctionDef or type(s) is _AsyncFunctionDef) and s.body:
+            last = s.body[-1]
+            if type(last) is _Return and last.value is not None:
+                level = info.rank_level(last.value)
+                if level:
+                    info.rank_funcs.setdefault(s.name, level)
 
 
 def _guard_functions(info: ModuleInfo) -> None:
