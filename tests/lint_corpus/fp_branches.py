@@ -17,7 +17,10 @@ def main_worker(gpu, ngpus_per_node, args, model, train_set, val_set):
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.gpu])
         else:
             model.cuda()
-            model = torch.nn.parallel.DistributedDataParallel(model)  # expect: DDP015
+            # The fallback for a launch that names no device (one process per node): the
+            # per-process launch takes the arm above. Reported by issue 13; since issue 20's
+            # eighth round not (independent reviews: 0 true in 4).
+            model = torch.nn.parallel.DistributedDataParallel(model)
     elif args.gpu is not None:
         torch.cuda.set_device(args.gpu)
         model = model.cuda(args.gpu)
