@@ -154,6 +154,7 @@ M = [
  ("work handed to a thread under a rank test", "diverge.py", "                hands_work_away(info, root) or (", "                False or ("),
  ("rank functions known before the walk", "walker.py", "    _rank_functions_first(info, tree.body)\n", ""),
  ("the look-ahead's cache read again", "walker.py", "    info._memo.clear()\n    info._last.clear()\n    walker.block", "    walker.block"),
+ ("a loader on an instance of this file's class", "context.py", "        if isinstance(node, ast.Attribute) and f\"self.{node.attr}\" in self.assigns and any(", "        if False and any("),
 ]
 
 

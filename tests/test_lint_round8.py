@@ -424,3 +424,32 @@ def test_is_chief_is_a_role_not_rank_zero() -> None:
         .replace("env.is_chief()", "is_chief()").replace("env.is_reader()", "False") + (
         "\n\ndef is_chief():\n    return dist.get_rank() == 0\n")
     assert [f.code for f in lint_source(ranked)] == ["DDP005"]
+
+
+TRAINER_LOADER = """import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+class Trainer:
+    def __init__(self, dataset):
+        sampler = DistributedSampler(dataset, shuffle=True)
+        self.dataloader = DataLoader(dataset, sampler=sampler, batch_size=8)
+
+
+def main(dataset, model, epochs):
+    dist.init_process_group("nccl")
+    trainer = Trainer(dataset)
+    for epoch in range(epochs):
+        for x in trainer.dataloader:
+            model(x).sum().backward()
+"""
+
+
+def test_a_loader_kept_on_an_instance_of_this_files_class() -> None:
+    # physicsnemo's MGNTrainer: the sampler is built in __init__, the epochs run in main()
+    # over `trainer.dataloader`, and nobody calls set_epoch (a real miss of round 8's tuning).
+    assert [(f.code, f.line) for f in lint_source(TRAINER_LOADER)] == [("DDP001", 14)]
+    fixed = TRAINER_LOADER.replace(
+        "        for x in trainer.dataloader:",
+        "        trainer.dataloader.sampler.set_epoch(epoch)\n        for x in trainer.dataloader:")
+    assert lint_source(fixed) == []

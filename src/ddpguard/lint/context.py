@@ -122,6 +122,14 @@ class ModuleInfo:
             for _, value in self.assigns[d]:
                 out.extend(self.values_of(value, depth + 1) or [value])
             return out
+        if isinstance(node, ast.Attribute) and f"self.{node.attr}" in self.assigns and any(
+                isinstance(v, ast.Call) and self.callee_last(v) in self.classes
+                for v in self.values_of(node.value, depth + 1)):
+            # `trainer.dataloader` where `trainer = Trainer(cfg)` is this file's class and
+            # its methods set `self.dataloader` (physicsnemo's MGNTrainer)
+            for _, value in self.assigns[f"self.{node.attr}"]:
+                out.extend(self.values_of(value, depth + 1) or [value])
+            return out
         if isinstance(node, ast.Attribute) and node.attr in ("sampler", "batch_sampler"):
             for loader in self.values_of(node.value, depth + 1):
                 if isinstance(loader, ast.Call) and self.callee_last(loader) == "DataLoader":
