@@ -155,6 +155,7 @@ M = [
  ("rank functions known before the walk", "walker.py", "    _rank_functions_first(info, tree.body)\n", ""),
  ("the look-ahead's cache read again", "walker.py", "    info._memo.clear()\n    info._last.clear()\n    walker.block", "    walker.block"),
  ("a loader on an instance of this file's class", "context.py", "        if isinstance(node, ast.Attribute) and f\"self.{node.attr}\" in self.assigns and any(", "        if False and any("),
+ ("a dump on the way out", "rules_rank.py", "(ev.path or info.path) == info.path and _dump_on_the_way_out(info, ev.line)):", "False):"),
 ]
 
 

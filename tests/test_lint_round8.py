@@ -453,3 +453,28 @@ def test_a_loader_kept_on_an_instance_of_this_files_class() -> None:
         "        for x in trainer.dataloader:",
         "        trainer.dataloader.sampler.set_epoch(epoch)\n        for x in trainer.dataloader:")
     assert lint_source(fixed) == []
+
+
+CRASH_DUMP = """import math
+import sys
+import torch
+import torch.distributed as dist
+
+
+def train(model, loader, out):
+    dist.init_process_group("nccl")
+    for batch in loader:
+        loss = model(batch)
+        if not math.isfinite(loss.item()):
+            torch.save(batch, out + "/debug_batch.pt")
+            print("loss is not finite, stopping", file=sys.stderr)
+            sys.exit(1)
+        loss.backward()
+"""
+
+
+def test_a_dump_on_the_way_out_is_no_checkpoint() -> None:
+    # ml-4m: the batch that made the loss NaN, saved just before the process exits.
+    assert lint_source(CRASH_DUMP) == []
+    going_on = CRASH_DUMP.replace("            sys.exit(1)\n", "")
+    assert [f.code for f in lint_source(going_on)] == ["DDP007"]

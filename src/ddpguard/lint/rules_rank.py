@@ -134,7 +134,8 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 continue
             lines = [ln for ln, p in zip([*via, ev.line], [*paths, ev.path or info.path],
                                          strict=False) if p == info.path]
-            if mode_without_group(info, lines):
+            if mode_without_group(info, lines) or (
+                    (ev.path or info.path) == info.path and _dump_on_the_way_out(info, ev.line)):
                 continue
             if root is not None:
                 # A helper nobody here calls runs under its caller's guard, elsewhere (also
@@ -163,6 +164,21 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 f"rank 0 and the ranks > 0 all reach this {ev.op} of `{ev.text}`{how}: every "
                 "rank writes the same file at once (torn or clobbered, and only one rank's "
                 "contents survive)")
+
+
+def _dump_on_the_way_out(info: ModuleInfo, line: int) -> bool:
+    """The write sits in a block that ends the process (`if not math.isfinite(loss):
+    torch.save(batch, "debug.pt"); sys.exit(1)`): a crash dump, not a checkpoint."""
+    for node in ast.walk(info.tree):
+        if isinstance(node, ast.If) and node.body and \
+                node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0):
+            last = node.body[-1]
+            if isinstance(last, ast.Raise) or (
+                    isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+                    and (dotted(last.value.func) or "") in ("sys.exit", "exit", "os._exit",
+                                                             "quit")):
+                return True
+    return False
 
 
 def _referenced_names(info: ModuleInfo) -> tuple[set[str], set[str]]:
