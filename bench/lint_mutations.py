@@ -156,6 +156,12 @@ M = [
  ("the look-ahead's cache read again", "walker.py", "    info._memo.clear()\n    info._last.clear()\n    walker.block", "    walker.block"),
  ("a loader on an instance of this file's class", "context.py", "        if isinstance(node, ast.Attribute) and f\"self.{node.attr}\" in self.assigns and any(", "        if False and any("),
  ("a dump on the way out", "rules_rank.py", "(ev.path or info.path) == info.path and _dump_on_the_way_out(info, ev.line)):", "False):"),
+ ("same collectives on every path of a flag", "diverge.py", "            if found and paths_agree(sa, sb):", "            if False:"),
+ ("a break on the path ends the loop", "consistent.py", "got, how = [(\"loop\", it.site, tuple(body), end)]", "got, how = [(\"loop\", it.site, tuple(body), \"\")]"),
+ ("is_first_worker", "provenance.py", "r\"first_(worker|rank|process|proc|gpu|device)|\"", "r\"first_(xworker)|\""),
+ ("n_gpu set to one", "ranks.py", "    return any(isinstance(v, ast.Constant) and v.value == 1 for _, v in info.assigns.get(d, ()))", "    return False"),
+ ("not param passed on", "schedule.py", "                out[name] = CallerParam(arg.operand.id, negate=True)", "                pass"),
+ ("not param is read", "schedule.py", "                        a = a.operand  # `is_training=not evaluate`", "                        pass"),
 ]
 
 

@@ -482,3 +482,96 @@ def test_a_dump_on_the_way_out_is_no_checkpoint() -> None:
     assert lint_source(CRASH_DUMP) == []
     going_on = CRASH_DUMP.replace("            sys.exit(1)\n", "")
     assert [f.code for f in lint_source(going_on)] == ["DDP007"]
+
+
+MERGE = """import torch.distributed as dist
+
+
+def merge(load_all, only_load_in_master):
+    dist.barrier()
+    if only_load_in_master:
+        if not is_first_worker():
+            dist.barrier()
+            return None
+    out = load_all()
+    dist.barrier()
+    return out
+"""
+
+
+def test_one_barrier_per_rank_on_every_path_of_a_flag() -> None:
+    # OpenMatch's barrier_array_merge: with the flag set the others barrier and leave, rank 0
+    # loads and then barriers; without it everyone barriers once at the end.
+    assert lint_source(MERGE) == []
+    # The others leave without their barrier: rank 0 waits in the last one alone.
+    gone = MERGE.replace("            dist.barrier()\n            return None\n",
+                         "            return None\n")
+    assert [f.code for f in lint_source(gone)] == ["DDP019"]
+
+
+def test_is_first_worker_is_a_leader_test() -> None:
+    src = ("import torch\nimport torch.distributed as dist\nfrom utils.util import is_first_worker"
+           "\n\n\ndef train(model, out):\n    dist.init_process_group('nccl')\n"
+           "    if is_first_worker():\n        torch.save(model.state_dict(), out)\n\n\n"
+           "if __name__ == '__main__':\n    train(torch.nn.Linear(2, 2), 'm.pth')\n")
+    assert lint_source(src) == []
+    assert [f.code for f in lint_source(src.replace("    if is_first_worker():\n        torch",
+                                                    "    if True:\n        torch"))] == ["DDP007"]
+
+
+N_GPU = """import torch
+import torch.distributed as dist
+
+
+def main(args, model):
+    if args.local_rank == -1:
+        args.n_gpu = torch.cuda.device_count()
+    else:
+        dist.init_process_group("nccl")
+        args.n_gpu = 1
+    if args.n_gpu > 1:
+        torch.save(model.module.state_dict(), "model.pth")
+    elif args.local_rank in [-1, 0]:
+        torch.save(model.state_dict(), "model.pth")
+
+
+if __name__ == "__main__":
+    main(None, None)
+"""
+
+
+def test_n_gpu_set_to_one_for_ddp_is_the_dataparallel_test() -> None:
+    # The old example trainers (OpenMatch, DensePhrases): `n_gpu > 1` is the DataParallel
+    # path, false under DDP, where n_gpu is 1: its save is no rank's.
+    assert lint_source(N_GPU) == []
+    per_node = N_GPU.replace("        args.n_gpu = 1\n", "        args.n_gpu = 2\n")
+    assert [f.code for f in lint_source(per_node)] == ["DDP007"]
+
+
+NEGATED = """import torch.distributed as dist
+
+
+def convert(examples, is_training):
+    if is_training:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, examples)
+    return examples
+
+
+def load(examples, evaluate=False):
+    return convert(examples, is_training=not evaluate)
+
+
+def main(examples):
+    if dist.get_rank() == 0:
+        load(examples, evaluate=True)
+    load(examples)
+"""
+
+
+def test_a_negated_parameter_passes_the_literal_on() -> None:
+    # DensePhrases: rank 0's evaluation loads with evaluate=True, so convert() skips the
+    # all_gather_object that only training runs.
+    assert lint_source(NEGATED) == []
+    assert [f.code for f in lint_source(NEGATED.replace("is_training=not evaluate",
+                                                        "is_training=True"))] == ["DDP005"]

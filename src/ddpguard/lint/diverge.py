@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split, message_loop
+from .consistent import paths_agree
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
@@ -69,6 +70,9 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             sa, sb = _no_yield(pa.seq), _no_yield(pb.seq)
             found: list[Divergence] = []
             _diff(sa, sb, a, b, found, info.path)
+            if found and paths_agree(sa, sb):
+                # every path the two classes share reaches the same collectives in order
+                continue
             if found and ops(sa) == ops(sb):
                 # The same collectives in the same order, reached from different lines (the
                 # leader-goes-first pair written as two plain `if`s): only an early exit of

@@ -32,6 +32,7 @@ class Item:
     via: tuple[int, ...] = ()      # call sites from the compared function down to the event
     args: tuple[tuple[str, object], ...] = ()   # a call's literal arguments (its callee's tests)
     no_grad: bool = False          # a call made under `torch.no_grad()`
+    split: bool = False            # an alt whose test may differ between ranks (or an assert)
 
 
 Seq = tuple[Item, ...]
@@ -106,7 +107,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
             elif n.kind == "mayexit":
                 ev = Item(("x", "exit", n.op), "ev", n, cond=cond)
                 out.append(Item(("a", (ev.key,), ()), "alt", arms=((ev,), ()), site=n.line,
-                                cond=cond))
+                                cond=cond, split=True))
             else:
                 out.append(Item(_ev_key(n), "ev", n, cond=cond))
                 if n.kind == "exit":
@@ -152,7 +153,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 out.extend(b)
             else:
                 out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
-                                cond=cond))
+                                cond=cond, split=split))
             if bx and ox:
                 return out, bx
         elif t is LoopN:
@@ -180,7 +181,7 @@ def _call(info: ModuleInfo, n: CallN, cls: RankClass, stack: tuple[int, ...],
         if isinstance(val, CallerParam):  # known only if the caller's caller passed it
             if val.name not in consts:
                 continue
-            val = consts[val.name]
+            val = (not consts[val.name]) if val.negate else consts[val.name]
         passed.append((name, val))
     if n.via_self:
         passed.extend((k, v) for k, v in consts.items() if k.startswith("self."))
@@ -290,7 +291,7 @@ def _rebind(seq: Seq, n: CallN) -> Seq:
                 ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
             if any(arms):
                 out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via,
-                                it.args, it.no_grad))
+                                it.args, it.no_grad, it.split))
         else:
             out.append(it)
     return tuple(out)

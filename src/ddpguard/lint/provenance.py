@@ -44,6 +44,7 @@ _PREDICATES = {"is_main_process", "is_master", "is_main", "is_rank_zero", "is_ra
 # file defines it from the rank, the definition says so.
 # Predicates by their shape: `is_master_proc()`, `is_main_rank`, `is_primary_worker` ...
 _PREDICATE_RE = re.compile(r"^is_\w*(master|main|primary|leader|root|rank_?0|rank_zero|"
+                           r"first_(worker|rank|process|proc|gpu|device)|"
                            r"global_zero)", re.I)
 
 

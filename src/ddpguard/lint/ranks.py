@@ -270,6 +270,13 @@ def launch(info: Table, node: ast.AST | None) -> int:
         return v if v == UNKNOWN or not flip else 1 - v
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
         c = _const(node.comparators[0])
+        if isinstance(c, int) and not isinstance(c, bool) and _one_gpu_per_process(info,
+                                                                                  node.left):
+            # `args.n_gpu > 1` where the script sets `args.n_gpu = 1` for a distributed run
+            # (the old example trainers): the DataParallel path, false under DDP
+            fn = _CMP.get(type(node.ops[0]))
+            if fn is not None:
+                return TRUE if fn(1, c) else FALSE
         if isinstance(c, int) and not isinstance(c, bool) and _is_world(info, node.left):
             fn = _CMP.get(type(node.ops[0]))
             if fn is not None and c in (1, 2):
@@ -300,6 +307,15 @@ def _module_function(info: Table, name: str) -> bool:
             for fs in info.funcs.values() for f in fs) and any(
             f in info.tree.body for f in fns)
     return hit
+
+
+def _one_gpu_per_process(info: Table, node: ast.AST) -> bool:
+    """`n_gpu` (singular), which the module sets to the literal 1 somewhere: HF's example
+    trainers set it to 1 in the distributed arm and to the device count otherwise."""
+    d = dotted(node)
+    if d is None or d.rsplit(".", 1)[-1] != "n_gpu":
+        return False
+    return any(isinstance(v, ast.Constant) and v.value == 1 for _, v in info.assigns.get(d, ()))
 
 
 def _is_world(info: Table, node: ast.AST) -> bool:

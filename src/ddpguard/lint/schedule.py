@@ -45,8 +45,10 @@ _TRY_STAR = getattr(ast, "TryStar", None)
 @dataclass(frozen=True)
 class CallerParam:
     """A callee parameter bound to the caller's own parameter: its value is known only where
-    the caller's caller passed a literal (a marker of its own: a literal may be a tuple)."""
+    the caller's caller passed a literal (a marker of its own: a literal may be a tuple).
+    `negate`: the argument was `not param` (`convert(is_training=not evaluate)`)."""
     name: str
+    negate: bool = False
 
 
 @dataclass(slots=True)
@@ -361,6 +363,9 @@ class Builder:
                 out[name] = lit
             elif isinstance(arg, ast.Name) and arg.id in self.params:
                 out[name] = CallerParam(arg.id)
+            elif isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.Not) and \
+                    isinstance(arg.operand, ast.Name) and arg.operand.id in self.params:
+                out[name] = CallerParam(arg.operand.id, negate=True)
         return out
 
 
@@ -376,8 +381,11 @@ def _tested_names(info: ModuleInfo, fn: Func) -> frozenset[str]:
             if isinstance(st, ast.If):
                 read.update(n.id for n in ast.walk(st.test) if isinstance(n, ast.Name))
             elif isinstance(st, ast.Call):
-                read.update(a.id for a in [*st.args, *(k.value for k in st.keywords)]
-                            if isinstance(a, ast.Name))
+                for a in [*st.args, *(k.value for k in st.keywords)]:
+                    if isinstance(a, ast.UnaryOp) and isinstance(a.op, ast.Not):
+                        a = a.operand  # `is_training=not evaluate`
+                    if isinstance(a, ast.Name):
+                        read.add(a.id)
         hit = info._memo[key] = frozenset(read & params)
     return hit  # type: ignore[return-value]
 

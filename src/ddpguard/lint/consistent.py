@@ -1,0 +1,65 @@
+"""Path by path: two rank classes that take the same arm of every test that does not split
+the ranks (a flag, a config value: the same on every rank) and then reach the same collectives
+in the same order do not diverge, whatever the structural alignment says (OpenMatch's
+`if only_load_in_master: if not is_first_worker(): barrier(); return` ... `barrier()`: one
+barrier per rank on every path)."""
+
+from __future__ import annotations
+
+from itertools import product
+
+from .projection import Seq
+
+_LIMIT = 8   # tests enumerated at most (2**8 paths); beyond, the alignment's answer stands
+
+
+def paths_agree(sa: Seq, sb: Seq) -> bool:
+    sites: list[int] = []
+    if not (_sites(sa, sites) and _sites(sb, sites)) or len(sites) > _LIMIT:
+        return False
+    for bits in product((0, 1), repeat=len(sites)):
+        choice = dict(zip(sites, bits, strict=True))
+        if _linear(sa, choice)[0] != _linear(sb, choice)[0]:
+            return False
+    return True
+
+
+def _sites(seq: Seq, out: list[int]) -> bool:
+    """The non-splitting tests of `seq`, in `out`; False if some test may differ per rank."""
+    for it in seq:
+        if it.kind == "alt":
+            if it.split or len(it.arms) != 2:
+                return False
+            if it.site not in out:
+                out.append(it.site)
+        if not all(_sites(a, out) for a in it.arms):
+            return False
+    return True
+
+
+def _linear(seq: Seq, choice: dict[int, int]) -> tuple[list[object], str]:
+    """The collectives and forwards of one path, and how it ends: "" (falls through),
+    "end" (leaves the function), "break" or "continue" (leaves the loop body)."""
+    out: list[object] = []
+    for it in seq:
+        ev = it.ev
+        if ev is not None:
+            if ev.kind in ("coll", "fwd"):
+                out.append(it.key)
+            elif ev.kind == "exit":
+                return out, ev.op if ev.op in ("break", "continue") else "end"
+            continue
+        if it.kind == "alt":
+            got, how = _linear(it.arms[choice[it.site]], choice)
+        elif it.kind == "loop":
+            # A `break` on this path ends the loop (the iterations that follow are gone), a
+            # `return` the function.
+            body, end = _linear(it.arms[0], choice)
+            got, how = [("loop", it.site, tuple(body), end)], "end" if end == "end" else ""
+        else:  # a call: its own return ends only the callee
+            got, how = _linear(it.arms[0], choice) if it.arms else ([], "")
+            how = "" if how == "end" and it.kind == "call" else how
+        out.extend(got)
+        if how:
+            return out, how
+    return out, ""
