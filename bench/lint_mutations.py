@@ -162,6 +162,8 @@ M = [
  ("n_gpu set to one", "ranks.py", "    return any(isinstance(v, ast.Constant) and v.value == 1 for _, v in info.assigns.get(d, ()))", "    return False"),
  ("not param passed on", "schedule.py", "                out[name] = CallerParam(arg.operand.id, negate=True)", "                pass"),
  ("not param is read", "schedule.py", "                        a = a.operand  # `is_training=not evaluate`", "                        pass"),
+ ("a method reached only from uncalled methods", "rules_rank.py", "                if root.name not in names or (root in info.func_class and\n                                              not _live_method_call(info, root.name, called)):", "                if root.name not in names:"),
+ ("liveness through methods a live call reaches", "rules_rank.py", "        more = {n for n, here, m in sites if not here and m in live} - live", "        more: set[str] = set()"),
 ]
 
 

@@ -575,3 +575,24 @@ def test_a_negated_parameter_passes_the_literal_on() -> None:
     assert lint_source(NEGATED) == []
     assert [f.code for f in lint_source(NEGATED.replace("is_training=not evaluate",
                                                         "is_training=True"))] == ["DDP005"]
+
+
+def test_a_save_reached_only_from_a_framework_hook(tmp_path: Path) -> None:
+    # RetroMAE: HF's Trainer calls `_save` on the process that saves; nothing of the
+    # project calls it, so the model's `save()` and its pooler's writes are the hook's.
+    (tmp_path / "modeling.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n\nclass Pooler(torch.nn.Module):\n"
+        "    def save_pooler(self, path):\n        torch.save(self.state_dict(), path + '/p.pt')"
+        "\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()"
+        "\n        self.pooler = Pooler()\n\n    def save(self, out):\n"
+        "        self.pooler.save_pooler(out)\n\n    def sync(self, t):\n"
+        "        dist.all_reduce(t)\n")
+    trainer = ("from transformers import Trainer\n\n\nclass MyTrainer(Trainer):\n"
+               "    def _save(self, output_dir=None):\n        self.model.save(output_dir)\n")
+    (tmp_path / "trainer.py").write_text(trainer)
+    assert lint_paths([tmp_path]) == []
+    # The project's own loop calls the hook on every rank: now every rank writes p.pt.
+    (tmp_path / "trainer.py").write_text(
+        trainer + "\n\ndef main(t):\n    t.train()\n    t._save('out')\n")
+    assert [(Path(f.path).name, f.code) for f in lint_paths([tmp_path])] == [
+        ("modeling.py", "DDP007")]

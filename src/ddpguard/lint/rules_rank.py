@@ -145,7 +145,8 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
                 # module only by its own name (LSGM's unused `utils.save` is no method of
                 # the `writer.save()` the module calls).
                 names = used[0] if root in info.func_class else used[1]
-                if root.name not in names:
+                if root.name not in names or (root in info.func_class and
+                                              not _live_method_call(info, root.name, called)):
                     continue
             done.add(id(ev))
             if ev.path and ev.path != info.path and via:
@@ -179,6 +180,48 @@ def _dump_on_the_way_out(info: ModuleInfo, line: int) -> bool:
                                                              "quit")):
                 return True
     return False
+
+
+def _live_method_call(info: ModuleInfo, name: str, called: set[int]) -> bool:
+    """Some `obj.name(...)` runs when the program's own code runs: at module level, in a
+    function called in its file or passed on by its bare name, or in a method that such a
+    call reaches (also from the other files on the command line). Only from inside methods
+    nobody calls (RetroMAE's `save()`, which HF's Trainer calls on the process that saves),
+    it runs wherever the framework calls them."""
+    project = info.project
+    infos = getattr(project, "infos", None) or [info]
+    live: set[str] | None = getattr(project, "live_attrs", None)
+    if live is None:
+        live = _live_attrs(infos, {id(info): called})
+        if project is not None:
+            project.live_attrs = live  # type: ignore[attr-defined]
+    return name in live
+
+
+def _live_attrs(infos: list[ModuleInfo], known: dict[int, set[int]]) -> set[str]:
+    sites: list[tuple[str, bool, str | None]] = []   # (name, live by place, enclosing method)
+    for inf in infos:
+        called = known.get(id(inf)) or {id(fn) for rec in inf.calls
+                                         for fn in inf.local_callees(rec)}
+        modules = set(inf.aliases) | {(a.asname or a.name).split(".", 1)[0] for s in
+                                      inf.tree.body if isinstance(s, ast.Import)
+                                      for a in s.names}
+        bare = {rec.node.func.id for rec in inf.calls if isinstance(rec.node.func, ast.Name)}
+        for rec in inf.calls:
+            f = rec.node.func
+            if not isinstance(f, ast.Attribute) or \
+                    (dotted(f.value) or "").split(".", 1)[0] in modules:
+                continue
+            fn = rec.func
+            here = fn is None or id(fn) in called or fn not in inf.func_class or fn.name in bare
+            sites.append((f.attr, here, None if here or fn is None else fn.name))
+    live = {n for n, here, _ in sites if here}
+    for _ in range(4):
+        more = {n for n, here, m in sites if not here and m in live} - live
+        if not more:
+            break
+        live |= more
+    return live
 
 
 def _referenced_names(info: ModuleInfo) -> tuple[set[str], set[str]]:
