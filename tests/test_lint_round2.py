@@ -274,9 +274,13 @@ def persist(obj, path):
 
 def export_ema(src, dst):
     persist(torch.load(src, map_location="cpu"), dst)
+
+
+def setup():
+    dist.init_process_group("gloo")
 """
     assert inline(src) == []
-    called = src + "\n\nif __name__ == '__main__':\n    dist.init_process_group('gloo')\n" \
+    called = src + "\n\nif __name__ == '__main__':\n    setup()\n" \
         "    export_ema('a.pt', 'b.pt')\n    dist.destroy_process_group()\n"
     assert inline(called) == [("DDP007", 2)]
 
