@@ -163,6 +163,7 @@ M = [
  ("not param is read", "schedule.py", "                        a = a.operand  # `is_training=not evaluate`", "                        pass"),
  ("a method reached only from uncalled methods", "rules_rank.py", "                if root.name not in names or (root in info.func_class and\n                                              not _live_method_call(info, root.name, called)):", "                if root.name not in names:"),
  ("liveness through methods a live call reaches", "rules_rank.py", "        more = {n for n, here, m in sites if not here and m in live} - live", "        more: set[str] = set()"),
+ ("a flag set to constants in a rank test's arms", "walker.py", "            if level:\n                _flags_set_in_arms(info, s, level)\n", ""),
 ]
 
 

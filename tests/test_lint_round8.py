@@ -596,3 +596,23 @@ def test_a_save_reached_only_from_a_framework_hook(tmp_path: Path) -> None:
         trainer + "\n\ndef main(t):\n    t.train()\n    t._save('out')\n")
     assert [(Path(f.path).name, f.code) for f in lint_paths([tmp_path])] == [
         ("modeling.py", "DDP007")]
+
+
+def test_a_flag_set_to_constants_in_the_arms_of_a_rank_test(tmp_path: Path) -> None:
+    # HybrIK (round 8's blind half, tuning data since): env.py sets `opt.log = True` on rank
+    # 0 and `False` elsewhere; the training scripts save under `if opt.log:`.
+    (tmp_path / "env.py").write_text(
+        "import torch.distributed as dist\n\n\ndef init_dist(opt):\n"
+        "    dist.init_process_group('nccl', rank=opt.rank, world_size=opt.world_size)\n"
+        "    if opt.rank == 0:\n        opt.log = True\n    else:\n        opt.log = False\n")
+    script = ("import torch\nfrom env import init_dist\n\n\ndef main(opt, model):\n"
+              "    init_dist(opt)\n    if opt.log:\n        torch.save(model.state_dict(), 'm.pth')"
+              "\n\n\nif __name__ == '__main__':\n    main(None, None)\n")
+    (tmp_path / "train.py").write_text(script)
+    assert lint_paths([tmp_path]) == []
+    # In one file the flag is the test itself: rank 0 alone reaches the barrier under it.
+    one = ("import torch.distributed as dist\n\n\ndef main(rank):\n"
+           "    if rank == 0:\n        log = True\n    else:\n        log = False\n"
+           "    if log:\n        dist.barrier()\n")
+    assert [f.code for f in lint_source(one)] == ["DDP005"]
+    assert lint_source(one.replace("        dist.barrier()\n", "        print('log')\n")) == []

@@ -148,6 +148,8 @@ class Walker:
             self.branch = saved_branch + ((id(s), 1),)
             self.block(s.orelse)
             self.guard, self.branch = saved, saved_branch
+            if level:
+                _flags_set_in_arms(info, s, level)
             if not self.func and _is_main_guard(s.test):
                 info.has_main = True
         elif t is _For or t is _AsyncFor or t is _While:
@@ -376,6 +378,24 @@ def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
     info.gloo_only = walker.gloo and not info.uses_cuda
     _guard_functions(info)
     return info
+
+
+def _flags_set_in_arms(info: ModuleInfo, s: ast.If, level: int) -> None:
+    """`if opt.rank == 0: opt.log = True else: opt.log = False` (HybrIK's env.py): the flag
+    is that test, as if written `opt.log = opt.rank == 0`, in this file and, as a dotted
+    name, in the others on the command line."""
+    for arm, negate in ((s.body, False), (s.orelse, True)):
+        for st in arm:
+            if type(st) is ast.Assign and type(st.value) is _Constant and \
+                    isinstance(st.value.value, bool):
+                truth = st.value.value != negate
+                value: ast.expr = s.test if truth else ast.UnaryOp(ast.Not(), s.test)
+                ast.copy_location(value, st)
+                for tgt in st.targets:
+                    name = dotted(tgt)
+                    if name is not None:
+                        info.assigns.setdefault(name, []).append((st.lineno, value))
+                        info.rank_names[name] = level
 
 
 def _rank_functions_first(info: ModuleInfo, body: list[ast.stmt]) -> None:
