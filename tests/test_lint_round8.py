@@ -616,3 +616,17 @@ def test_a_flag_set_to_constants_in_the_arms_of_a_rank_test(tmp_path: Path) -> N
            "    if log:\n        dist.barrier()\n")
     assert [f.code for f in lint_source(one)] == ["DDP005"]
     assert lint_source(one.replace("        dist.barrier()\n", "        print('log')\n")) == []
+
+
+def test_a_callees_return_ends_only_the_callee_past_the_path_limit() -> None:
+    # With more flags than the path-by-path check enumerates (2**8 paths), the alignment
+    # alone must still know that `log`'s early return does not leave `f`.
+    flags = "".join(f"    if t.flag{k}:\n        dist.all_reduce(t)\n" for k in range(9))
+    src = ("import torch\nimport torch.distributed as dist\n\n\ndef log(x):\n"
+           "    if x is None:\n        return\n    torch.save(x, f'log{dist.get_rank()}.pt')\n\n\n"
+           "def f(t, rank):\n" + flags + "    if rank == 0:\n        log(t)\n"
+           "    dist.broadcast(t, 0)\n")
+    assert lint_source(src) == []
+    # Rank 0 itself leaving does part them (the other ranks wait in the broadcast).
+    left = [f.code for f in lint_source(src.replace("        log(t)\n", "        return\n"))]
+    assert left in (["DDP005"], ["DDP019"])
