@@ -109,7 +109,7 @@ _WRITE_HINT = {"save", "dump", "savez", "savez_compressed"}
 @rule("DDP007", "shared-file-write", "warning",
       "every rank writes the same file (torch.save, pickle.dump, np.save to a path that does "
       "not depend on the rank)",
-      "write on rank 0 only (then barrier), or put the rank in the file name")
+      "write on rank 0 only (then barrier), or put the rank in the file name", default=False)
 def ddp007(info: ModuleInfo) -> Iterator[Hit]:
     """Rank 0 and the ranks > 0 both reach a write of one path: the writes race, and when
     the contents differ per rank (shards, per-rank state) all but one are lost."""
