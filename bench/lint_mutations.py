@@ -62,7 +62,6 @@ M = [
  ("the bare model saved in the mode that never wraps", "rules_model.py", "                if _unwrapped_here(info, owner, node) or", "                if False or"),
  ("negated mode test", "rules_model.py", "                    test, neg = test.operand, not neg", "                    break"),
  ("the load reads this model back", "rules_model.py", "                    k is not None or _load_owner(ld) in names)), None)", "                    True)), None)"),
- ("a module's function is no local call", "rules_rank.py", "            if (dotted(f.value) or \"\").split(\".\", 1)[0] not in modules:", "            if True:"),
  ("enumerate's index is no batch", "rules_data.py", "            target = target.elts[1]  #", "            pass  #"),
  ("a move inside the wrap's arguments", "rules_model.py", "dominates(w, rec) and not _within(rec.node, w.node)", "dominates(w, rec)"),
  ("uncalled helper writing through another", "rules_rank.py", "            if root is not None:\n                # A helper nobody", "            if root is not None and not via:\n                # A helper nobody"),
@@ -164,6 +163,7 @@ M = [
  ("a method reached only from uncalled methods", "rules_rank.py", "                if root.name not in names or (root in info.func_class and\n                                              not _live_method_call(info, root.name, called)):", "                if root.name not in names:"),
  ("liveness through methods a live call reaches", "rules_rank.py", "        more = {n for n, here, m in sites if not here and m in live} - live", "        more: set[str] = set()"),
  ("a flag set to constants in a rank test's arms", "walker.py", "            if level:\n                _flags_set_in_arms(info, s, level)\n", ""),
+ ("torch.save is no call of a method", "rules_rank.py", "                    (dotted(f.value) or \"\").split(\".\", 1)[0] in modules:", "                    False:"),
 ]
 
 

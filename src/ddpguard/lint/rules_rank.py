@@ -229,17 +229,12 @@ def _referenced_names(info: ModuleInfo) -> tuple[set[str], set[str]]:
     name, and the names used bare (a call `f(...)`, a value `f`), not as an attribute."""
     out: set[str] = set()
     bare: set[str] = set()
-    modules = set(info.aliases)
-    for s in info.tree.body:
-        if isinstance(s, ast.Import):
-            modules.update((a.asname or a.name).split(".", 1)[0] for a in s.names)
     for rec in info.calls:
         f = rec.node.func
         if isinstance(f, ast.Attribute):
-            # `torch.save(...)` is not a call of this module's `save`; a method call on an
-            # object may be.
-            if (dotted(f.value) or "").split(".", 1)[0] not in modules:
-                out.add(f.attr)
+            # a method call on an object may be this module's method (`_live_method_call`
+            # then leaves out `torch.save(...)`, a module's function)
+            out.add(f.attr)
         elif isinstance(f, ast.Name):
             out.add(f.id)
             bare.add(f.id)
