@@ -142,7 +142,7 @@ M = [
  ("a tool that forms no group", "rules_rank.py", "    if not info.distributed or not (runs_as_a_group(info) or (", "    if not info.distributed or not (True or ("),
  ("a module imported by a group's file", "rules_rank.py", "            info.project is not None and info.project.in_group(info))):", "            False)):"),
  ("plain imports join the group", "crossfile.py", "for qual in set(caller.aliases.values()) | plain:", "for qual in set(caller.aliases.values()):"),
- ("a subcommand that forms no group", "rules_rank.py", "            if mode_without_group(info, lines):", "            if False:"),
+ ("a subcommand that forms no group", "rules_rank.py", "            if mode_without_group(info, lines) or (", "            if False or ("),
  ("a group set up through this file's functions", "callgraph.py", "                    and any(id(fn) in out for fn in info.local_callees(rec))}", "                    and False}"),
  ("buffer broadcast set from a config", "rules_rank.py", "    if found and _buffers_maybe_unsynced(info):", "    if False:"),
  ("a tuple literal is no caller parameter", "projection.py", "        if isinstance(val, CallerParam):", "        if isinstance(val, CallerParam | tuple):"),
