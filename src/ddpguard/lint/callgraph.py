@@ -10,15 +10,9 @@ from __future__ import annotations
 
 import ast
 
-from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, CallRec, Func, ModuleInfo, dotted
-from .crossfile import EXTERNAL
+from .context import CallRec, Func, ModuleInfo, dotted, is_collective
+from .crossfile import EXTERNAL, sets_up_group
 from .ranks import FALSE, TRUE, launch, splits
-
-
-def is_collective(rec: CallRec) -> bool:
-    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
-        return False
-    return (rec.qual or "").startswith("torch.distributed.")
 
 
 def params_of(fn: Func) -> set[str]:
@@ -242,10 +236,6 @@ def message_loop(info: ModuleInfo, func: Func | None) -> bool:
     return False
 
 
-_GROUP_SETUP = ("init_process_group", "init_dist", "init_distributed", "setup_dist",
-                "distributed_init", "dist_init", "setup_ddp", "ddp_setup")
-
-
 def _forming(info: ModuleInfo) -> set[int]:
     """Functions of this file that set up a process group, directly or through this file's
     other functions."""
@@ -253,8 +243,7 @@ def _forming(info: ModuleInfo) -> set[int]:
     if hit is None:
         out: set[int] = set()
         for rec in info.calls:
-            if rec.func is not None and (rec.last.startswith(_GROUP_SETUP)
-                                         or "distributed_mode" in rec.last):
+            if rec.func is not None and sets_up_group(rec.last):
                 out.add(id(rec.func))
         for _ in range(4):
             more = {id(rec.func) for rec in info.calls if rec.func is not None
@@ -299,7 +288,7 @@ def _sets_up(info: ModuleInfo, stmts: list[ast.stmt], forming: set[int]) -> bool
     first, last = stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno
     for rec in info.calls:
         if first <= rec.node.lineno <= last and (
-                rec.last.startswith(_GROUP_SETUP) or "distributed_mode" in rec.last
+                sets_up_group(rec.last)
                 or any(id(fn) in forming for fn in info.local_callees(rec))):
             return True
     return False

@@ -39,6 +39,12 @@ class CallRec:
     callee: str | None = None
 
 
+def is_collective(rec: CallRec) -> bool:
+    if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
+        return False
+    return (rec.qual or "").startswith("torch.distributed.")
+
+
 @dataclass(slots=True)
 class LoopRec:
     node: Loop

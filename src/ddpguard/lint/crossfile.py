@@ -9,7 +9,7 @@ import ast
 import os
 from pathlib import Path
 
-from .context import COLLECTIVE_EXACT, COLLECTIVE_PREFIXES, Func, ModuleInfo, dotted
+from .context import Func, ModuleInfo, dotted, is_collective
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -153,9 +153,16 @@ def _constructor_flags(infos: list[ModuleInfo]) -> None:
                                 target.assigns.setdefault(d, []).append((st.lineno, value))
 
 
-_GROUP_CALLS = ("init_process_group", "init_dist", "init_distributed", "setup_dist",
-                "dist_init", "distributed_init", "setup_ddp", "ddp_setup", "spawn",
-                "start_processes", "DistributedDataParallel", "DDP", "DistributedSampler")
+_GROUP_SETUP = ("init_process_group", "init_dist", "init_distributed", "setup_dist",
+                "dist_init", "distributed_init", "setup_ddp", "ddp_setup")
+_GROUP_CALLS = (*_GROUP_SETUP, "spawn", "start_processes", "DistributedDataParallel", "DDP",
+                "DistributedSampler")
+
+
+def sets_up_group(last: str) -> bool:
+    """A call that forms the process group (`init_process_group`, mmcv's `init_dist`, the
+    reference scripts' `init_distributed_mode`)."""
+    return last.startswith(_GROUP_SETUP) or "distributed_mode" in last
 
 
 def runs_as_a_group(info: ModuleInfo) -> bool:
@@ -163,9 +170,8 @@ def runs_as_a_group(info: ModuleInfo) -> bool:
     calls a collective. A conversion tool that only reads the rank through a copied helper
     (CenterPoint's `convert_voxelnet.py`: mmcv's `load_state_dict` prints on rank 0) runs as
     one process, and its one write is no race."""
-    return any(r.last.startswith(_GROUP_CALLS) or "distributed_mode" in r.last or (
-        (r.last in COLLECTIVE_EXACT or r.last.startswith(COLLECTIVE_PREFIXES))
-        and (r.qual or "").startswith("torch.distributed.")) for r in info.calls)
+    return any(r.last.startswith(_GROUP_CALLS) or sets_up_group(r.last) or is_collective(r)
+               for r in info.calls)
 
 
 def uses_join(info: ModuleInfo) -> bool:
