@@ -10,23 +10,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from helpers import lint_paths, lint_source
+
 from ddpguard.lint import RULES, Selection
-from ddpguard.lint import lint_paths as _lint_paths
-from ddpguard.lint import lint_source as _lint_source
-from ddpguard.lint.findings import Finding
-
-# The rules as issue 20's rounds tuned them: the defaults plus DDP007, off by default since the
-# eighth round's blind review (0 true in 11 first-contact findings over three blind halves).
-WITH_WRITES = Selection(extend_select=("DDP007",))
-
-
-def lint_source(source: str, path: str = "<string>",
-                selection: Selection | None = None) -> list[Finding]:
-    return _lint_source(source, path, selection or WITH_WRITES)
-
-
-def lint_paths(paths: list[Path], selection: Selection | None = None) -> list[Finding]:
-    return _lint_paths(paths, selection or WITH_WRITES)
 
 CORPUS = Path(__file__).parent / "lint_corpus"
 ALL = Selection(select=("ALL",), ignore=("DDP018",))

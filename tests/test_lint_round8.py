@@ -7,24 +7,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import lint_paths, lint_source
 
-from ddpguard.lint import RULES, Selection
-from ddpguard.lint import lint_paths as _lint_paths
-from ddpguard.lint import lint_source as _lint_source
-from ddpguard.lint.findings import Finding
-
-# The rules as issue 20's rounds tuned them: the defaults plus DDP007, off by default since the
-# eighth round's blind review (0 true in 11 first-contact findings over three blind halves).
-WITH_WRITES = Selection(extend_select=("DDP007",))
-
-
-def lint_source(source: str, path: str = "<string>",
-                selection: Selection | None = None) -> list[Finding]:
-    return _lint_source(source, path, selection or WITH_WRITES)
-
-
-def lint_paths(paths: list[Path], selection: Selection | None = None) -> list[Finding]:
-    return _lint_paths(paths, selection or WITH_WRITES)
+from ddpguard.lint import RULES
+from ddpguard.lint import lint_source as default_lint
 
 # The leader drives an optimizer that calls the closure; the workers serve it: each waits
 # for a signal, runs the closure when told to, and leaves when told to stop (mace's L-BFGS).
@@ -657,5 +643,5 @@ def test_rules_that_the_blind_reviews_did_not_bear_out_are_off_by_default() -> N
     seed = ("import torch\nimport torch.distributed as dist\n\n\ndef main(model):\n"
             "    dist.init_process_group('nccl')\n    torch.save(model.state_dict(), 'm.pt')\n\n\n"
             "if __name__ == '__main__':\n    main(None)\n")
-    assert _lint_source(seed) == []
+    assert default_lint(seed) == []
     assert [f.code for f in lint_source(seed)] == ["DDP007"]
