@@ -170,16 +170,18 @@ def ddp007(info: ModuleInfo) -> Iterator[Hit]:
 def _dump_on_the_way_out(info: ModuleInfo, line: int) -> bool:
     """The write sits in a block that ends the process (`if not math.isfinite(loss):
     torch.save(batch, "debug.pt"); sys.exit(1)`): a crash dump, not a checkpoint."""
-    for node in ast.walk(info.tree):
-        if isinstance(node, ast.If) and node.body and \
-                node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0):
-            last = node.body[-1]
-            if isinstance(last, ast.Raise) or (
-                    isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
-                    and (dotted(last.value.func) or "") in ("sys.exit", "exit", "os._exit",
-                                                             "quit")):
-                return True
-    return False
+    spans: list[tuple[int, int]] | None = info._memo.get(("dump_spans", 0))  # type: ignore[assignment]
+    if spans is None:
+        spans = info._memo[("dump_spans", 0)] = [
+            (node.body[0].lineno, node.body[-1].end_lineno or 0) for node in ast.walk(info.tree)
+            if isinstance(node, ast.If) and node.body and _ends_process(node.body[-1])]
+    return any(first <= line <= last for first, last in spans)
+
+
+def _ends_process(st: ast.stmt) -> bool:
+    return isinstance(st, ast.Raise) or (
+        isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+        and (dotted(st.value.func) or "") in ("sys.exit", "exit", "os._exit", "quit"))
 
 
 def _live_method_call(info: ModuleInfo, name: str, called: set[int]) -> bool:
