@@ -17,11 +17,15 @@ _LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"}
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """Environment for a child process: no launcher variables, loopback, one thread."""
+def child_env(*, gpus: bool = False, **extra: str) -> dict[str, str]:
+    """Environment for a child process: no launcher variables, loopback, one thread, and no
+    GPU unless `gpus`: the multi-rank tests are gloo on the CPU, and on a machine with fewer
+    GPUs than ranks ddpguard would (rightly) refuse to start NCCL."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM_") and k not in _LAUNCH_VARS}
     env.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra)
     return env
 

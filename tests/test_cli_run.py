@@ -33,6 +33,18 @@ def test_default_process_count():
     assert default_nproc(8) == 8
 
 
+def test_demo_places_ranks_on_gpus_or_on_the_cpu():
+    from ddpguard.commands.demo import plan_ranks
+
+    assert plan_ranks(None, 0) == (2, None)
+    assert plan_ranks(None, 1) == (1, None)
+    assert plan_ranks(None, 8) == (8, None)
+    assert plan_ranks(4, 8) == (4, None)
+    assert plan_ranks(3, 0) == (3, None)
+    n, note = plan_ranks(2, 1)  # NCCL refuses two ranks on one GPU
+    assert n == 2 and note is not None and "2 ranks" in note and "1 GPU" in note and "gloo" in note
+
+
 def test_run_hello_on_two_ranks():
     res = run_cli("run", "--nproc-per-node", "2", "examples/hello.py", timeout=120)
     assert res.returncode == 0, res.stderr

@@ -134,7 +134,7 @@ def test_two_rank_nccl_group_sets_defaults_but_keeps_the_users() -> None:
     from ddpguard.testing import free_port, loopback_env
 
     port = free_port()
-    envs = [child_env(**loopback_env(r, 2, port), TORCH_NCCL_DUMP_ON_TIMEOUT="0")
+    envs = [child_env(gpus=True, **loopback_env(r, 2, port), TORCH_NCCL_DUMP_ON_TIMEOUT="0")
             for r in range(2)]
     for env in envs:  # ddpguard's default must come from ddpguard, not from this machine
         env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
@@ -164,3 +164,94 @@ def test_make_loader_pins_memory_on_cuda() -> None:
         batches = list(loader)
         assert loader.pin_memory and len(batches) == 2
         assert all(b.is_pinned() for b in batches)
+
+
+def test_fit_moves_cpu_batches_to_the_gpu_and_evaluates_there(clean_env) -> None:
+    # A dataset of CPU tensors and a loss_fn that never calls .to(): fit() places each batch
+    # (pinned by make_loader) on the world's device, in training and in evaluation.
+    import ddpguard as dg
+    from ddpguard.train import FitConfig, fit
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    data = list(zip(x, (x.sum(1, keepdim=True) > 0).float(), strict=True))
+
+    def loss_fn(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        xb, yb = batch
+        assert xb.device == CUDA, xb.device
+        return nn.functional.binary_cross_entropy_with_logits(module(xb), yb,
+                                                              reduction="none").mean(1)
+
+    world = dg.init(backend="nccl")
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        cfg = FitConfig(epochs=3, batch_size=32, num_workers=1, progress=False, precision="off")
+        res = fit(model, data, loss_fn, lambda p: torch.optim.Adam(p, lr=0.02), config=cfg,
+                  eval_data=data, world=world)
+    finally:
+        dg.shutdown(world)
+    assert res.steps == 24 and next(model.parameters()).device == CUDA
+    first, last = res.eval_loss[0][1], res.eval_loss[-1][1]
+    assert last < first < 1.0, res.eval_loss
+
+
+def _demo(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    from helpers import child_env, run_cli
+
+    out = tmp_path / "demo"
+    res = run_cli("demo", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                  "--epochs", "1", "--max-steps", "30", *extra, timeout=400,
+                  env=child_env(gpus=True))
+    assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-3000:])
+    return res, json.loads((out / "summary.json").read_text())
+
+
+def test_demo_trains_on_the_gpus_with_nccl(tmp_path) -> None:
+    _, summary = _demo(tmp_path)
+    assert summary["backend"] == "nccl" and summary["world_size"] == torch.cuda.device_count()
+    assert summary["steps"] == 30
+
+
+def test_demo_with_more_ranks_than_gpus_runs_on_the_cpu(tmp_path) -> None:
+    n = torch.cuda.device_count() + 1
+    res, summary = _demo(tmp_path, "--nproc-per-node", str(n))
+    assert "NCCL needs one GPU per rank" in res.stdout
+    assert summary["backend"] == "gloo" and summary["world_size"] == n
+
+
+def test_readback_returns_gpu_values_one_push_late() -> None:
+    from ddpguard.readback import Readback
+
+    rb = Readback()
+    assert rb.push("a", torch.tensor([1.0, 2.0], device=CUDA)) == []
+    assert rb.push("b", torch.tensor([3.0], device=CUDA)) == [("a", [1.0, 2.0])]
+    assert len(rb) == 1 and rb.wait_all() == [("b", [3.0])] and len(rb) == 0
+
+
+def test_nan_check_on_the_gpu_reads_a_check_late_and_flush_at_once() -> None:
+    from ddpguard.metrics import LossWatch, NonFiniteLossError
+
+    world = dataclasses.replace(World(), device=CUDA)
+    watch = LossWatch(world, every=2)
+    watch.update(torch.tensor(float("nan"), device=CUDA), 0)
+    watch.update(torch.tensor(1.0, device=CUDA), 1)  # a check: its copy is still on the way
+    watch.update(torch.tensor(1.0, device=CUDA), 2)
+    with pytest.raises(NonFiniteLossError, match="at step 0"):
+        watch.update(torch.tensor(1.0, device=CUDA), 3)  # the next check reads it
+    watch = LossWatch(world, every=100)
+    watch.update(torch.tensor(float("inf"), device=CUDA), 7)
+    with pytest.raises(NonFiniteLossError, match="at step 7"):
+        watch.flush()
+
+
+def test_checkpoint_rng_state_starts_no_cuda_in_a_cpu_job() -> None:
+    # A CPU job on a GPU machine: saving must not start CUDA in it; a CUDA job's state is kept.
+    code = ("import torch; from ddpguard.checkpoint import rng_state\n"
+            "a = len(rng_state()['cuda']); b = torch.cuda.is_initialized()\n"
+            "torch.ones(1, device='cuda'); c = len(rng_state()['cuda'])\n"
+            "print(a, b, c)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "False", str(torch.cuda.device_count())]

@@ -98,3 +98,21 @@ def test_single_process_and_loss_shapes() -> None:
     loader = torch.utils.data.DataLoader(_Ids(10), batch_size=4)
     res = evaluate(lin, loader, _value_loss, World(), num_real=7)  # explicit padding bound
     assert res.count == 7 and res.total == sum(range(7))
+
+
+def test_readback_of_cpu_tensors_is_immediate_and_in_order() -> None:
+    from ddpguard.readback import Readback
+
+    rb = Readback()
+    assert rb.push("a", torch.tensor([1.0, 2.0])) == [("a", [1.0, 2.0])]
+    assert rb.push(("b", 3), torch.tensor([math.inf])) == [(("b", 3), [math.inf])]
+    assert len(rb) == 0 and rb.wait_all() == []
+
+
+def test_nan_check_on_the_cpu_raises_at_the_first_check() -> None:
+    from ddpguard.metrics import LossWatch, NonFiniteLossError
+
+    watch = LossWatch(World(), every=2)
+    watch.update(torch.tensor(1.0), 0)
+    with pytest.raises(NonFiniteLossError, match="at step 1 .first seen on rank 0"):
+        watch.update(torch.tensor(float("nan")), 1)

@@ -11,6 +11,7 @@ from ddpguard.model import (
     accumulate,
     accumulation_plan,
     prepare_model,
+    to_device,
     unwrap,
     use_syncbn,
 )
@@ -171,3 +172,22 @@ def test_precision_defaults() -> None:
     with p.autocast():
         out = lin(torch.randn(2, 4))
     assert out.dtype == torch.bfloat16 and p.scaler is None
+
+
+def test_to_device_moves_every_tensor_of_a_nested_batch() -> None:
+    # The "meta" device stands in for a GPU: the same traversal, no GPU needed.
+    from collections import UserDict, namedtuple
+
+    pair = namedtuple("pair", "x y")
+    meta = torch.device("meta")
+    batch = {"ids": torch.ones(2, 3), "rest": [pair(torch.zeros(1), "label"), (torch.ones(1),)],
+             "enc": UserDict({"mask": torch.ones(2)}), "n": 7}
+    got = to_device(batch, meta)
+    assert got["ids"].device == meta and got["n"] == 7
+    assert isinstance(got["rest"], list) and isinstance(got["rest"][0], pair)
+    assert got["rest"][0].x.device == meta and got["rest"][0].y == "label"
+    assert isinstance(got["rest"][1], tuple) and got["rest"][1][0].device == meta
+    assert isinstance(got["enc"], UserDict) and got["enc"]["mask"].device == meta
+    assert batch["ids"].device.type == "cpu"  # the caller's batch is left as it was
+    # On the CPU nothing is rebuilt or copied.
+    assert to_device(batch, torch.device("cpu")) is batch

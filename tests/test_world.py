@@ -134,6 +134,16 @@ def test_nccl_defaults_unless_the_user_set_them():
     assert nccl_env_defaults({**NCCL_DEFAULTS, "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}) == {}
 
 
+def test_nccl_defaults_read_the_real_process_environment(monkeypatch):
+    # os.environ is what init passes; unlike a dict, it raises on a None key, which is how
+    # every multi-rank NCCL set-up once failed (seen on a GPU, never on CPU CI).
+    for name in [*NCCL_DEFAULTS, "NCCL_ASYNC_ERROR_HANDLING", "NCCL_DUMP_ON_TIMEOUT"]:
+        monkeypatch.delenv(name, raising=False)
+    assert nccl_env_defaults(os.environ) == NCCL_DEFAULTS
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+    assert nccl_env_defaults(os.environ) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
 def test_init_rejects_bad_timeouts(clean_env):
     import ddpguard as dg
 

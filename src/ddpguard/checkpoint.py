@@ -62,7 +62,9 @@ def rng_state() -> dict[str, Any]:
     py_version, py_internal, py_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # Only where this process already uses CUDA: asking a CPU job on a GPU machine would
+        # start CUDA in it for nothing (and fail in a process forked after CUDA started).
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         "numpy": [str(np_state[0]), torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "python": [int(py_version), list(py_internal), py_gauss],

@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .model import unwrap
+from .model import to_device, unwrap
+from .readback import Readback
 from .sampling.coverage import Coverage, describe_loader
 from .world import World
 
@@ -198,24 +199,25 @@ def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World
     module.eval()
     limit, padding_batch = cov.real, cov.padding_batch
     seen = 0
-    total = torch.zeros((), dtype=torch.float64)
-    weight = torch.zeros((), dtype=torch.float64)
+    # Summed where the values lie and read back once: a .cpu() per batch would stall a GPU.
+    total: Any = torch.zeros((), dtype=torch.float64)
+    weight: Any = torch.zeros((), dtype=torch.float64)
     count = 0
     try:
         for k, batch in enumerate(loader):
             if padding_batch is not None and padding_batch(k):
                 continue
-            values, weights = split_loss(loss_fn(module, batch))
+            values, weights = split_loss(loss_fn(module, to_device(batch, world.device)))
             n = values.shape[0]
             keep = n if limit is None else max(0, min(n, limit - seen))
             seen += n
             if keep:
-                total += values[:keep].detach().double().sum().cpu()
-                weight += weights[:keep].detach().double().sum().cpu()
+                total = total + values[:keep].detach().double().sum()
+                weight = weight + weights[:keep].detach().double().sum()
                 count += keep
     finally:
         module.train(was_training)
-    t = torch.stack([total, weight, torch.tensor(float(count), dtype=torch.float64)])
+    t = torch.stack([total.cpu(), weight.cpu(), torch.tensor(float(count), dtype=torch.float64)])
     if world.distributed:
         t = t.to(_comm_device(world))
         dist.all_reduce(t)
@@ -236,11 +238,13 @@ class LossWatch:
 
     Each rank keeps its last losses as detached device tensors (no synchronisation: a `.item()`
     per step would stall the GPU pipeline, and per-step tensor arithmetic cost ~3% of a small
-    model's step) and checks them in one vectorized op at flush. Every `every` steps, and at
-    `flush()`, all
-    ranks all-reduce one tiny tensor (MIN of the first bad step): one extra collective per `every`
-    steps, called the same number of times on every rank because every rank does the same number
-    of steps. If any rank saw a bad loss, every rank raises together naming the step and rank.
+    model's step) and reads them back every `every` updates, all at once. Then all ranks
+    all-reduce one tiny tensor (MIN of the first bad step): one extra collective per `every`
+    updates, called the same number of times on every rank because every rank does the same
+    number of steps. If any rank saw a bad loss, every rank raises together naming the step and
+    rank. On a GPU the periodic check reads each window back one check late (readback.py), so it
+    never waits for the queue; `flush()` reads everything at once (before a checkpoint: never
+    save weights a NaN already reached).
     """
 
     def __init__(self, world: World, every: int = 10) -> None:
@@ -251,8 +255,10 @@ class LossWatch:
         self._calls = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[int] = []
-        self._bad_step = math.inf  # first non-finite step seen locally, kept across flushes
+        self._bad_step = math.inf  # first non-finite step seen locally, kept across checks
         self._device = _comm_device(world)
+        self._losses_back = Readback()
+        self._verdicts_back = Readback()  # NCCL: the periodic all-reduce's result, read late
 
     def update(self, loss: torch.Tensor, step: int) -> None:
         v = loss.detach()
@@ -260,35 +266,53 @@ class LossWatch:
         self._steps.append(step)
         self._calls += 1
         if self._calls % self.every == 0:
-            self.flush()
+            self._check(wait=False)
 
-    def _first_bad_local(self) -> float:
+    def _ship(self, wait: bool) -> None:
+        ready = []
         if self._losses:
-            finite = torch.isfinite(torch.stack([v.float().reshape(()) for v in self._losses]))
-            if not bool(finite.all()):
-                idx = int((~finite).nonzero()[0])
-                self._bad_step = min(self._bad_step, float(self._steps[idx]))
-            self._losses.clear()
-            self._steps.clear()
-        return self._bad_step
+            values = torch.stack([v.float().reshape(()) for v in self._losses])
+            ready = self._losses_back.push(self._steps, values)
+            self._losses, self._steps = [], []
+        if wait:
+            ready += self._losses_back.wait_all()
+        for steps, vals in ready:
+            bad = [s for s, v in zip(steps, vals, strict=True) if not math.isfinite(v)]
+            if bad:
+                self._bad_step = min(self._bad_step, float(bad[0]))
 
-    def flush(self) -> None:
+    def _check(self, wait: bool) -> None:
+        self._ship(wait)
         # One MIN over step * world_size + rank: the earliest bad step, and among the ranks that
         # saw it first, the lowest. (A MIN of steps and a MIN of ranks taken separately would
         # blame rank 0 for a NaN it only received from rank 1 through the gradient all-reduce.)
-        local = self._first_bad_local()
         w = max(1, self.world.world_size)
-        key = local * w + self.world.rank if math.isfinite(local) else math.inf
-        t = torch.tensor([key], dtype=torch.float64, device=self._device)
+        local = self._bad_step
+        first = local * w + self.world.rank if math.isfinite(local) else math.inf
         if self.world.distributed:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        first = float(t.item())
-        step = first // w if math.isfinite(first) else math.inf
-        rank = first - step * w if math.isfinite(first) else math.inf
-        if math.isfinite(step):
+            t = torch.tensor([first], dtype=torch.float64, device=self._device)
+            if self._device.type == "cuda" and not wait:
+                # Read a check late, like the losses: .item() here would wait for the queue.
+                work = dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True)
+                if work is not None:
+                    work.wait()  # on NCCL: the stream waits, not this thread
+                results = [v for _, vs in self._verdicts_back.push(None, t) for v in vs]
+            else:
+                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+                results = [v for _, vs in self._verdicts_back.wait_all() for v in vs]
+                results.append(float(t.item()))
+            first = min(results, default=math.inf)
+        if math.isfinite(first):
+            step = first // w
+            rank = first - step * w
             raise NonFiniteLossError(
                 f"rank {self.world.rank}: stopping every rank together: the loss was not finite "
                 f"at step {int(step)} (first seen on rank {int(rank)}). Lower the learning rate, "
                 "enable gradient clipping, or check that batch's data; resume from the last "
                 "checkpoint before that step."
             )
+
+    def flush(self) -> None:
+        """Read every loss back now (waiting for the device if it must) and check them on
+        every rank together."""
+        self._check(wait=True)

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ __all__ = [
     "accumulate",
     "accumulation_plan",
     "prepare_model",
+    "to_device",
     "unwrap",
     "use_syncbn",
 ]
@@ -51,6 +52,31 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """`batch` with every tensor in it on `device`: tensors, and tensors nested in tuples,
+    named tuples, lists and mappings (a dict, or a mapping type built from a dict such as a
+    tokenizer's batch encoding); anything else as it is. On the CPU the batch is returned as it
+    is, untouched. The copy from pinned memory is asynchronous (`non_blocking`), so it overlaps
+    the previous step's kernels instead of stalling the queue."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    if isinstance(batch, Mapping):
+        moved = {k: to_device(v, device) for k, v in batch.items()}
+        if type(batch) is dict:
+            return moved
+        try:
+            return type(batch)(moved)  # type: ignore[call-arg]
+        except TypeError:  # a mapping type that is not built from a dict
+            return moved
+    return batch
 
 
 def _has_batchnorm(model: nn.Module) -> bool:

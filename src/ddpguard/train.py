@@ -17,8 +17,9 @@ from torch import nn
 from .batch_plan import BatchPlan, make_probe, rescale_lr, start_plan
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .metrics import LossWatch, evaluate, split_loss
-from .model import accumulate, prepare_model, unwrap
+from .model import accumulate, prepare_model, to_device, unwrap
 from .precision import Precision
+from .readback import Readback
 from .world import World
 
 __all__ = ["FitConfig", "FitResult", "fit"]
@@ -318,20 +319,27 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                         epoch=epoch if consumed is not None else epoch + 1, step=step,
                         keep_last=cfg.keep_last, timeout=cfg.checkpoint_timeout)
 
-    # Losses are read back in groups: a float() per step would stall a GPU's queue every step.
+    weight_sum: Any = 0  # the token weights of batched passes, still on the device
+    # Losses are read back in groups, and on a GPU one group late (readback.py): a float() per
+    # step, or a wait for each group, would stall the GPU's queue.
     pending: list[tuple[int, int, torch.Tensor, Any, float]] = []
+    losses_back = Readback()
 
-    def drain() -> None:
-        if not pending:
-            return
-        values = torch.stack([p[2].float().reshape(()) for p in pending]).tolist()
-        for (ep, st, _, lr, secs), lv in zip(pending, values, strict=True):
-            result.train_loss.append((st, lv))
-            log.row("train", ep, st, f"{lv:.6f}", lr, f"{secs:.3f}")
-        if bar is not None:
-            bar.update(len(pending))
-            bar.set_postfix(epoch=pending[-1][0], loss=f"{values[-1]:.4f}")
-        pending.clear()
+    def drain(wait: bool = True) -> None:
+        ready = []
+        if pending:
+            values = torch.stack([p[2].float().reshape(()) for p in pending])
+            ready = losses_back.push([p[:2] + p[3:] for p in pending], values)
+            pending.clear()
+        if wait:
+            ready += losses_back.wait_all()
+        for rows, losses in ready:
+            for (ep, st, lr, secs), lv in zip(rows, losses, strict=True):
+                result.train_loss.append((st, lv))
+                log.row("train", ep, st, f"{lv:.6f}", lr, f"{secs:.3f}")
+            if bar is not None:
+                bar.update(len(rows))
+                bar.set_postfix(epoch=rows[-1][0], loss=f"{losses[-1]:.4f}")
 
     try:
         if cfg.eval_at_start and eval_loader is not None and resumed is None:
@@ -348,6 +356,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
             ddp.train()
             batches_done = 0
             for i, batch in enumerate(loader):
+                batch = to_device(batch, world.device)
                 with accumulate(ddp, i, every=every, epoch_length=n_batches) as acc:
                     with prec.autocast():
                         loss, n_samples, weights = _mean_loss(loss_fn(ddp, batch))
@@ -356,8 +365,10 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 watch.update(loss, step)
                 batches_done += 1
                 result.samples += n_samples
-                if batched:
-                    result.tokens += int(weights.sum()) if weights is not None else n_samples
+                if batched and weights is not None:  # summed on the device, read at the end
+                    weight_sum = weight_sum + weights.detach().double().sum()
+                elif batched:
+                    result.tokens += n_samples
                 if on_batch is not None:
                     on_batch(epoch, step, batch)
                 if not acc.sync:
@@ -374,7 +385,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                                 time.perf_counter() - t0))
                 done = cfg.max_steps is not None and step >= cfg.max_steps
                 if len(pending) >= _LOG_EVERY or done:
-                    drain()
+                    drain(wait=done)
                 last_of_epoch = batches_done == n_batches
                 if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0
                         and not last_of_epoch and not done):
@@ -398,6 +409,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
             result.epochs_done = epoch + 1
     finally:
         drain()
+        result.tokens += int(weight_sum)
         log.close()
         if bar is not None:
             bar.close()

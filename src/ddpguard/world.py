@@ -347,9 +347,10 @@ def nccl_env_defaults(env: Mapping[str, str]) -> dict[str, str]:
     `NCCL_X`, so setting ours would silently override a user's `NCCL_ASYNC_ERROR_HANDLING`.
     """
     old_names = {new: old for old, new in DEPRECATED_VARIABLES.items()}
+    # No None lookup: os.environ raises on a None key where a dict just says no.
     return {
         name: value for name, value in NCCL_DEFAULTS.items()
-        if name not in env and old_names.get(name) not in env
+        if name not in env and (name not in old_names or old_names[name] not in env)
     }
 
 

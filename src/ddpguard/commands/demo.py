@@ -8,6 +8,7 @@ classic DDP bug under the hang guard instead.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -68,6 +69,16 @@ def main(args: argparse.Namespace) -> int:
     return _train(args, out, train, val)
 
 
+def plan_ranks(nproc: int | None, gpu_count: int) -> tuple[int, str | None]:
+    """(ranks to start, a note to print or None): one rank per GPU, 2 on a machine without
+    one. NCCL refuses two ranks on one GPU, so more ranks than GPUs run on the CPU (gloo)."""
+    n = nproc or (gpu_count or 2)
+    if 0 < gpu_count < n:
+        return n, (f"{n} ranks asked for but {gpu_count} GPU(s) here; NCCL needs one GPU per "
+                   "rank, so the ranks run on the CPU (gloo)")
+    return n, None
+
+
 def _train(args: argparse.Namespace, out: Path, train: Path, val: Path) -> int:
     import torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -94,8 +105,12 @@ def _train(args: argparse.Namespace, out: Path, train: Path, val: Path) -> int:
         worker += ["--max-steps", str(args.max_steps)]
     if args.resume:
         worker.append("--resume")
-    opts = [f"--nproc-per-node={args.nproc_per_node}"] if args.nproc_per_node else []
-    argv = build_torchrun_argv(opts + worker, gpu_count=torch.cuda.device_count(),
+    gpus = torch.cuda.device_count()
+    nproc, note = plan_ranks(args.nproc_per_node, gpus)
+    if note:
+        print(f"ddpguard demo: {note}", flush=True)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read by the ranks torchrun starts
+    argv = build_torchrun_argv([f"--nproc-per-node={nproc}", *worker], gpu_count=gpus,
                                flags=_flag_options())
     try:
         torchrun_main(argv)

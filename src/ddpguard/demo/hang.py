@@ -67,10 +67,13 @@ def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) ->
     script = _script(out)
     reports = out / "reports"
     os.environ.setdefault("DDPGUARD_REPORT_DIR", str(reports))
+    # The broken script is plain gloo on the CPU, and its bugs need a rank 1: 2 ranks, not
+    # the GPU count (one GPU would give one rank, and the bug would never bite).
+    nproc = nproc or 2
     print(f"ddpguard demo --hang {kind}: {KINDS[kind]}\n"
           f"  the script: {script} (search for 'the BUG')\n"
-          "  running it on 2 ranks under the hang guard ...", flush=True)
-    opts = [f"--nproc-per-node={nproc}"] if nproc else []
+          f"  running it on {nproc} ranks under the hang guard ...", flush=True)
+    opts = [f"--nproc-per-node={nproc}"]
     started = time.time()
     # Exactly what `ddpguard run` does: the launcher prints the verdict and returns its code.
     code = ddpguard_run([*opts, str(script), "--bug", kind, "--train", str(train),
