@@ -255,3 +255,28 @@ def test_checkpoint_rng_state_starts_no_cuda_in_a_cpu_job() -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["0", "False", str(torch.cuda.device_count())]
+
+
+def test_nccl_nan_check_is_reduced_on_the_device_and_read_a_check_late() -> None:
+    # The NCCL path of the periodic check: the key is computed and all-reduced on the GPU and
+    # read one check later. One GPU gives a one-rank NCCL group; the watch is told the job has
+    # 2 ranks so that the step * world_size + rank key is exercised too.
+    import torch.distributed as dist
+
+    from ddpguard.metrics import LossWatch, NonFiniteLossError
+
+    torch.cuda.set_device(CUDA)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=CUDA)
+    try:
+        world = World(world_size=2, rank=1, backend="nccl", device=CUDA)
+        watch = LossWatch(world, every=2)
+        calls = 0
+        with pytest.raises(NonFiniteLossError, match=r"at step 4 \(first seen on rank 1\)"):
+            for step in range(12):
+                calls += 1
+                bad = step == 4
+                watch.update(torch.tensor(float("nan") if bad else 1.0, device=CUDA), step)
+        assert calls == 8  # the check after the window holding step 4, then one check late
+    finally:
+        dist.destroy_process_group()

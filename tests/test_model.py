@@ -191,3 +191,37 @@ def test_to_device_moves_every_tensor_of_a_nested_batch() -> None:
     assert batch["ids"].device.type == "cpu"  # the caller's batch is left as it was
     # On the CPU nothing is rebuilt or copied.
     assert to_device(batch, torch.device("cpu")) is batch
+
+
+def test_to_device_keeps_container_types_and_lets_objects_move_themselves() -> None:
+    import dataclasses
+    from collections import defaultdict
+
+    meta = torch.device("meta")
+
+    @dataclasses.dataclass
+    class Pair:
+        x: torch.Tensor
+        name: str
+
+    class Encoding(dict):  # like a tokenizer's batch encoding: a dict with its own .to
+        def to(self, device: torch.device) -> Encoding:
+            out = Encoding({k: v.to(device) for k, v in self.items()})
+            out.moved_itself = True  # type: ignore[attr-defined]
+            return out
+
+    class Fixed(tuple):  # built from positional fields, not from one iterable
+        def __new__(cls, a: torch.Tensor, b: torch.Tensor) -> Fixed:
+            return super().__new__(cls, (a, b))
+
+    got = to_device(Pair(torch.ones(2), "p"), meta)
+    assert isinstance(got, Pair) and got.x.device == meta and got.name == "p"
+    dd = defaultdict(list, {"x": torch.ones(1)})
+    got = to_device(dd, meta)
+    assert isinstance(got, defaultdict) and got.default_factory is list
+    assert got["x"].device == meta
+    enc = Encoding({"ids": torch.ones(3)})
+    got = to_device([enc], meta)[0]
+    assert getattr(got, "moved_itself", False) and got["ids"].device == meta
+    fixed = Fixed(torch.ones(1), torch.ones(1))
+    assert to_device(fixed, meta) is fixed  # left as it is, never turned into a plain tuple

@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "start_plan": "batch_plan",
     "prepare_model": "model",
     "unwrap": "model",
+    "to_device": "model",
     "accumulate": "model",
     "UnusedParametersError": "model",
     "Precision": "precision",
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .model import UnusedParametersError as UnusedParametersError
     from .model import accumulate as accumulate
     from .model import prepare_model as prepare_model
+    from .model import to_device as to_device
     from .model import unwrap as unwrap
     from .precision import Precision as Precision
     from .sampling import DistributedSampler as DistributedSampler

@@ -186,8 +186,8 @@ def evaluate(model: nn.Module, loader: Iterable[Any], loss_fn: Any, world: World
     (InexactEvaluationWarning, naming the count or the sampler class and the fix) and the
     result has exact=False; with `exact=True` every rank raises InexactEvaluationError before
     evaluating instead. `num_real` (this rank's real samples, a prefix of what the loader
-    yields) overrides the inspection. `loss_fn(module, batch)` returns per-sample values, or
-    (values, weights): see `split_loss`.
+    yields) overrides the inspection. `loss_fn(module, batch)`, given the batch on the world's
+    device (`to_device`), returns per-sample values, or (values, weights): see `split_loss`.
     """
     cov = describe_loader(loader) if num_real is None else Coverage("num_real", real=num_real)
     lost, _, unknown, everywhere = _agree(cov, world)
@@ -282,26 +282,28 @@ class LossWatch:
                 self._bad_step = min(self._bad_step, float(bad[0]))
 
     def _check(self, wait: bool) -> None:
-        self._ship(wait)
         # One MIN over step * world_size + rank: the earliest bad step, and among the ranks that
         # saw it first, the lowest. (A MIN of steps and a MIN of ranks taken separately would
         # blame rank 0 for a NaN it only received from rank 1 through the gradient all-reduce.)
         w = max(1, self.world.world_size)
-        local = self._bad_step
-        first = local * w + self.world.rank if math.isfinite(local) else math.inf
-        if self.world.distributed:
-            t = torch.tensor([first], dtype=torch.float64, device=self._device)
-            if self._device.type == "cuda" and not wait:
-                # Read a check late, like the losses: .item() here would wait for the queue.
-                work = dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True)
-                if work is not None:
-                    work.wait()  # on NCCL: the stream waits, not this thread
-                results = [v for _, vs in self._verdicts_back.push(None, t) for v in vs]
-            else:
+        if self.world.distributed and self._device.type == "cuda" and not wait:
+            # NCCL: this window's key is computed and reduced on the device, asynchronously,
+            # and read a check late; .item() here would wait for the whole queue.
+            t = self._window_key(w)
+            work = dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True)
+            if work is not None:
+                work.wait()  # the stream waits, not this thread
+            first = min((v for _, vs in self._verdicts_back.push(None, t) for v in vs),
+                        default=math.inf)
+        else:
+            self._ship(wait)
+            local = self._bad_step
+            first = local * w + self.world.rank if math.isfinite(local) else math.inf
+            if self.world.distributed:
+                t = torch.full((1,), first, dtype=torch.float64, device=self._device)
                 dist.all_reduce(t, op=dist.ReduceOp.MIN)
-                results = [v for _, vs in self._verdicts_back.wait_all() for v in vs]
-                results.append(float(t.item()))
-            first = min(results, default=math.inf)
+                earlier = [v for _, vs in self._verdicts_back.wait_all() for v in vs]
+                first = min([*earlier, float(t.item())])
         if math.isfinite(first):
             step = first // w
             rank = first - step * w
@@ -311,6 +313,19 @@ class LossWatch:
                 "enable gradient clipping, or check that batch's data; resume from the last "
                 "checkpoint before that step."
             )
+
+    def _window_key(self, w: int) -> torch.Tensor:
+        """This window's MIN key as a 1-element device tensor, with no wait: the step numbers
+        travel from pinned memory, the check runs on the device."""
+        key = torch.full((1,), math.inf, dtype=torch.float64, device=self._device)
+        if self._losses:
+            values = torch.stack([v.float().reshape(()) for v in self._losses]).to(self._device)
+            steps = torch.tensor(self._steps, dtype=torch.float64).pin_memory()
+            steps = steps.to(self._device, non_blocking=True) * w + self.world.rank
+            bad = torch.where(torch.isfinite(values), math.inf, steps)
+            key = torch.minimum(key, bad.min().reshape(1))
+            self._losses, self._steps = [], []
+        return key
 
     def flush(self) -> None:
         """Read every loss back now (waiting for the device if it must) and check them on

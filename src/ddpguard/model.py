@@ -11,6 +11,7 @@ sync on the last micro-batch of the epoch even when the epoch length is not a mu
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import logging
@@ -56,26 +57,44 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def to_device(batch: Any, device: torch.device) -> Any:
     """`batch` with every tensor in it on `device`: tensors, and tensors nested in tuples,
-    named tuples, lists and mappings (a dict, or a mapping type built from a dict such as a
-    tokenizer's batch encoding); anything else as it is. On the CPU the batch is returned as it
-    is, untouched. The copy from pinned memory is asynchronous (`non_blocking`), so it overlaps
-    the previous step's kernels instead of stalling the queue."""
+    named tuples, lists, mappings and dataclasses; an object with its own `.to(device)` (a
+    tokenizer's batch encoding, a graph batch) moves itself; anything else stays as it is. On
+    the CPU the batch is returned untouched. The copy from pinned memory is asynchronous
+    (`non_blocking`), so it overlaps the previous step's kernels instead of stalling the queue.
+    A container type that cannot be rebuilt is returned as it is, never changed into another
+    type: its tensors then stay where they were, which the model's first layer reports."""
     if device.type == "cpu":
         return batch
+    return _moved(batch, device)
+
+
+def _moved(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    if isinstance(batch, Mapping):
-        moved = {k: to_device(v, device) for k, v in batch.items()}
-        if type(batch) is dict:
-            return moved
-        try:
-            return type(batch)(moved)  # type: ignore[call-arg]
-        except TypeError:  # a mapping type that is not built from a dict
-            return moved
+    if isinstance(batch, (str, bytes)) or batch is None:
+        return batch
+    try:
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+            return type(batch)(*(_moved(v, device) for v in batch))
+        if isinstance(batch, (tuple, list)):
+            items = [_moved(v, device) for v in batch]
+            return items if type(batch) is list else type(batch)(items)
+        if type(batch) is not dict and callable(getattr(batch, "to", None)):
+            return batch.to(device)
+        if isinstance(batch, Mapping):
+            moved = {k: _moved(v, device) for k, v in batch.items()}
+            if type(batch) is dict:
+                return moved
+            out = copy.copy(batch)  # keeps a defaultdict's factory, an OrderedDict's order
+            for k, v in moved.items():
+                out[k] = v  # type: ignore[index]
+            return out
+        if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+            fields = {f.name: _moved(getattr(batch, f.name), device)
+                      for f in dataclasses.fields(batch) if f.init}
+            return dataclasses.replace(batch, **fields)
+    except TypeError:  # a container type built some other way: left as it is
+        return batch
     return batch
 
 

@@ -35,7 +35,7 @@ class Readback:
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(values.device))  # where the copy was queued
         self._inflight.append((tag, host, event))
         return ready
 

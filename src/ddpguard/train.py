@@ -245,7 +245,8 @@ def fit(
     `ddpguard run`; a plain `python` runs one process).
 
     `loss_fn(module, batch)` returns per-sample losses (1-D) or (values, weights), as for
-    `evaluate`; the training loss of a micro-batch is sum(values)/sum(weights). `optimizer` is an
+    `evaluate`; the training loss of a micro-batch is sum(values)/sum(weights). The batch it gets
+    is already on the rank's device (`to_device`), as is the one `on_batch` gets. `optimizer` is an
     optimizer over `model.parameters()` or a factory taking the parameters. `on_batch(epoch,
     step, batch)` is called for each micro-batch (after its backward), for ledgers and metrics.
     With `config.global_batch_size`, `oom_probe(micro)` is run on every rank at start to find
@@ -341,6 +342,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 bar.update(len(rows))
                 bar.set_postfix(epoch=rows[-1][0], loss=f"{losses[-1]:.4f}")
 
+    finished = False
     try:
         if cfg.eval_at_start and eval_loader is not None and resumed is None:
             ev = evaluate(ddp, eval_loader, loss_fn, world)
@@ -390,6 +392,7 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0
                         and not last_of_epoch and not done):
                     watch.flush()  # never checkpoint weights a NaN already reached
+                    drain()  # free now (flush waited): the log is whole up to the checkpoint
                     checkpoint(epoch, batches_done * per_batch)
                 if done:
                     break
@@ -407,12 +410,19 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
             else:
                 checkpoint(epoch, None)
             result.epochs_done = epoch + 1
+        finished = True
     finally:
-        drain()
-        result.tokens += int(weight_sum)
-        log.close()
-        if bar is not None:
-            bar.close()
+        try:
+            drain()  # waits for the device: after a CUDA error it raises again
+            result.tokens += int(weight_sum)
+        except Exception:
+            if finished:
+                raise
+            # else the loop's own error is the one to report, not this echo of it
+        finally:
+            log.close()
+            if bar is not None:
+                bar.close()
     result.steps = step
     result.seconds = time.perf_counter() - t0
     unwrap(ddp).train()

@@ -107,16 +107,22 @@ def _train(args: argparse.Namespace, out: Path, train: Path, val: Path) -> int:
         worker.append("--resume")
     gpus = torch.cuda.device_count()
     nproc, note = plan_ranks(args.nproc_per_node, gpus)
+    argv = build_torchrun_argv([f"--nproc-per-node={nproc}", *worker], gpu_count=gpus,
+                               flags=_flag_options())
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     if note:
         print(f"ddpguard demo: {note}", flush=True)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read by the ranks torchrun starts
-    argv = build_torchrun_argv([f"--nproc-per-node={nproc}", *worker], gpu_count=gpus,
-                               flags=_flag_options())
     try:
         torchrun_main(argv)
     except ChildFailedError as exc:
         print(f"ddpguard demo: a rank failed: {exc}", file=sys.stderr)
         return 1
+    finally:  # a caller in this process keeps its own view of the GPUs
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
     summary = read_summary(out)
     print("\nddpguard demo finished")
     for line in summary_lines(summary, base):
