@@ -25,23 +25,11 @@ import time
 from pathlib import Path
 
 import torch
+from synthetic import Classification
 from torch import nn
 
 N, DIM, WIDTH, DEPTH, BATCH, WORKERS = 65536, 1024, 4096, 4, 512, 6
 WARM = 20  # steps left out of the steady-state rate
-
-
-class _Data(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(N, DIM, generator=g)
-        self.y = torch.randint(0, 10, (N,), generator=g)
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
 
 
 def _net() -> nn.Module:
@@ -52,7 +40,8 @@ def _net() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 10))
 
 
-def _hand(ds: _Data, device: torch.device, epochs: int, precision: str) -> tuple[float, float]:
+def _hand(ds: Classification, device: torch.device, epochs: int,
+          precision: str) -> tuple[float, float]:
     """(steps/s end to end, steps/s after the first WARM steps), timed like fit(): from a built
     network and dataset, so moving the model and starting the loader count here too."""
     net = _net()
@@ -90,7 +79,7 @@ def _loss(module: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.
     return nn.functional.cross_entropy(module(x), y, reduction="none")
 
 
-def _fit(ds: _Data, world: object, epochs: int, precision: str) -> tuple[float, float]:
+def _fit(ds: Classification, world: object, epochs: int, precision: str) -> tuple[float, float]:
     from ddpguard.train import FitConfig, fit
 
     cfg = FitConfig(epochs=epochs, batch_size=BATCH, num_workers=WORKERS, progress=False,
@@ -111,7 +100,7 @@ def _fit(ds: _Data, world: object, epochs: int, precision: str) -> tuple[float, 
     return res.steps / (end - t0), (res.steps - WARM) / (end - warm_at[0])
 
 
-def _profile(ds: _Data, world: object, epochs: int) -> int:
+def _profile(ds: Classification, world: object, epochs: int) -> int:
     import cProfile
     import pstats
 
@@ -146,7 +135,7 @@ def main() -> int:
 
     world = dg.init(backend="nccl")
     device = world.device
-    ds = _Data()
+    ds = Classification(N, DIM)
     if args.profile:
         return _profile(ds, world, args.epochs)
     rows: dict[str, dict[str, list[tuple[float, float]]]] = {}

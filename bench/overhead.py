@@ -16,25 +16,13 @@ import time
 from pathlib import Path
 
 import torch
+from synthetic import Classification
 from torch import nn
 
 from ddpguard.testing import run_ranks
 from ddpguard.world import World
 
 N, DIM, BATCH = 8192, 256, 64
-
-
-class _Data(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(N, DIM, generator=g)
-        self.y = torch.randint(0, 10, (N,), generator=g)
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i], self.y[i]
 
 
 def _net() -> nn.Module:
@@ -50,7 +38,7 @@ def _hand(world: World, epochs: int) -> tuple[int, float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    ds, net = _Data(), _net()
+    ds, net = Classification(N, DIM), _net()
     torch.distributed.barrier()
     t0 = time.perf_counter()
     sampler = DistributedSampler(ds, shuffle=True, seed=0)
@@ -80,7 +68,7 @@ def _fit(world: World, epochs: int) -> tuple[int, float]:
     from ddpguard.train import FitConfig, fit
 
     cfg = FitConfig(epochs=epochs, batch_size=BATCH, num_workers=0, progress=False)
-    ds, net = _Data(), _net()
+    ds, net = Classification(N, DIM), _net()
     torch.distributed.barrier()
     t0 = time.perf_counter()
     res = fit(net, ds, _loss, lambda p: torch.optim.SGD(p, lr=0.01), config=cfg,

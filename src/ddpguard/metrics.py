@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .model import to_device, unwrap
-from .readback import Readback
+from .readback import Readback, scalars
 from .sampling.coverage import Coverage, describe_loader
 from .world import World
 
@@ -271,7 +271,7 @@ class LossWatch:
     def _ship(self, wait: bool) -> None:
         ready = []
         if self._losses:
-            values = torch.stack([v.float().reshape(()) for v in self._losses])
+            values = scalars(self._losses)
             ready = self._losses_back.push(self._steps, values)
             self._losses, self._steps = [], []
         if wait:
@@ -319,7 +319,7 @@ class LossWatch:
         travel from pinned memory, the check runs on the device."""
         key = torch.full((1,), math.inf, dtype=torch.float64, device=self._device)
         if self._losses:
-            values = torch.stack([v.float().reshape(()) for v in self._losses]).to(self._device)
+            values = scalars(self._losses).to(self._device)
             steps = torch.tensor(self._steps, dtype=torch.float64).pin_memory()
             steps = steps.to(self._device, non_blocking=True) * w + self.world.rank
             bad = torch.where(torch.isfinite(values), math.inf, steps)

@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Readback"]
+__all__ = ["Readback", "scalars"]
+
+
+def scalars(values: list[torch.Tensor]) -> torch.Tensor:
+    """One 1-D float tensor of scalar (or one-element) tensors, on their device: one copy to read
+    back instead of one per value."""
+    return torch.stack([v.detach().float().reshape(()) for v in values])
 
 
 class Readback:
@@ -28,10 +34,9 @@ class Readback:
         """Start reading `values`; return (tag, values as a list) for every push that is ready:
         this one on the CPU, the earlier ones on a GPU."""
         values = values.detach()
+        ready = self.wait_all()  # on a GPU, copies started a push ago: long finished, no wait
         if values.device.type != "cuda":
-            ready = self.wait_all()
             return [*ready, (tag, values.tolist())]
-        ready = self.wait_all()  # copies started a push ago: long finished, no wait
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
         event = torch.cuda.Event()

@@ -19,7 +19,7 @@ from .fit_config import FitConfig, FitResult
 from .metrics import LossWatch, evaluate, split_loss
 from .model import accumulate, prepare_model, to_device, unwrap
 from .precision import Precision
-from .readback import Readback
+from .readback import Readback, scalars
 from .world import World
 
 __all__ = ["FitConfig", "FitResult", "fit"]
@@ -215,15 +215,16 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
     weight_sum: Any = 0  # the token weights of batched passes, still on the device
     # Losses are read back in groups, and on a GPU one group late (readback.py): a float() per
     # step, or a wait for each group, would stall the GPU's queue.
-    pending: list[tuple[int, int, torch.Tensor, Any, float]] = []
+    pending: list[tuple[int, int, Any, float]] = []  # (epoch, step, lr, seconds) per step
+    pending_losses: list[torch.Tensor] = []
     losses_back = Readback()
 
     def drain(wait: bool = True) -> None:
         ready = []
         if pending:
-            values = torch.stack([p[2].float().reshape(()) for p in pending])
-            ready = losses_back.push([p[:2] + p[3:] for p in pending], values)
+            ready = losses_back.push(pending.copy(), scalars(pending_losses))
             pending.clear()
+            pending_losses.clear()
         if wait:
             ready += losses_back.wait_all()
         for rows, losses in ready:
@@ -275,8 +276,8 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
                 if scheduler is not None:
                     scheduler.step()
                 step += 1
-                pending.append((epoch, step, loss.detach(), opt.param_groups[0]["lr"],
-                                time.perf_counter() - t0))
+                pending.append((epoch, step, opt.param_groups[0]["lr"], time.perf_counter() - t0))
+                pending_losses.append(loss.detach())
                 done = cfg.max_steps is not None and step >= cfg.max_steps
                 if len(pending) >= _LOG_EVERY or done:
                     drain(wait=done)

@@ -71,8 +71,11 @@ def main(args: argparse.Namespace) -> int:
 
 def plan_ranks(nproc: int | None, gpu_count: int) -> tuple[int, str | None]:
     """(ranks to start, a note to print or None): one rank per GPU, 2 on a machine without
-    one. NCCL refuses two ranks on one GPU, so more ranks than GPUs run on the CPU (gloo)."""
-    n = nproc or (gpu_count or 2)
+    one (`ddpguard run`'s default). NCCL refuses two ranks on one GPU, so more ranks than GPUs
+    run on the CPU (gloo)."""
+    from .run import default_nproc
+
+    n = nproc or default_nproc(gpu_count)
     if 0 < gpu_count < n:
         return n, (f"{n} ranks asked for but {gpu_count} GPU(s) here; NCCL needs one GPU per "
                    "rank, so the ranks run on the CPU (gloo)")
