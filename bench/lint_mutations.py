@@ -2,6 +2,7 @@
 (issue 20: "every inference the analysis makes needs a test that fails without it").
 
     python bench/lint_mutations.py        # from the repository root; restores every file
+    python bench/lint_mutations.py zoo    # only the entries whose name holds one of the words
 
 Each entry: a name, the file under src/ddpguard/lint/, the text of the inference, and what
 replaces it. KILLED means some test in tests/test_lint*.py failed without it.
@@ -164,12 +165,31 @@ M = [
  ("liveness through methods a live call reaches", "rules_rank.py", "        more = {n for n, here, m in sites if not here and m in live} - live", "        more: set[str] = set()"),
  ("a flag set to constants in a rank test's arms", "walker.py", "            if level:\n                _flags_set_in_arms(info, s, level)\n", ""),
  ("torch.save is no call of a method", "rules_rank.py", "                    (dotted(f.value) or \"\").split(\".\", 1)[0] in modules:", "                    False:"),
+ ("a skipped batch matters only in a loop that syncs", "rules_data.py", " or not _steps_together(info, node):", ":"),
+ ("a skipped batch: the backward in a helper", "rules_data.py", "            for fn in info.local_callees(rec) if depth < 2 else ():", "            for fn in ():"),
+ ("a visibly buffer-free model", "rules_rank.py", "            and wrapped_model_has_no_buffers(info):", "            and False:"),
+ ("model zoos have buffers", "buffers.py", "        if qual.startswith(_ZOOS):\n            return False\n", ""),
+ ("layers of unknown packages may have buffers", "buffers.py", " and not qual.startswith(_KNOWN)", ""),
+ ("a norm layer with running statistics", "buffers.py", "        if \"Norm\" in last and not last.endswith(_NO_BUFFER_NORMS):\n            return False\n", ""),
+ ("a model not built from this file's class", "buffers.py", "    return _class_without_buffers(info, value.func.id, set())", "    return True"),
+ ("data reshuffled in the epoch loop", "rules_data.py", "and is_true(kwarg(n.value, \"shuffle\"))", ""),
+ ("the DDP wrap in another mode", "rules_model.py", "                            and not _wrapped_only_in_another_mode(info, call):", "                            and True:"),
+ ("a mode flag's negation", "rules_model.py", "                test, on = test.operand, not on", "                test, on = test.operand, on"),
+ ("a search's fallback is run-time data", "diverge.py", "            if found and paths_agree(sa, sb, found_searches=True):", "            if False:"),
+ ("a search's fallback: a placeholder set first", "schedule.py", "    return len(sets) >= 2 and isinstance(sets[0], ast.Constant)", "    return True or len(sets) >= 2 and isinstance(sets[0], ast.Constant)"),
+ ("a loop without collectives is nothing to the others", "consistent.py", "] if body else []", "]"),
+ ("a script that never forms a group", "rules_data.py", "    if _never_forms_a_group(info):\n        return\n", ""),
+ ("a set-up helper may form the group", "rules_data.py", "        if any(h in last for h in _MAY_FORM):\n            return False\n", ""),
+ ("only a script is known not to form a group", "rules_data.py", "    if not info.has_main:\n        return False\n    for rec in info.calls:\n        last = rec.last.lower()", "    for rec in info.calls:\n        last = rec.last.lower()"),
 ]
 
 
 def main() -> int:
     survived = 0
+    only = sys.argv[1:]  # substrings of the names to run (all when none)
     for name, f, old, new in M:
+        if only and not any(o in name for o in only):
+            continue
         p = pathlib.Path(L + f)
         s = p.read_text()
         if old not in s:
@@ -182,7 +202,8 @@ def main() -> int:
                                 "tests/test_lint_schedule.py", "tests/test_lint_cli.py",
                                 "tests/test_lint_round2.py", "tests/test_lint_round4.py",
                                 "tests/test_lint_round5.py", "tests/test_lint_round6.py",
-                                "tests/test_lint_round7.py", "tests/test_lint_round8.py"],
+                                "tests/test_lint_round7.py", "tests/test_lint_round8.py",
+                                "tests/test_lint_round10.py"],
                                capture_output=True, text=True, cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
             lines = [x for x in r.stdout.splitlines()

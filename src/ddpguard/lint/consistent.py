@@ -13,12 +13,20 @@ from .projection import Seq
 _LIMIT = 8   # tests enumerated at most (2**8 paths); beyond, the alignment's answer stands
 
 
-def paths_agree(sa: Seq, sb: Seq) -> bool:
+def paths_agree(sa: Seq, sb: Seq, found_searches: bool = False) -> bool:
+    """`found_searches`: every search's fallback arm (schedule._fallback) is left untaken,
+    as when the searches find what they look for."""
     sites: list[int] = []
     if not (_sites(sa, sites) and _sites(sb, sites)) or len(sites) > _LIMIT:
         return False
+    fallbacks: set[int] = set()
+    if found_searches:
+        _fallbacks(sa, fallbacks)
+        _fallbacks(sb, fallbacks)
+        sites = [s for s in sites if s not in fallbacks]
     for bits in product((0, 1), repeat=len(sites)):
         choice = dict(zip(sites, bits, strict=True))
+        choice.update((s, 1) for s in fallbacks)
         if _linear(sa, choice)[0] != _linear(sb, choice)[0]:
             return False
     return True
@@ -35,6 +43,14 @@ def _sites(seq: Seq, out: list[int]) -> bool:
         if not all(_sites(a, out) for a in it.arms):
             return False
     return True
+
+
+def _fallbacks(seq: Seq, out: set[int]) -> None:
+    for it in seq:
+        if it.kind == "alt" and it.fallback:
+            out.add(it.site)
+        for a in it.arms:
+            _fallbacks(a, out)
 
 
 def _linear(seq: Seq, choice: dict[int, int]) -> tuple[list[object], str]:
@@ -55,7 +71,9 @@ def _linear(seq: Seq, choice: dict[int, int]) -> tuple[list[object], str]:
             # A `break` on this path ends the loop (the iterations that follow are gone), a
             # `return` the function.
             body, end = _linear(it.arms[0], choice)
-            got, how = [("loop", it.site, tuple(body), end)], "end" if end == "end" else ""
+            # A loop that reaches no collective on this path is nothing to the other ranks.
+            got = [("loop", it.site, tuple(body), end)] if body else []
+            how = "end" if end == "end" else ""
         else:  # a call: its own return ends only the callee
             got, how = _linear(it.arms[0], choice) if it.arms else ([], "")
             how = "" if how == "end" and it.kind == "call" else how

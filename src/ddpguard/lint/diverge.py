@@ -73,6 +73,10 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             if found and paths_agree(sa, sb):
                 # every path the two classes share reaches the same collectives in order
                 continue
+            if found and paths_agree(sa, sb, found_searches=True):
+                # They part only where a search finds nothing (its fallback reaches a
+                # collective): run-time data decides, the divergence is unproven.
+                found = [d for d in found if d.code in _EXIT_CODES]
             if found and ops(sa) == ops(sb):
                 # The same collectives in the same order, reached from different lines (the
                 # leader-goes-first pair written as two plain `if`s): only an early exit of

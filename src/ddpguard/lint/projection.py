@@ -33,6 +33,7 @@ class Item:
     args: tuple[tuple[str, object], ...] = ()   # a call's literal arguments (its callee's tests)
     no_grad: bool = False          # a call made under `torch.no_grad()`
     split: bool = False            # an alt whose test may differ between ranks (or an assert)
+    fallback: bool = False         # an alt on a search's fallback (schedule._fallback)
 
 
 Seq = tuple[Item, ...]
@@ -153,7 +154,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 out.extend(b)
             else:
                 out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
-                                cond=cond, split=split))
+                                cond=cond, split=split, fallback=n.fallback))
             if bx and ox:
                 return out, bx
         elif t is LoopN:

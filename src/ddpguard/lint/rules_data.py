@@ -77,6 +77,8 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
       'DistributedSampler drives an epoch loop but set_epoch is not called in it',
       'call sampler.set_epoch(epoch) at the top of every epoch')
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
+    if _never_forms_a_group(info):
+        return
     reported: set[int] = set()
     misses: dict[tuple[int, int], bool] = {}
 
@@ -184,13 +186,49 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
 _UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
 
 
+_MAY_FORM = ("dist", "setup", "init", "launch", "accelerat", "spawn", "fabric", "comm",
+             "deepspeed", "horovod", "hvd")
+_NOT_FORMING = ("distributedsampler", "distributeddataparallel", "ddp")
+
+
+def _never_forms_a_group(info: ModuleInfo) -> bool:
+    """A script (it has a `__main__` block) that calls nothing that could form the process
+    group: no `init_process_group`, no helper named like a set-up (`init_distributed_mode`,
+    `setup(rank)`, `deepspeed.initialize`), nothing it spawns. A DistributedSampler there
+    raises "Default process group has not been initialized" before the first epoch, so a
+    missing set_epoch never matters (CodeBERT's UniXcoder code completion, whose distributed
+    arm wraps in apex's DDP and never calls init_process_group: an issue-20 round-9 blind
+    false positive)."""
+    if not info.has_main:
+        return False
+    for rec in info.calls:
+        last = rec.last.lower()
+        if last.startswith("__") or last in _NOT_FORMING:
+            continue
+        if any(h in last for h in _MAY_FORM):
+            return False
+    return True
+
+
 def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
     """A sampler made afresh inside the epoch loop with a seed that is not a constant
     (`DistributedSampler(ds, seed=epoch)`): each epoch has its own order without set_epoch. (A
     fresh sampler with the default seed repeats the order: that stays a finding.)"""
+    if not loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno):
+        return False
     seed = kwarg(sampler, "seed")
-    return seed is not None and not isinstance(seed, ast.Constant) and \
-        loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno)
+    if seed is not None and not isinstance(seed, ast.Constant):
+        return True
+    # The data itself is rebuilt shuffled in this loop (`ds = build(stage, shuffle=True)`,
+    # then `DistributedSampler(ds)`: coconut's "the sampler is deterministic, so we shuffle
+    # the dataset when it's constructed, at every epoch"): each epoch has its own order.
+    data = sampler.args[0] if sampler.args else kwarg(sampler, "dataset")
+    if not isinstance(data, ast.Name):
+        return False
+    return any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and any(isinstance(t, ast.Name) and t.id == data.id for t in n.targets)
+               and n.lineno < sampler.lineno and is_true(kwarg(n.value, "shuffle"))
+               for n in ast.walk(loop))
 
 
 def _called_elsewhere(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
@@ -526,7 +564,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             continue
         skips = [s for s in node.body if isinstance(s, ast.If) and any(
             isinstance(b, ast.Continue | ast.Break) for b in s.body)]
-        if not skips or not _batch_loop(info, node.iter):
+        if not skips or not _batch_loop(info, node.iter) or not _steps_together(info, node):
             continue
         target = node.target
         if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
@@ -538,6 +576,30 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             if _empty_test(s.test, names):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
+
+
+def _steps_together(info: ModuleInfo, loop: Loop) -> bool:
+    """The loop body syncs the ranks every step: a backward (DDP's gradient all-reduce), an
+    optimizer step or a collective, in the loop or in a function of this file it calls. A
+    skipped batch in an evaluation loop under no_grad (DiffSinger's `if batch is None:
+    continue` before a forward) makes no rank wait: DDP broadcasts buffers only on the first
+    forward after training, which every rank makes."""
+    def syncs(rec: CallRec) -> bool:
+        return rec.last in ("backward", "step") or is_collective(rec)
+
+    seen: set[int] = set()
+    todo = [r for r in info.calls if loop in r.loops]
+    for depth in range(3):
+        nxt: list[CallRec] = []
+        for rec in todo:
+            if syncs(rec):
+                return True
+            for fn in info.local_callees(rec) if depth < 2 else ():
+                if id(fn) not in seen:
+                    seen.add(id(fn))
+                    nxt.extend(r for r in info.calls if r.func is fn)
+        todo = nxt
+    return False
 
 
 def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:

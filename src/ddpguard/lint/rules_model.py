@@ -340,7 +340,8 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
             for sub in node.body:
                 for call in ast.walk(sub):
                     if isinstance(call, ast.Call) and _is_optimizer_step(call) \
-                            and _unstepped_backward(info, lrec, node, call):
+                            and _unstepped_backward(info, lrec, node, call) \
+                            and not _wrapped_only_in_another_mode(info, call):
                         yield call, "DDP013", (
                             "the optimizer steps once every few iterations but every "
                             "micro-step's backward all-reduces the gradients anyway: wrap the "
@@ -368,6 +369,37 @@ def _unstepped_backward(info: ModuleInfo, lrec: LoopRec, cond: ast.If, step: ast
                and not exclusive(r, rec)]
     return any(r.last == "backward" for r in outside) and \
         not any(_is_optimizer_step(r.node) for r in outside)
+
+
+def _wrapped_only_in_another_mode(info: ModuleInfo, step: ast.Call) -> bool:
+    """Every DDP wrap sits in the arm of a flag test (`if configs.only_eval: DDP(...) else:
+    FSDP(...)`) opposite to the one the training loop runs under (`if not
+    configs.only_eval:`): the model that accumulates is not the DDP one (coconut)."""
+    rec = info.call_rec(step)
+    wraps = [r for r in info.calls if info.is_ddp_call(r.node)]
+    if rec is None or not wraps:
+        return False
+    hit = info._memo.get(("ifs_by_id", 0))
+    if hit is None:
+        hit = info._memo[("ifs_by_id", 0)] = {id(n): n for n in ast.walk(info.tree)
+                                              if isinstance(n, ast.If)}
+    ifs: dict[int, ast.If] = hit  # type: ignore[assignment]
+
+    def modes(r: CallRec) -> set[tuple[str, bool]]:
+        out = set()
+        for key, arm in r.branch:
+            node = ifs.get(key)
+            if node is None or info.rank_level(node.test):
+                continue
+            test, on = node.test, arm == 0
+            while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                test, on = test.operand, not on
+            name = dotted(test)
+            if name is not None:
+                out.add((name, on))
+        return out
+    mine = modes(rec)
+    return all(any((name, not on) in mine for name, on in modes(w)) for w in wraps)
 
 
 def _accumulates(test: ast.expr) -> bool:

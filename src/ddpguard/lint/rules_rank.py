@@ -7,6 +7,7 @@ import ast
 import os
 from collections.abc import Iterator
 
+from .buffers import wrapped_model_has_no_buffers
 from .callgraph import is_collective, mode_without_group, params_of, reaches, resolve
 from .context import CallRec, Func, ModuleInfo, dotted, kwarg
 from .crossfile import runs_as_a_group
@@ -51,6 +52,11 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
         # Under no_grad a forward's only collective is the buffer broadcast; with
         # `broadcast_buffers` set from a config (modulus: False by default) that is unproven.
         found = [d for d in found if not d.no_grad]
+    if found and all(d.no_grad for d in found) and not (info.batchnorm or info.buffers) \
+            and wrapped_model_has_no_buffers(info):
+        # Under no_grad the buffer broadcast is the forward's one collective, and the model
+        # is built, visibly, from layers without buffers.
+        found = []
     if not found:
         return
     sev = "error" if (info.batchnorm or info.buffers) and not any(

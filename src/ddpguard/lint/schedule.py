@@ -71,6 +71,7 @@ class IfN:
     split: bool
     line: int
     fixed: int   # TRUE/FALSE for launch-mode tests (`if args.distributed:`), else UNKNOWN
+    fallback: bool = False   # `if found is None:` after a search: runtime data, see _fallback
 
 
 @dataclass(slots=True)
@@ -150,7 +151,8 @@ class Builder:
                 # distributed run: `args.local_rank == -1` (the single-process launch) is
                 # false on every rank, as `args.distributed` is true.
                 fixed = UNKNOWN if split else evaluate_test(self.info, s.test, RANK0)
-                out.append(IfN(s.test, body, orelse, split, s.lineno, fixed))
+                out.append(IfN(s.test, body, orelse, split, s.lineno, fixed,
+                               not split and _fallback(self.info, self.func, s.test)))
         elif t is ast.For or t is ast.AsyncFor or t is ast.While:
             self.whiles.append(t is ast.While)
             body = self.block(s.body)
@@ -388,6 +390,31 @@ def _tested_names(info: ModuleInfo, fn: Func) -> frozenset[str]:
                         read.add(a.id)
         hit = info._memo[key] = frozenset(read & params)
     return hit  # type: ignore[return-value]
+
+
+def _fallback(info: ModuleInfo, func: Func | None, test: ast.expr) -> bool:
+    """`if dir_name is None:` / `if not found:` on a local name the function set to a
+    placeholder and then, maybe, to a value (a search over handlers, files, candidates): the
+    arm is the fallback when the search found nothing, which depends on run-time data the
+    text does not show (PixelRec's and MicroLens's `get_tensorboard`, whose fallback alone
+    reaches a barrier)."""
+    if func is None:
+        return False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        name = test.operand
+    elif isinstance(test, ast.Compare) and len(test.ops) == 1 and \
+            isinstance(test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None:
+        name = test.left
+    else:
+        return False
+    if not isinstance(name, ast.Name) or name.id in params_of(func):
+        return False
+    first, last = func.lineno, test.lineno
+    sets = [v for line, v in info.assigns.get(name.id, []) if first <= line < last]
+    return len(sets) >= 2 and isinstance(sets[0], ast.Constant) and \
+        sets[0].value in (None, False, "", 0) and \
+        any(not isinstance(v, ast.Constant) for v in sets[1:])
 
 
 def _narrowing(test: ast.expr) -> bool:
