@@ -181,6 +181,11 @@ M = [
  ("a script that never forms a group", "rules_data.py", "    if _never_forms_a_group(info):\n        return\n", ""),
  ("a set-up helper may form the group", "rules_data.py", "        if any(h in last for h in _MAY_FORM):\n            return False\n", ""),
  ("only a script is known not to form a group", "rules_data.py", "    if not info.has_main:\n        return False\n    for rec in info.calls:\n        last = rec.last.lower()", "    for rec in info.calls:\n        last = rec.last.lower()"),
+ ("a collate_fn that keeps its samples", "rules_data.py", "                and _keeps_the_items(node):", "                and True:"),
+ ("a DataLoader worker is no rank", "schedule.py", "                    fixed = _in_a_rank(s.test)", "                    pass"),
+ ("a worker test's polarity", "schedule.py", "    return TRUE if value != neg else FALSE", "    return TRUE"),
+ ("a value a collective delivered", "schedule.py", "                               not split and _received(self.info, self.func, s.test)))", "                               False))"),
+ ("a received value through an assignment", "schedule.py", "            if depth < 2 and isinstance(n, ast.Name) and any(", "            if False and any("),
 ]
 
 

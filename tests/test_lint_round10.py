@@ -296,3 +296,111 @@ def test_a_script_that_forms_its_group_gets_the_missing_set_epoch() -> None:
     # a module without a __main__ block: its caller may have formed the group
     module = NO_GROUP.replace('\n\nif __name__ == "__main__":\n    main()\n', "\n")
     assert codes(module) == [("DDP001", 18)]
+
+
+# A collate_fn that checks something about the samples without dropping any (deepmd's atom
+# counts): every rank keeps its batch size.
+COLLATE = """\
+import torch
+from torch.utils.data import DataLoader
+
+
+def collate(batch):
+    atypes = [d.get("atype") for d in batch if d.get("atype") is not None]
+    if atypes and any(len(a) != len(atypes[0]) for a in atypes):
+        raise NotImplementedError("frames with different atom counts")
+    return torch.stack([d["coord"] for d in batch])
+
+
+loader = DataLoader(dataset, batch_size=4, collate_fn=collate)
+"""
+
+
+def test_a_collate_fn_that_only_inspects_its_samples_drops_none() -> None:
+    assert codes(COLLATE) == []
+
+
+def test_a_collate_fn_that_filters_its_samples_is_reported() -> None:
+    drops = COLLATE.replace('    atypes = [d.get("atype") for d',
+                            '    batch = atypes = [d for d')
+    assert codes(drops) == [("DDP004", 6)]
+
+
+# The leader fills shared memory and sends its shape; every other rank's main process
+# receives it, and DataLoader workers, which are no ranks, skip the collectives (omnivore's
+# SharedMemory dataset).
+WORKERS = """\
+import torch.distributed as dist
+from torch.utils.data import get_worker_info
+
+
+def share(arr, local_rank):
+    if local_rank == 0:
+        dist.barrier()
+        dist.broadcast_object_list([arr.shape])
+    else:
+        if not is_torch_dataloader_worker():
+            dist.barrier()
+            dist.broadcast_object_list([None])
+    return arr
+
+
+def is_torch_dataloader_worker():
+    return get_worker_info() is not None
+"""
+
+
+def test_the_dataloader_workers_arm_is_no_ranks_path() -> None:
+    assert codes(WORKERS) == []
+    info = WORKERS.replace("        if not is_torch_dataloader_worker():",
+                           "        if get_worker_info() is None:")
+    assert codes(info) == []
+
+
+def test_a_rank_that_skips_the_collectives_on_another_test_is_reported() -> None:
+    flag = WORKERS.replace("        if not is_torch_dataloader_worker():",
+                           "        if arr.wait:")
+    assert [c for c, _ in codes(flag)] == ["DDP005"]
+    inverted = WORKERS.replace("        if not is_torch_dataloader_worker():",
+                               "        if get_worker_info() is not None:")
+    assert {c for c, _ in codes(inverted)} == {"DDP005"}
+
+
+# The source sends a size and, unless it is 0, the payload; the others receive the size and
+# read the payload only when it is not 0 (verl's and sglang's broadcast_pyobj).
+SIZE_THEN_PAYLOAD = """\
+import pickle
+
+import torch
+import torch.distributed as dist
+
+
+def broadcast_pyobj(data, rank, src=0, expected=0):
+    if rank == src:
+        if len(data) == 0:
+            size = torch.tensor([0], dtype=torch.long)
+            dist.broadcast(size, src=src)
+        else:
+            payload = torch.ByteTensor(list(pickle.dumps(data)))
+            size = torch.tensor([len(payload)], dtype=torch.long)
+            dist.broadcast(size, src=src)
+            dist.broadcast(payload, src=src)
+        return data
+    size = torch.tensor([0], dtype=torch.long)
+    dist.broadcast(size, src=src)
+    n = size.item()
+    if n == 0:
+        return []
+    payload = torch.empty(n, dtype=torch.uint8)
+    dist.broadcast(payload, src=src)
+    return pickle.loads(bytes(payload.tolist()))
+"""
+
+
+def test_a_receiver_that_follows_the_size_it_received_matches_the_sender() -> None:
+    assert codes(SIZE_THEN_PAYLOAD) == []
+
+
+def test_a_receiver_that_decides_on_its_own_value_is_reported() -> None:
+    own = SIZE_THEN_PAYLOAD.replace("    if n == 0:\n", "    if expected == 0:\n")
+    assert [c for c, _ in codes(own)] == ["DDP005"]

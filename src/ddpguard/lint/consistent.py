@@ -15,19 +15,26 @@ _LIMIT = 8   # tests enumerated at most (2**8 paths); beyond, the alignment's an
 
 def paths_agree(sa: Seq, sb: Seq, found_searches: bool = False) -> bool:
     """`found_searches`: every search's fallback arm (schedule._fallback) is left untaken,
-    as when the searches find what they look for."""
+    as when the searches find what they look for, and a test of a value a collective
+    delivered (schedule._received) takes the arm that matches the sender's own choice."""
     sites: list[int] = []
     if not (_sites(sa, sites) and _sites(sb, sites)) or len(sites) > _LIMIT:
         return False
     fallbacks: set[int] = set()
+    received: set[int] = set()
     if found_searches:
-        _fallbacks(sa, fallbacks)
-        _fallbacks(sb, fallbacks)
-        sites = [s for s in sites if s not in fallbacks]
+        _marked(sa, "fallback", fallbacks)
+        _marked(sb, "fallback", fallbacks)
+        _marked(sa, "received", received)
+        _marked(sb, "received", received)
+    free = [s for s in sites if s in received and s not in fallbacks]
+    sites = [s for s in sites if s not in fallbacks and s not in received]
     for bits in product((0, 1), repeat=len(sites)):
         choice = dict(zip(sites, bits, strict=True))
         choice.update((s, 1) for s in fallbacks)
-        if _linear(sa, choice)[0] != _linear(sb, choice)[0]:
+        if not any(_linear(sa, c)[0] == _linear(sb, c)[0] for c in (
+                {**choice, **dict(zip(free, more, strict=True))}
+                for more in product((0, 1), repeat=len(free)))):
             return False
     return True
 
@@ -45,12 +52,12 @@ def _sites(seq: Seq, out: list[int]) -> bool:
     return True
 
 
-def _fallbacks(seq: Seq, out: set[int]) -> None:
+def _marked(seq: Seq, flag: str, out: set[int]) -> None:
     for it in seq:
-        if it.kind == "alt" and it.fallback:
+        if it.kind == "alt" and getattr(it, flag):
             out.add(it.site)
         for a in it.arms:
-            _fallbacks(a, out)
+            _marked(a, flag, out)
 
 
 def _linear(seq: Seq, choice: dict[int, int]) -> tuple[list[object], str]:

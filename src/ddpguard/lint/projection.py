@@ -34,6 +34,7 @@ class Item:
     no_grad: bool = False          # a call made under `torch.no_grad()`
     split: bool = False            # an alt whose test may differ between ranks (or an assert)
     fallback: bool = False         # an alt on a search's fallback (schedule._fallback)
+    received: bool = False         # an alt on a value a collective delivered (_received)
 
 
 Seq = tuple[Item, ...]
@@ -154,7 +155,8 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                 out.extend(b)
             else:
                 out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
-                                cond=cond, split=split, fallback=n.fallback))
+                                cond=cond, split=split, fallback=n.fallback,
+                                received=n.received))
             if bx and ox:
                 return out, bx
         elif t is LoopN:

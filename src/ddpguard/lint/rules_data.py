@@ -518,12 +518,23 @@ def _returns_none_or_filters(fn: Func) -> ast.AST | None:
                 node.value is None or (isinstance(node.value, ast.Constant)
                                        and node.value.value is None)):
             return node
-        if isinstance(node, ast.ListComp) and any(g.ifs for g in node.generators):
+        if isinstance(node, ast.ListComp) and any(g.ifs for g in node.generators) \
+                and _keeps_the_items(node):
             return node
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id == "filter":
             return node
     return None
+
+
+def _keeps_the_items(comp: ast.ListComp) -> bool:
+    """`[b for b in batch if b is not None]` drops samples; `[d.get("atype") for d in batch
+    if ...]` (deepmd's check of the atom counts) computes something about them."""
+    targets = {n.id for g in comp.generators for n in ast.walk(g.target)
+               if isinstance(n, ast.Name)}
+    elt = comp.elt
+    return isinstance(elt, ast.Name) and elt.id in targets or isinstance(elt, ast.Tuple) \
+        and all(isinstance(e, ast.Name) and e.id in targets for e in elt.elts)
 
 
 def _empty_test(test: ast.expr, names: set[str]) -> bool:
