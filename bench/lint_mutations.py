@@ -178,14 +178,16 @@ M = [
  ("a search's fallback is run-time data", "diverge.py", "            if found and paths_agree(sa, sb, found_searches=True):", "            if False:"),
  ("a search's fallback: a placeholder set first", "schedule.py", "    return len(sets) >= 2 and isinstance(sets[0], ast.Constant)", "    return True or len(sets) >= 2 and isinstance(sets[0], ast.Constant)"),
  ("a loop without collectives is nothing to the others", "consistent.py", "] if body else []", "]"),
- ("a script that never forms a group", "rules_data.py", "    if _never_forms_a_group(info):\n        return\n", ""),
- ("a set-up helper may form the group", "rules_data.py", "        if any(h in last for h in _MAY_FORM):\n            return False\n", ""),
+ ("a script that never forms a group", "rules_data.py", "    hits = list(_ddp001(info))\n    if hits and not _never_forms_a_group(info):\n", "    hits = list(_ddp001(info))\n    if hits:\n"),
+ ("a set-up helper may form the group", "rules_data.py", "        if _MAY_FORM.search(last):\n            return False\n", ""),
  ("only a script is known not to form a group", "rules_data.py", "    if not info.has_main:\n        return False\n    for rec in info.calls:\n        last = rec.last.lower()", "    for rec in info.calls:\n        last = rec.last.lower()"),
  ("a collate_fn that keeps its samples", "rules_data.py", "                and _keeps_the_items(node):", "                and True:"),
  ("a DataLoader worker is no rank", "schedule.py", "                    fixed = _in_a_rank(s.test)", "                    pass"),
  ("a worker test's polarity", "schedule.py", "    return TRUE if value != neg else FALSE", "    return TRUE"),
  ("a value a collective delivered", "schedule.py", "                               not split and _received(self.info, self.func, s.test)))", "                               False))"),
  ("a received value through an assignment", "schedule.py", "            if depth < 2 and isinstance(n, ast.Name) and any(", "            if False and any("),
+ ("a loop over datasets is no epoch loop", "rules_data.py", " and not _per_dataset(loop, sampler) \\\n", " \\\n"),
+ ("a bound method handed away", "callgraph.py", "                a.attr if isinstance(a, ast.Attribute) else None", "                None"),
 ]
 
 

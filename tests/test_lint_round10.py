@@ -404,3 +404,59 @@ def test_a_receiver_that_follows_the_size_it_received_matches_the_sender() -> No
 def test_a_receiver_that_decides_on_its_own_value_is_reported() -> None:
     own = SIZE_THEN_PAYLOAD.replace("    if n == 0:\n", "    if expected == 0:\n")
     assert [c for c, _ in codes(own)] == ["DDP005"]
+
+
+# Validation on each dataset of a collection, with a fresh sampler over each (the files of
+# multiple_physics_pretraining's validation set): the loop walks datasets, not epochs.
+PER_DATASET = """\
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def validate(model, dsets):
+    model.eval()
+    for subset in dsets:
+        loader = DataLoader(subset, batch_size=8, sampler=DistributedSampler(subset))
+        for batch in loader:
+            model(batch)
+"""
+
+
+def test_a_fresh_sampler_per_dataset_is_no_epoch_loop() -> None:
+    assert codes(PER_DATASET) == []
+
+
+def test_a_fresh_sampler_per_epoch_over_the_same_data_is_reported() -> None:
+    epochs = PER_DATASET.replace("    for subset in dsets:\n", "    subset = dsets[0]\n"
+                                 "    for epoch in range(3):\n")
+    assert codes(epochs) == [("DDP001", 8)]
+
+
+# Rank 0 hands the training method to a sweep agent that calls it; the others call it
+# themselves (multiple_physics_pretraining's `wandb.agent(function=trainer.train)`).
+AGENT = """\
+import torch.distributed as dist
+
+
+class Trainer:
+    def train(self):
+        dist.barrier()
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    trainer = Trainer()
+    if args.sweep_id and dist.get_rank() == 0:
+        wandb.agent(args.sweep_id, function=trainer.train, count=1)
+    else:
+        trainer.train()
+"""
+
+
+def test_a_method_handed_to_an_agent_on_rank0_is_no_proven_divergence() -> None:
+    assert codes(AGENT) == []
+
+
+def test_rank0_skipping_the_method_the_others_call_is_reported() -> None:
+    skipped = AGENT.replace("function=trainer.train", "function=None")
+    assert [c for c, _ in codes(skipped)] == ["DDP005"]

@@ -303,8 +303,11 @@ def hands_work_away(info: ModuleInfo, func: Func | None) -> bool:
         if rec.func is not func or not rec.guard:
             continue
         for a in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
-            name = a.id if isinstance(a, ast.Name) else None
+            # `target=loop`, or a bound method (`wandb.agent(function=trainer.train)`)
+            method = isinstance(a, ast.Attribute)
+            name = a.id if isinstance(a, ast.Name) else \
+                a.attr if isinstance(a, ast.Attribute) else None
             if name and any(reaches(info, id(fn)) for fn in info.funcs.get(name, ())
-                            if fn not in info.func_class):
+                            if (fn in info.func_class) == method):
                 return True
     return False

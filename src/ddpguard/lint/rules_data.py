@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from .callgraph import is_collective
@@ -77,8 +78,12 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
       'DistributedSampler drives an epoch loop but set_epoch is not called in it',
       'call sampler.set_epoch(epoch) at the top of every epoch')
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
-    if _never_forms_a_group(info):
-        return
+    hits = list(_ddp001(info))
+    if hits and not _never_forms_a_group(info):
+        yield from hits
+
+
+def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
     reported: set[int] = set()
     misses: dict[tuple[int, int], bool] = {}
 
@@ -88,7 +93,8 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if hit is None:
             targets = _set_epoch_recs(info, sampler)
             hit = misses[key] = not _reaches_cached(info, loop, targets) \
-                and not _reseeded_in(loop, sampler) and not _called_elsewhere(info, loop, targets)
+                and not _reseeded_in(loop, sampler) and not _per_dataset(loop, sampler) \
+                and not _called_elsewhere(info, loop, targets)
         return hit
 
     # Style 1: `for epoch ...: for batch in loader:` in one function.
@@ -186,8 +192,7 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
 _UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
 
 
-_MAY_FORM = ("dist", "setup", "init", "launch", "accelerat", "spawn", "fabric", "comm",
-             "deepspeed", "horovod", "hvd")
+_MAY_FORM = re.compile("dist|setup|init|launch|accelerat|spawn|fabric|comm|deepspeed|horovod|hvd")
 _NOT_FORMING = ("distributedsampler", "distributeddataparallel", "ddp")
 
 
@@ -205,7 +210,7 @@ def _never_forms_a_group(info: ModuleInfo) -> bool:
         last = rec.last.lower()
         if last.startswith("__") or last in _NOT_FORMING:
             continue
-        if any(h in last for h in _MAY_FORM):
+        if _MAY_FORM.search(last):
             return False
     return True
 
@@ -229,6 +234,18 @@ def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
                and any(isinstance(t, ast.Name) and t.id == data.id for t in n.targets)
                and n.lineno < sampler.lineno and is_true(kwarg(n.value, "shuffle"))
                for n in ast.walk(loop))
+
+
+def _per_dataset(loop: Loop, sampler: ast.Call) -> bool:
+    """The loop walks datasets, not epochs: a fresh sampler per iteration over the loop's own
+    item (`for subset in dsets: DataLoader(subset, sampler=DistributedSampler(subset))`, the
+    validation of each file's dataset in multiple_physics_pretraining)."""
+    if isinstance(loop, ast.While) or not \
+            loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno):
+        return False
+    data = sampler.args[0] if sampler.args else kwarg(sampler, "dataset")
+    return isinstance(data, ast.Name) and any(
+        isinstance(n, ast.Name) and n.id == data.id for n in ast.walk(loop.target))
 
 
 def _called_elsewhere(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:

@@ -377,13 +377,12 @@ def _wrapped_only_in_another_mode(info: ModuleInfo, step: ast.Call) -> bool:
     configs.only_eval:`): the model that accumulates is not the DDP one (coconut)."""
     rec = info.call_rec(step)
     wraps = [r for r in info.calls if info.is_ddp_call(r.node)]
-    if rec is None or not wraps:
+    if rec is None or not rec.branch or not wraps or not all(w.branch for w in wraps):
         return False
-    hit = info._memo.get(("ifs_by_id", 0))
-    if hit is None:
-        hit = info._memo[("ifs_by_id", 0)] = {id(n): n for n in ast.walk(info.tree)
-                                              if isinstance(n, ast.If)}
-    ifs: dict[int, ast.If] = hit  # type: ignore[assignment]
+    ifs: dict[int, ast.If] = {}
+    for fn in {id(r.func): r.func for r in (rec, *wraps)}.values():
+        ifs.update((id(n), n) for n in ast.walk(fn if fn is not None else info.tree)
+                   if isinstance(n, ast.If))
 
     def modes(r: CallRec) -> set[tuple[str, bool]]:
         out = set()

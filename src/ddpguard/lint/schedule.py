@@ -425,9 +425,15 @@ def _received(info: ModuleInfo, func: Func | None, test: ast.expr) -> bool:
     `broadcast_pyobj`: the source sends a size and, unless it is 0, the payload)."""
     if func is None:
         return False
-    bufs = {d for r in info.calls if r.func is func and r.node.lineno < test.lineno
-            and is_collective(r) and r.node.args
-            for d in [dotted(r.node.args[0])] if d is not None}
+    memo: dict[int, list[tuple[int, str]]] = info._memo.setdefault(  # type: ignore[assignment]
+        ("received", 0), {})
+    sent = memo.get(id(func))
+    if sent is None:
+        sent = memo[id(func)] = [
+            (r.node.lineno, d) for r in calls_by_func(info).get(id(func), ())
+            if is_collective(r) and r.node.args for d in [dotted(r.node.args[0])]
+            if d is not None]
+    bufs = {d for line, d in sent if line < test.lineno}
     if not bufs:
         return False
     first = func.lineno
