@@ -181,13 +181,18 @@ M = [
  ("a script that never forms a group", "rules_data.py", "    hits = list(_ddp001(info))\n    if hits and not _never_forms_a_group(info):\n", "    hits = list(_ddp001(info))\n    if hits:\n"),
  ("a set-up helper may form the group", "rules_data.py", "        if _MAY_FORM.search(last):\n            return False\n", ""),
  ("only a script is known not to form a group", "rules_data.py", "    if not info.has_main:\n        return False\n    for rec in info.calls:\n        last = rec.last.lower()", "    for rec in info.calls:\n        last = rec.last.lower()"),
- ("a collate_fn that keeps its samples", "rules_data.py", "                and _keeps_the_items(node):", "                and True:"),
+ ("a collate_fn's filter keeps the step count", "rules_data.py", "    for node in ast.walk(fn):\n        if isinstance(node, ast.Return) and (", "    for node in ast.walk(fn):\n        if isinstance(node, ast.ListComp):\n            return node\n        if isinstance(node, ast.Return) and ("),
  ("a DataLoader worker is no rank", "schedule.py", "                    fixed = _in_a_rank(s.test)", "                    pass"),
  ("a worker test's polarity", "schedule.py", "    return TRUE if value != neg else FALSE", "    return TRUE"),
  ("a value a collective delivered", "schedule.py", "                               not split and _received(self.info, self.func, s.test)))", "                               False))"),
  ("a received value through an assignment", "schedule.py", "            if depth < 2 and isinstance(n, ast.Name) and any(", "            if False and any("),
  ("a loop over datasets is no epoch loop", "rules_data.py", " and not _per_dataset(loop, sampler) \\\n", " \\\n"),
  ("a bound method handed away", "callgraph.py", "                a.attr if isinstance(a, ast.Attribute) else None", "                None"),
+ ("a feature-extraction loop needs no set_epoch", "rules_data.py", " and not _extracts_only(info, lrec):", ":"),
+ ("a stepping loop is no extraction", "rules_data.py", "    if any(loop in r.loops and r.last in (\"backward\", \"step\") for r in info.calls):\n        return False\n", ""),
+ ("the rank within a subgroup", "provenance.py", "            if last == \"get_rank\" and _in_a_group(n):", "            if False:"),
+ ("a save and a load of different files", "rules_model.py", "                if hit is None or _other_files(info, rec.node, hit):", "                if hit is None:"),
+ ("different files only when both are spelled out", "rules_model.py", "    return bool(saved) and bool(loaded) and not saved & loaded", "    return not saved & loaded"),
 ]
 
 

@@ -58,11 +58,14 @@ CASES: dict[str, tuple[str, str]] = {
     "DDP004": ("""
         def collate(batch):
             batch = [b for b in batch if b is not None]
+            if not batch:
+                return None
             return batch
         loader = DataLoader(ds, collate_fn=collate)
         for batch in loader:
             if batch is None:
                 continue
+            model(batch).sum().backward()
         """, """
         def collate(batch):
             return torch.stack(batch)

@@ -320,10 +320,20 @@ def test_a_collate_fn_that_only_inspects_its_samples_drops_none() -> None:
     assert codes(COLLATE) == []
 
 
-def test_a_collate_fn_that_filters_its_samples_is_reported() -> None:
+def test_a_collate_fn_that_filters_samples_keeps_the_step_count() -> None:
+    # a smaller batch, not fewer steps: every rank still gets one batch per index
     drops = COLLATE.replace('    atypes = [d.get("atype") for d',
                             '    batch = atypes = [d for d')
-    assert codes(drops) == [("DDP004", 6)]
+    assert codes(drops) == []
+    assert codes(COLLATE.replace("    atypes = [d.get(\"atype\") for d in batch if",
+                                 "    atypes = list(filter(lambda d:")
+                 .replace('d.get("atype") is not None]', 'd is not None, batch))')) == []
+
+
+def test_a_collate_fn_that_can_return_none_is_reported() -> None:
+    none = COLLATE.replace("    if atypes and", "    if not atypes:\n        return None\n"
+                           "    if atypes and")
+    assert codes(none) == [("DDP004", 8)]
 
 
 # The leader fills shared memory and sends its shape; every other rank's main process
@@ -460,3 +470,94 @@ def test_a_method_handed_to_an_agent_on_rank0_is_no_proven_divergence() -> None:
 def test_rank0_skipping_the_method_the_others_call_is_reported() -> None:
     skipped = AGENT.replace("function=trainer.train", "function=None")
     assert [c for c, _ in codes(skipped)] == ["DDP005"]
+
+
+# Features for a linear probe, extracted under no_grad with a shuffling sampler and no
+# set_epoch (Siamese-Image-Modeling's make_embeddings): the order changes nothing.
+EMBEDDINGS = """\
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def make_embeddings(dataset, encoder, epochs=1):
+    loader = DataLoader(dataset, batch_size=64, sampler=DistributedSampler(dataset))
+    feats = []
+    for _ in range(epochs):
+        for imgs, labels in loader:
+            with torch.no_grad():
+                feats.append(encoder(imgs))
+    return feats
+"""
+
+
+def test_an_epoch_loop_that_only_extracts_features_needs_no_set_epoch() -> None:
+    assert codes(EMBEDDINGS) == []
+
+
+def test_an_epoch_loop_that_trains_is_reported() -> None:
+    trains = EMBEDDINGS.replace("            with torch.no_grad():\n"
+                                "                feats.append(encoder(imgs))\n",
+                                "            encoder(imgs).sum().backward()\n")
+    assert codes(trains) == [("DDP001", 8)]
+    # a teacher's targets under no_grad, then the student's backward (distillation)
+    distils = EMBEDDINGS.replace("                feats.append(encoder(imgs))\n",
+                                 "                target = teacher(imgs)\n"
+                                 "            (encoder(imgs) - target).sum().backward()\n")
+    assert codes(distils) == [("DDP001", 8)]
+
+
+# A test of the rank within a subgroup: the leaders of the reduction groups reduce among
+# themselves, on the group of leaders (makani's tree reduction).
+SUBGROUP = """\
+import torch.distributed as dist
+
+
+def reduce_stats(stats, mesh):
+    if dist.get_rank(mesh.get_group("reduction")) == 0:
+        stats = tree_reduce(stats, mesh.get_group("tree"))
+    dist.barrier()
+    return stats
+
+
+def tree_reduce(stats, group):
+    dist.barrier(group=group)
+    return stats
+"""
+
+
+def test_a_test_of_the_rank_within_a_subgroup_is_no_global_rank_class() -> None:
+    assert codes(SUBGROUP) == []
+
+
+def test_a_test_of_the_global_rank_before_a_subgroup_collective_is_reported() -> None:
+    glob = SUBGROUP.replace('dist.get_rank(mesh.get_group("reduction"))', "dist.get_rank()")
+    assert [c for c, _ in codes(glob)] == ["DDP005"]
+
+
+# The wrapper's state_dict saved under one name, a checkpoint of another name loaded strictly
+# before the wrap (PVDM: `model_last.pth` is written by the trainer, unwrapped).
+OTHER_FILES = """\
+import os
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(args, model, rank, rootdir):
+    if args.resume:
+        ckpt = torch.load(os.path.join(args.folder, "model_last.pth"), map_location="cpu")
+        model.load_state_dict(ckpt)
+    model = DDP(model, device_ids=[rank])
+    train(model)
+    if rank == 0:
+        torch.save(model.state_dict(), rootdir + "net_meta.pth")
+"""
+
+
+def test_a_save_and_a_load_of_different_files_are_no_resume_mismatch() -> None:
+    assert codes(OTHER_FILES) == []
+
+
+def test_the_same_file_saved_wrapped_and_loaded_unwrapped_is_reported() -> None:
+    same = OTHER_FILES.replace('"model_last.pth"', '"net_meta.pth"')
+    assert codes(same) == [("DDP008", 14)]

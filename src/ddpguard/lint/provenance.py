@@ -145,6 +145,10 @@ def value_level(info: RankTable, node: ast.AST) -> int:
             if type(f) is _Attribute and (type(f.value) is ast.Subscript or "mesh" in (
                     dotted(f.value) or "").lower()):
                 return NONE
+            if last == "get_rank" and _in_a_group(n):
+                # `dist.get_rank(group)`: the rank within that subgroup (makani's tree
+                # reduction among the leaders of the reduction groups)
+                return NONE
             return _RANK_CALLS[last]
         if is_predicate(last) or last in info.rank_funcs:
             return info.rank_funcs.get(last) or name_level(last)
@@ -165,6 +169,11 @@ def value_level(info: RankTable, node: ast.AST) -> int:
     if t is ast.IfExp:
         return combine(value_level(info, n.body), value_level(info, n.orelse))
     return test_level(info, node) if t in (ast.Compare, ast.BoolOp, ast.UnaryOp) else NONE
+
+
+def _in_a_group(call: ast.Call) -> bool:
+    args = [*call.args, *(k.value for k in call.keywords if k.arg == "group")]
+    return any(not (isinstance(a, ast.Constant) and a.value is None) for a in args)
 
 
 def test_level(info: RankTable, node: ast.AST | None) -> int:

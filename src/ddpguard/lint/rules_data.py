@@ -111,7 +111,7 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
         for sampler in hit[1]:
             if id(epoch_loop) in reported:
                 continue
-            if missing(epoch_loop, sampler):
+            if missing(epoch_loop, sampler) and not _extracts_only(info, lrec):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
     batch_loops: dict[int, bool] = {}
@@ -234,6 +234,28 @@ def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
                and any(isinstance(t, ast.Name) and t.id == data.id for t in n.targets)
                and n.lineno < sampler.lineno and is_true(kwarg(n.value, "shuffle"))
                for n in ast.walk(loop))
+
+
+_NO_GRAD = ("no_grad", "inference_mode")
+
+
+def _extracts_only(info: ModuleInfo, lrec: LoopRec) -> bool:
+    """The batch loop computes under no_grad and never steps (Siamese-Image-Modeling's
+    `make_embeddings`, features for a linear probe): the order of its samples changes
+    nothing, whatever the epochs."""
+    loop = lrec.node
+    if any(loop in r.loops and r.last in ("backward", "step") for r in info.calls):
+        return False
+    fn = lrec.func
+    if fn is not None and any(_no_grad_call(d) for d in fn.decorator_list):
+        return True
+    return any(isinstance(n, ast.With) and any(_no_grad_call(i.context_expr) for i in n.items)
+               for n in ast.walk(loop))
+
+
+def _no_grad_call(node: ast.expr) -> bool:
+    f = node.func if isinstance(node, ast.Call) else node
+    return (dotted(f) or "").rsplit(".", 1)[-1] in _NO_GRAD
 
 
 def _per_dataset(loop: Loop, sampler: ast.Call) -> bool:
@@ -529,29 +551,17 @@ def _msg003(expr: str) -> str:
             "and the extra step's all-reduce hangs")
 
 
-def _returns_none_or_filters(fn: Func) -> ast.AST | None:
+def _returns_none(fn: Func) -> ast.AST | None:
+    """A `return None` (or a bare `return`): that batch is None on one rank. A collate_fn
+    that only filters samples out (`[b for b in batch if b is not None]`, `filter(...)`)
+    makes a smaller batch, not fewer steps: every rank still gets one batch per index the
+    sampler yields (DeCLIP's and deepmd's collate functions, issue 20 round 10)."""
     for node in ast.walk(fn):
         if isinstance(node, ast.Return) and (
                 node.value is None or (isinstance(node.value, ast.Constant)
                                        and node.value.value is None)):
             return node
-        if isinstance(node, ast.ListComp) and any(g.ifs for g in node.generators) \
-                and _keeps_the_items(node):
-            return node
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id == "filter":
-            return node
     return None
-
-
-def _keeps_the_items(comp: ast.ListComp) -> bool:
-    """`[b for b in batch if b is not None]` drops samples; `[d.get("atype") for d in batch
-    if ...]` (deepmd's check of the atom counts) computes something about them."""
-    targets = {n.id for g in comp.generators for n in ast.walk(g.target)
-               if isinstance(n, ast.Name)}
-    elt = comp.elt
-    return isinstance(elt, ast.Name) and elt.id in targets or isinstance(elt, ast.Tuple) \
-        and all(isinstance(e, ast.Name) and e.id in targets for e in elt.elts)
 
 
 def _empty_test(test: ast.expr, names: set[str]) -> bool:
@@ -573,8 +583,9 @@ def _empty_test(test: ast.expr, names: set[str]) -> bool:
 
 
 @rule('DDP004', 'rank-dependent-step-count', 'error',
-      'a collate_fn or batch loop can drop samples or batches on one rank only',
-      'never return None / drop samples in collate_fn; resample in the Dataset instead')
+      'a collate_fn can return None, or a training loop skips empty/None batches, on one '
+      'rank only',
+      'never return None from collate_fn; resample in the Dataset instead')
 def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -582,10 +593,11 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         collate = kwarg(rec.node, "collate_fn")
         if isinstance(collate, ast.Name):
             for fn in info.funcs.get(collate.id, []):
-                bad = _returns_none_or_filters(fn)
+                bad = _returns_none(fn)
                 if bad is not None:
-                    yield bad, "DDP004", (f"collate_fn {fn.name}() can return None or drop "
-                                          "samples: ranks can end up with different step counts")
+                    yield bad, "DDP004", (f"collate_fn {fn.name}() can return None: a rank "
+                                          "that skips that batch does one step fewer than "
+                                          "the others")
     for lrec in info.loops:
         node = lrec.node
         if isinstance(node, ast.While):

@@ -53,13 +53,41 @@ def ddp008(info: ModuleInfo) -> Iterator[Hit]:
                 names = _model_names(info, owner)
                 hit = next((ld for k, ld in loads if k == key and (
                     k is not None or _load_owner(ld) in names)), None)
-                if hit is None:
+                if hit is None or _other_files(info, rec.node, hit):
                     continue
                 seen.add(id(node))
                 yield node, "DDP008", (
                     f"`{owner}.state_dict()` of the DDP wrapper is saved (every key gets a "
                     f"`module.` prefix), and line {hit.lineno} loads it strictly into the "
                     "unwrapped model: that resume fails with missing/unexpected keys")
+
+
+_CKPT_EXT = (".pth", ".pt", ".ckpt", ".bin", ".tar", ".pkl", ".safetensors")
+
+
+def _other_files(info: ModuleInfo, save: ast.Call, load: ast.Call) -> bool:
+    """The save and the load name different files, both spelled out (`net_meta.pth` saved,
+    `model_last.pth` loaded: PVDM, whose `model_last.pth` is written elsewhere): the load
+    does not read what this save wrote."""
+    saved = _file_names(info, save)
+    loaded = set()
+    for a in load.args[:1]:
+        for v in info.values_of(a) or [a]:
+            if isinstance(v, ast.Call) and info.callee_last(v) == "load":
+                loaded |= _file_names(info, v)
+    return bool(saved) and bool(loaded) and not saved & loaded
+
+
+def _file_names(info: ModuleInfo, call: ast.Call) -> set[str]:
+    out: set[str] = set()
+    for a in [*call.args, *(k.value for k in call.keywords)]:
+        for v in [a, *(x for _, x in info.assigns.get(dotted(a) or "", []))]:
+            for n in ast.walk(v):
+                if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    name = n.value.rsplit("/", 1)[-1]
+                    if name.endswith(_CKPT_EXT) and name.split(".", 1)[0]:
+                        out.add(name)
+    return out
 
 
 def _load_owner(load: ast.Call) -> str:
@@ -376,8 +404,10 @@ def _wrapped_only_in_another_mode(info: ModuleInfo, step: ast.Call) -> bool:
     FSDP(...)`) opposite to the one the training loop runs under (`if not
     configs.only_eval:`): the model that accumulates is not the DDP one (coconut)."""
     rec = info.call_rec(step)
+    if rec is None or not rec.branch:  # the step runs in every mode
+        return False
     wraps = [r for r in info.calls if info.is_ddp_call(r.node)]
-    if rec is None or not rec.branch or not wraps or not all(w.branch for w in wraps):
+    if not wraps or not all(w.branch for w in wraps):
         return False
     ifs: dict[int, ast.If] = {}
     for fn in {id(r.func): r.func for r in (rec, *wraps)}.values():
