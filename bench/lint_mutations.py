@@ -193,6 +193,7 @@ M = [
  ("the rank within a subgroup", "provenance.py", "            if last == \"get_rank\" and _in_a_group(n):", "            if False:"),
  ("a save and a load of different files", "rules_model.py", "                if hit is None or _other_files(info, rec.node, hit):", "                if hit is None:"),
  ("different files only when both are spelled out", "rules_model.py", "    return bool(saved) and bool(loaded) and not saved & loaded", "    return not saved & loaded"),
+ ("a raise is a failure, not a rank leaving", "diverge.py", ' or ex.op == "raise" else "DDP019"', ' else "DDP019"'),
 ]
 
 

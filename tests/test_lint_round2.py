@@ -30,7 +30,8 @@ def test_leader_first_as_two_plain_ifs() -> None:
     # A rank-0-only exit between the pair leaves the others in their barrier.
     got = codes(name, "    if expected is not None and len(items) < expected:",
                 "    if dist.get_rank() == 0 and expected and len(items) < expected:")
-    assert [c for c, _ in got] == ["DDP019"]
+    # (a raise: a failure, which torchrun turns into the end of the job; DDP022)
+    assert [c for c, _ in got] == ["DDP022"]
 
 
 def test_tensor_split_into_a_multiple_of_the_world_size_is_even() -> None:
@@ -303,12 +304,12 @@ def main(args, exists):
 def test_exclusive_flag_also_holds_through_a_helper() -> None:
     assert inline(RESUME) == []
     assert inline(RESUME.replace("    if args.resume:\n        sync_path", "    if args.sync:\n"
-                                 "        sync_path")) == [("DDP019", 9)]
+                                 "        sync_path")) == [("DDP022", 9)]
 
 
 def test_an_exit_names_the_first_collective_it_does_abandon() -> None:
     [f] = lint_source(HEAD + RESUME + "    dist.barrier()\n", "t.py", ALL)
-    assert (f.code, f.line - 4) == ("DDP019", 9)
+    assert (f.code, f.line - 4) == ("DDP022", 9)
     assert "barrier() at line 16" in f.message and "broadcast" not in f.message
 
 

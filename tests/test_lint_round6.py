@@ -56,10 +56,16 @@ def test_an_assert_before_a_collective_is_its_own_rule_off_by_default() -> None:
     assert RULES["DDP022"].default is False and RULES["DDP019"].default is True
     line = line_of(TRAINER, "assert len(gathered) == world")
     assert found(TRAINER, selection=ALL) == [("DDP022", line)]
-    # A raise that the same rank 0 can meet is an exit that happens: DDP019, on by default.
-    raised = found(TRAINER, "assert len(gathered) == world",
-                   "if len(gathered) != world:\n                raise ValueError(world)")
-    assert raised == [("DDP019", line + 1)]
+    # A raise is a failure too: torchrun ends the job when one rank fails (issue 20, round
+    # 11), so it is DDP022 with the assert, off by default; a rank that returns in good
+    # order leaves the others waiting: DDP019, on by default.
+    raise_ = ("assert len(gathered) == world",
+              "if len(gathered) != world:\n                raise ValueError(world)")
+    assert found(TRAINER, *raise_) == []
+    assert found(TRAINER, *raise_, selection=ALL) == [("DDP022", line + 1)]
+    returned = found(TRAINER, "assert len(gathered) == world",
+                     "if len(gathered) != world:\n                return None")
+    assert returned == [("DDP019", line + 1)]
 
 
 def test_the_tool_is_quiet() -> None:
@@ -78,8 +84,8 @@ def test_an_assert_that_refuses_ddp_ends_the_distributed_run() -> None:
 
 def test_a_stub_is_no_exit_to_report() -> None:
     line = line_of(TOOL, "raise NotImplementedError(")
-    assert found(TOOL, "raise NotImplementedError(", "raise RuntimeError(") == [
-        ("DDP019", line)]
+    assert found(TOOL, "raise NotImplementedError(", "raise RuntimeError(",
+                 selection=ALL) == [("DDP022", line)]
 
 
 def test_a_constant_false_test_is_never_taken() -> None:

@@ -409,8 +409,13 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                     "the ranks still in it wait for ranks that are gone")))
             if partners:
                 line, site, message = partners[0]
-                # An assert that can fire is not an exit that does: DDP022, not DDP019.
-                code = "DDP022" if ex.kind == "mayexit" else "DDP019"
+                # An assert that can fire, or a `raise`, is a failure, not a rank leaving in
+                # good order: torchrun (and torch.distributed.launch, mp.spawn) tears the
+                # whole job down when one rank fails, so nothing waits for long; only
+                # launchers that let the others run (srun without --kill-on-bad-exit) leave
+                # them in the collective until the timeout. DDP022 (off by default), not
+                # DDP019 (issue 20, round 11: a rank-0 `raise` judged false on first contact).
+                code = "DDP022" if ex.kind == "mayexit" or ex.op == "raise" else "DDP019"
                 out.append(Divergence(code, _line(*x), message, line, site,
                                       tuple(partners)))
         return
