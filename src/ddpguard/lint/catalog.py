@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import rules_data, rules_model, rules_rank
+from . import rules_ckpt, rules_data, rules_epoch, rules_model, rules_rank
 from .registry import Rule
 from .source import DDP000_FIX
 
@@ -10,4 +10,5 @@ DDP000 = Rule("DDP000", "unreadable", "error",
               "Python cannot compile the file (syntax error, bad encoding, null bytes)",
               DDP000_FIX, "a file Python refuses is skipped by every other rule, so say why")
 RULES: dict[str, Rule] = {r.code: r for r in sorted(
-    [DDP000, *rules_data.RULES, *rules_model.RULES, *rules_rank.RULES], key=lambda r: r.code)}
+    [DDP000, *rules_epoch.RULES, *rules_data.RULES, *rules_ckpt.RULES,
+     *rules_model.RULES, *rules_rank.RULES], key=lambda r: r.code)}

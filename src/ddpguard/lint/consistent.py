@@ -14,9 +14,9 @@ _LIMIT = 8   # tests enumerated at most (2**8 paths); beyond, the alignment's an
 
 
 def paths_agree(sa: Seq, sb: Seq, found_searches: bool = False) -> bool:
-    """`found_searches`: every search's fallback arm (schedule._fallback) is left untaken,
+    """`found_searches`: every search's fallback arm (runtime_tests.fallback) is left untaken,
     as when the searches find what they look for, and a test of a value a collective
-    delivered (schedule._received) takes the arm that matches the sender's own choice."""
+    delivered (runtime_tests.received) takes the arm that matches the sender's own choice."""
     sites: list[int] = []
     if not (_sites(sa, sites) and _sites(sb, sites)) or len(sites) > _LIMIT:
         return False

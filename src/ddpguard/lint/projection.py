@@ -33,8 +33,8 @@ class Item:
     args: tuple[tuple[str, object], ...] = ()   # a call's literal arguments (its callee's tests)
     no_grad: bool = False          # a call made under `torch.no_grad()`
     split: bool = False            # an alt whose test may differ between ranks (or an assert)
-    fallback: bool = False         # an alt on a search's fallback (schedule._fallback)
-    received: bool = False         # an alt on a value a collective delivered (_received)
+    fallback: bool = False         # an alt on a search's fallback (runtime_tests)
+    received: bool = False         # an alt on what a collective delivered (runtime_tests)
 
 
 Seq = tuple[Item, ...]

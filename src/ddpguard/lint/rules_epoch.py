@@ -1,0 +1,401 @@
+"""DDP001: a shuffling DistributedSampler drives an epoch loop and nothing calls set_epoch
+on it, so every epoch repeats the same order."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from .context import (
+    CallRec,
+    Func,
+    Loop,
+    LoopRec,
+    ModuleInfo,
+    dotted,
+    is_true,
+    kwarg,
+    loader_samplers,
+)
+from .registry import Hit, rule
+
+
+def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
+    key = ("set_epoch_recs", id(sampler))
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    index = info._memo.get(("set_epoch_index", 0))
+    if index is None:
+        index = info._memo[("set_epoch_index", 0)] = [
+            (rec, {id(s) for s in info.samplers_of(rec.node.func.value)})
+            for rec in info.calls
+            if rec.last == "set_epoch" and isinstance(rec.node.func, ast.Attribute)]
+    # An unresolved receiver (a parameter, a helper's result) gets the benefit of the doubt.
+    out = [rec for rec, found in index  # type: ignore[attr-defined]
+           if not found or id(sampler) in found]
+    info._memo[key] = out
+    return out
+
+
+def _reaches_cached(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
+    """`_reaches`, once per loop and target set: class-heavy modules resolve
+    `self.loader` to every class's sampler, all sharing one list of set_epoch calls."""
+    key = ("reaches", id(loop), *map(id, targets))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _reaches(info, loop, targets)
+    return hit  # type: ignore[return-value]
+
+
+def _reaches(info: ModuleInfo, loop: Loop, targets: list[CallRec], depth: int = 2) -> bool:
+    """True when one of `targets` runs inside `loop`, directly or through local calls."""
+    funcs = {t.func for t in targets}
+    if any(loop in t.loops for t in targets):
+        return True
+    if depth == 0:
+        return False
+    for rec in info.calls:
+        if loop in rec.loops:
+            for fn in info.local_callees(rec):
+                if fn in funcs or _func_reaches(info, fn, targets, depth - 1):
+                    return True
+    return False
+
+
+def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int) -> bool:
+    if any(t.func is fn for t in targets):
+        return True
+    if depth == 0:
+        return False
+    return any(rec.func is fn and any(_func_reaches(info, g, targets, depth - 1)
+                                      for g in info.local_callees(rec)) for rec in info.calls)
+
+
+@rule('DDP001', 'missing-set-epoch', 'error',
+      'DistributedSampler drives an epoch loop but set_epoch is not called in it',
+      'call sampler.set_epoch(epoch) at the top of every epoch')
+def ddp001(info: ModuleInfo) -> Iterator[Hit]:
+    hits = list(_ddp001(info))
+    if hits and not _never_forms_a_group(info):
+        yield from hits
+
+
+def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
+    reported: set[int] = set()
+    misses: dict[tuple[int, int], bool] = {}
+
+    def missing(loop: Loop, sampler: ast.Call) -> bool:
+        key = (id(loop), id(sampler))
+        hit = misses.get(key)
+        if hit is None:
+            targets = _set_epoch_recs(info, sampler)
+            hit = misses[key] = not _reaches_cached(info, loop, targets) \
+                and not _reseeded_in(loop, sampler) and not _per_dataset(loop, sampler) \
+                and not _called_elsewhere(info, loop, targets)
+        return hit
+
+    # Style 1: `for epoch ...: for batch in loader:` in one function.
+    shuffled: dict[int, tuple[list[ast.Call], list[ast.Call]]] = {}  # by id of samplers_of's
+    for lrec in info.loops:
+        node = lrec.node
+        if isinstance(node, ast.While) or not lrec.loops:
+            continue
+        epoch_loop = lrec.loops[-1]
+        found = _loop_samplers(info, lrec)
+        hit = shuffled.get(id(found))
+        if hit is None:
+            hit = shuffled[id(found)] = (found, _shuffling(found, info))
+        for sampler in hit[1]:
+            if id(epoch_loop) in reported:
+                continue
+            if missing(epoch_loop, sampler) and not _extracts_only(info, lrec):
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+    batch_loops: dict[int, bool] = {}
+    for rec in info.calls:
+        if not rec.loops or id(rec.loops[-1]) in reported:
+            continue
+        callees = info.local_callees(rec)
+        if not callees:
+            continue
+        epoch_loop = rec.loops[-1]
+        batch = batch_loops.get(id(epoch_loop))
+        if batch is None:
+            batch = batch_loops[id(epoch_loop)] = not isinstance(epoch_loop, ast.While) and \
+                bool(info.samplers_of(epoch_loop.iter))
+        if batch:
+            continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
+        # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
+        for sampler in _method_samplers(info, callees):
+            if missing(epoch_loop, sampler):
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+                break
+        if id(epoch_loop) in reported:
+            continue
+        # Style 2: `for epoch ...: train_one_epoch(model, train_loader)`.
+        passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
+            (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+        for key, arg in passed:
+            samplers = _shuffling(info.samplers_of(arg), info)
+            if not samplers or not _iterates_param(info, callees, key):
+                continue  # the helper only reads `len(loader)`: it runs no epoch
+            if any(missing(epoch_loop, s) for s in samplers):
+                sampler = next(s for s in samplers if missing(epoch_loop, s))
+                reported.add(id(epoch_loop))
+                yield epoch_loop, "DDP001", _msg001(sampler)
+                break
+
+
+def _loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
+    """The samplers behind a loop's iterable. Names are resolved module-wide, except that a
+    plain name assigned in the loop's own function means that assignment (`evaluate()`'s
+    `epoch_iterator = tqdm(eval_dataloader)`, not `train()`'s of the same name)."""
+    fn, node = lrec.func, lrec.node
+    if isinstance(node, ast.While):
+        return []
+    if fn is None:
+        return info.samplers_of(node.iter)  # memoised: one list per name
+    key = ("loop_samplers", id(node))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _scoped(info, fn, node.iter, 0)
+    return hit  # type: ignore[return-value]
+
+
+def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.Call]:
+    while isinstance(node, ast.Call) and info.callee_last(node) in _UNWRAP_ITER and node.args:
+        node = node.args[0]
+    if depth > 8:
+        return []
+    if isinstance(node, ast.Name):
+        local = [v for line, v in info.assigns.get(node.id, [])
+                 if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]
+        if not local:
+            return info.samplers_of(node)
+        return [s for v in local for s in _scoped(info, fn, v, depth + 1)]
+    if isinstance(node, ast.IfExp):
+        return [*_scoped(info, fn, node.body, depth + 1),
+                *_scoped(info, fn, node.orelse, depth + 1)]
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("DataLoader", "BatchSampler"):
+            return [s for arg in loader_samplers(node, first_arg=last == "BatchSampler")
+                    for s in _scoped(info, fn, arg, depth + 1)]
+        return [node] if info.is_dist_sampler(node) else []
+    return info.samplers_of(node)
+
+
+_UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
+
+
+_MAY_FORM = re.compile("dist|setup|init|launch|accelerat|spawn|fabric|comm|deepspeed|horovod|hvd")
+_NOT_FORMING = ("distributedsampler", "distributeddataparallel", "ddp")
+
+
+def _never_forms_a_group(info: ModuleInfo) -> bool:
+    """A script (it has a `__main__` block) that calls nothing that could form the process
+    group: no `init_process_group`, no helper named like a set-up (`init_distributed_mode`,
+    `setup(rank)`, `deepspeed.initialize`), nothing it spawns. A DistributedSampler there
+    raises "Default process group has not been initialized" before the first epoch, so a
+    missing set_epoch never matters (CodeBERT's UniXcoder code completion, whose distributed
+    arm wraps in apex's DDP and never calls init_process_group: an issue-20 round-9 blind
+    false positive)."""
+    if not info.has_main:
+        return False
+    for rec in info.calls:
+        last = rec.last.lower()
+        if last.startswith("__") or last in _NOT_FORMING:
+            continue
+        if _MAY_FORM.search(last):
+            return False
+    return True
+
+
+def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
+    """A sampler made afresh inside the epoch loop with a seed that is not a constant
+    (`DistributedSampler(ds, seed=epoch)`): each epoch has its own order without set_epoch. (A
+    fresh sampler with the default seed repeats the order: that stays a finding.)"""
+    if not loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno):
+        return False
+    seed = kwarg(sampler, "seed")
+    if seed is not None and not isinstance(seed, ast.Constant):
+        return True
+    # The data itself is rebuilt shuffled in this loop (`ds = build(stage, shuffle=True)`,
+    # then `DistributedSampler(ds)`: coconut's "the sampler is deterministic, so we shuffle
+    # the dataset when it's constructed, at every epoch"): each epoch has its own order.
+    data = sampler.args[0] if sampler.args else kwarg(sampler, "dataset")
+    if not isinstance(data, ast.Name):
+        return False
+    return any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and any(isinstance(t, ast.Name) and t.id == data.id for t in n.targets)
+               and n.lineno < sampler.lineno and is_true(kwarg(n.value, "shuffle"))
+               for n in ast.walk(loop))
+
+
+_NO_GRAD = ("no_grad", "inference_mode")
+
+
+def _extracts_only(info: ModuleInfo, lrec: LoopRec) -> bool:
+    """The batch loop computes under no_grad and never steps (Siamese-Image-Modeling's
+    `make_embeddings`, features for a linear probe): the order of its samples changes
+    nothing, whatever the epochs."""
+    loop = lrec.node
+    if any(loop in r.loops and r.last in ("backward", "step") for r in info.calls):
+        return False
+    fn = lrec.func
+    if fn is not None and any(_no_grad_call(d) for d in fn.decorator_list):
+        return True
+    return any(isinstance(n, ast.With) and any(_no_grad_call(i.context_expr) for i in n.items)
+               for n in ast.walk(loop))
+
+
+def _no_grad_call(node: ast.expr) -> bool:
+    f = node.func if isinstance(node, ast.Call) else node
+    return (dotted(f) or "").rsplit(".", 1)[-1] in _NO_GRAD
+
+
+def _per_dataset(loop: Loop, sampler: ast.Call) -> bool:
+    """The loop walks datasets, not epochs: a fresh sampler per iteration over the loop's own
+    item (`for subset in dsets: DataLoader(subset, sampler=DistributedSampler(subset))`, the
+    validation of each file's dataset in multiple_physics_pretraining)."""
+    if isinstance(loop, ast.While) or not \
+            loop.lineno <= sampler.lineno <= (loop.end_lineno or loop.lineno):
+        return False
+    data = sampler.args[0] if sampler.args else kwarg(sampler, "dataset")
+    return isinstance(data, ast.Name) and any(
+        isinstance(n, ast.Name) and n.id == data.id for n in ast.walk(loop.target))
+
+
+def _called_elsewhere(info: ModuleInfo, loop: Loop, targets: list[CallRec]) -> bool:
+    """The loop calls, on another object, a method by the name of the function that holds a
+    set_epoch (`for hook in self.hooks: hook.before_epoch(epoch)`, the hook's `before_epoch`
+    calling `self.trainer.loader.sampler.set_epoch(epoch)`): the local call graph cannot
+    follow that call, so it gets the benefit of the doubt."""
+    names = {t.func.name for t in targets if t.func is not None}
+    return bool(names) and any(rec.last in names and loop in rec.loops for rec in info.calls)
+
+
+def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
+    """Shuffling samplers behind the loaders that `fns` iterate by themselves (`for b in
+    self.loader`), not through a parameter (style 2 handles those)."""
+    out: list[ast.Call] = []
+    hit = info._memo.get(("loops_by_func", 0))
+    by_func: dict[int, list[LoopRec]]
+    if hit is None:
+        by_func = {}
+        for lrec in info.loops:
+            if lrec.func is not None and not isinstance(lrec.node, ast.While):
+                by_func.setdefault(id(lrec.func), []).append(lrec)
+        info._memo[("loops_by_func", 0)] = by_func
+    else:
+        by_func = hit  # type: ignore[assignment]
+    for fn in fns:
+        params = {a.arg for a in fn.args.args} - {"self", "cls"}
+        for lrec in by_func.get(id(fn), ()):
+            node = lrec.node
+            assert isinstance(node, ast.For | ast.AsyncFor)
+            names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
+            if names & params:
+                continue
+            out.extend(_shuffling(_loop_samplers(info, lrec), info))
+    return out
+
+
+def _iterates_param(info: ModuleInfo, fns: list[Func], key: int | str) -> bool:
+    """Some `fn` loops over the parameter at position (or named) `key` (`for b in loader`)."""
+    for fn in fns:
+        params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        if isinstance(key, int) and key >= len(params):
+            continue
+        name = params[key] if isinstance(key, int) else key
+        if name in _loop_names(info, fn):
+            return True
+    return False
+
+
+def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
+    """Names in the iterables of `fn`'s for-loops (from the walker's loop records)."""
+    key = ("loop_names", id(fn))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = {n.id for lrec in info.loops if lrec.func is fn
+                                 and not isinstance(lrec.node, ast.While)
+                                 for n in ast.walk(lrec.node.iter) if isinstance(n, ast.Name)}
+    return hit  # type: ignore[return-value]
+
+
+EVAL_HINTS = ("val", "test", "eval")
+_EVAL = EVAL_HINTS
+
+
+def _shuffling(samplers: list[ast.Call], info: ModuleInfo | None = None) -> list[ast.Call]:
+    """set_epoch only reseeds the shuffle: a `shuffle=False` sampler has the same order every
+    epoch whatever you call, and so may a validation sampler (`DistributedSampler(val_data)`):
+    the order of evaluation does not change a metric."""
+    memo: dict[int, bool] = info._memo.setdefault(("shuffles", 0), {}) \
+        if info is not None else {}  # type: ignore[assignment]
+    out = []
+    for s in samplers:
+        hit = memo.get(id(s))
+        if hit is None:
+            hit = memo[id(s)] = _shuffles(s, info)
+        if hit:
+            out.append(s)
+    return out
+
+
+def _shuffles(s: ast.Call, info: ModuleInfo | None = None) -> bool:
+    sh = kwarg(s, "shuffle")
+    if isinstance(sh, ast.Constant) and sh.value is False:
+        return False
+    if info is not None and (_advances_itself(info, info.callee_last(s)) or any(
+            h in name.lower() for name in _names_of(info, s) for h in _EVAL)):
+        # `eval_sampler = DistributedSampler(dataset)`: the order of evaluation does not
+        # change a metric
+        return False
+    data = s.args[0] if s.args else kwarg(s, "dataset")
+    name = (dotted(data) or "").lower() if data is not None else ""
+    return not any(h in name for h in _EVAL)
+
+
+def _names_of(info: ModuleInfo, value: ast.expr) -> list[str]:
+    """The names a value was assigned to (`eval_sampler = DistributedSampler(...)`), also as
+    an arm of a conditional expression."""
+    index: dict[int, list[str]] | None = info._memo.get(("names_of", 0))  # type: ignore
+    if index is None:
+        index = {}
+        for name, entries in info.assigns.items():
+            for _, v in entries:
+                for part in (v.body, v.orelse) if isinstance(v, ast.IfExp) else (v,):
+                    index.setdefault(id(part), []).append(name)
+        info._memo[("names_of", 0)] = index
+    return index.get(id(value), [])
+
+
+def _advances_itself(info: ModuleInfo, name: str) -> bool:
+    """A sampler class of this file that moves its own epoch on outside set_epoch
+    (`self.epoch += 1` in `__iter__`): each pass shuffles anew without a call."""
+    cls = info.classes.get(name)
+    if cls is None:
+        return False
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name != "set_epoch":
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] \
+                    if isinstance(n, ast.AugAssign) else []
+                if any(dotted(t) == "self.epoch" for t in targets) and fn.name != "__init__":
+                    return True
+    return False
+
+
+def _msg001(sampler: ast.Call) -> str:
+    return (f"the DistributedSampler created on line {sampler.lineno} drives this epoch loop "
+            "but set_epoch is never called in it: every epoch repeats the same order")
+
+
+RULES = [ddp001]
