@@ -175,7 +175,7 @@ M = [
  ("data reshuffled in the epoch loop", "rules_epoch.py", "and is_true(kwarg(n.value, \"shuffle\"))", ""),
  ("the DDP wrap in another mode", "rules_model.py", "                            and not _wrapped_only_in_another_mode(info, call):", "                            and True:"),
  ("a mode flag's negation", "rules_model.py", "                test, on = test.operand, not on", "                test, on = test.operand, on"),
- ("a search's fallback is run-time data", "diverge.py", "            if found and paths_agree(sa, sb, found_searches=True):", "            if False:"),
+ ("a search's fallback is run-time data", "diverge.py", "            if found and (marked(sa) or marked(sb)) and \\\n", "            if False and \\\n"),
  ("a search's fallback: a placeholder set first", "runtime_tests.py", "    return len(sets) >= 2 and isinstance(sets[0], ast.Constant)", "    return True or len(sets) >= 2 and isinstance(sets[0], ast.Constant)"),
  ("a loop without collectives is nothing to the others", "consistent.py", "] if body else []", "]"),
  ("a script that never forms a group", "rules_epoch.py", "    hits = list(_ddp001(info))\n    if hits and not _never_forms_a_group(info):\n", "    hits = list(_ddp001(info))\n    if hits:\n"),

@@ -52,6 +52,12 @@ def _sites(seq: Seq, out: list[int]) -> bool:
     return True
 
 
+def marked(seq: Seq) -> bool:
+    """`seq` holds a test that runtime_tests read (a search's fallback, a delivered value)."""
+    return any(it.kind == "alt" and (it.fallback or it.received) or any(marked(a) for a in it.arms)
+               for it in seq)
+
+
 def _marked(seq: Seq, flag: str, out: set[int]) -> None:
     for it in seq:
         if it.kind == "alt" and getattr(it, flag):

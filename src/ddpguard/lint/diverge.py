@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split, message_loop
-from .consistent import paths_agree
+from .consistent import marked, paths_agree
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
@@ -73,7 +73,8 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             if found and paths_agree(sa, sb):
                 # every path the two classes share reaches the same collectives in order
                 continue
-            if found and paths_agree(sa, sb, found_searches=True):
+            if found and (marked(sa) or marked(sb)) and \
+                    paths_agree(sa, sb, found_searches=True):
                 # They part only where a search finds nothing (its fallback reaches a
                 # collective): run-time data decides, the divergence is unproven.
                 found = [d for d in found if d.code in _EXIT_CODES]
