@@ -205,8 +205,8 @@ def _never_forms_a_group(info: ModuleInfo) -> bool:
     false positive)."""
     if not info.has_main:
         return False
-    for rec in info.calls:
-        last = rec.last.lower()
+    for name in info.call_lasts():
+        last = name.lower()
         if last.startswith("__") or last in _NOT_FORMING:
             continue
         if _MAY_FORM.search(last):
@@ -243,7 +243,11 @@ def _extracts_only(info: ModuleInfo, lrec: LoopRec) -> bool:
     `make_embeddings`, features for a linear probe): the order of its samples changes
     nothing, whatever the epochs."""
     loop = lrec.node
-    if any(loop in r.loops and r.last in ("backward", "step") for r in info.calls):
+    stepping: set[int] | None = info._memo.get(("stepping_loops", 0))  # type: ignore[assignment]
+    if stepping is None:
+        stepping = info._memo[("stepping_loops", 0)] = {
+            id(x) for r in info.calls if r.last in ("backward", "step") for x in r.loops}
+    if id(loop) in stepping:
         return False
     fn = lrec.func
     if fn is not None and any(_no_grad_call(d) for d in fn.decorator_list):

@@ -212,7 +212,7 @@ def _wrapped_only_in_another_mode(info: ModuleInfo, step: ast.Call) -> bool:
     rec = info.call_rec(step)
     if rec is None or not rec.branch:  # the step runs in every mode
         return False
-    wraps = [r for r in info.calls if info.is_ddp_call(r.node)]
+    wraps = [w for name in info.ddp_names() for w in info.ddp_wraps(name)]
     if not wraps or not all(w.branch for w in wraps):
         return False
     ifs: dict[int, ast.If] = {}
