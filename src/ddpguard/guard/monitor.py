@@ -276,6 +276,12 @@ class Guard:
         self._setup = setup_wait(frames) if frames else None
         pending = (waiting_on_peers(self.status, self.ledger.started) or self._setup is not None
                    if self.ledger.available else is_blocked(frames))
+        if pending and self._doing[0] == "dataloader":
+            # An issued collective the recorder has not yet seen complete, while the training
+            # thread fetches the next batch: the thread is not waiting in it (a gloo
+            # broadcast's completion can show late). Were it stuck there, it would be the
+            # loader that holds it: no_life and loader_stall say so, not a deadlock.
+            pending = False
         # In a collective, only the training thread's own signs count (life.py says why).
         self.life.sample(self.progress.total() + completed, now, waiting=pending)
         settle = self.config.settle
