@@ -46,7 +46,7 @@ def run(folder: Path) -> tuple[list[dict[str, object]], int, float, float]:
             ast.parse(p.read_bytes())
         parse_s = min(parse_s, time.process_time() - t0)
         t0 = time.process_time()
-        lint_paths(files, Selection())
+        lint_paths(files, Selection(preview=True))  # what the CLI runs
         lint_s = min(lint_s, time.process_time() - t0)
     # All files together, as `ddpguard lint FOLDER` does (issue 20: calls between them use
     # the callee's summary).

@@ -14,8 +14,31 @@ WRONG = str(CORPUS / "seed004_train_ddp_wrong.py")
 def test_text_output_and_exit_one() -> None:
     r = run_cli("lint", "--no-config", WRONG)
     assert r.returncode == 1, r.stderr
+    assert f"{WRONG}:28:" in r.stdout and " DDP002 " in r.stdout
+    # DDP001 is a preview rule: counted, not shown, and no part of the exit code.
+    assert " DDP001 " not in r.stdout
+    assert "1 more from preview rules (DDP001 x1)" in r.stdout and "--preview" in r.stdout
+    r = run_cli("lint", "--no-config", "--preview", WRONG)
+    assert r.returncode == 1, r.stderr
     assert f"{WRONG}:32:5: DDP001 " in r.stdout
     assert "fix: call sampler.set_epoch(epoch)" in r.stdout
+    assert "preview rules" not in r.stdout
+
+
+def test_preview_findings_alone_do_not_fail_the_run(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(CORPUS.joinpath("seed004_train_ddp_wrong.py").read_text()
+                      .replace("shuffle=True, ", "").replace(", shuffle=True", ""))
+    r = run_cli("lint", "--no-config", str(script))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "All checks passed" in r.stdout and "(DDP001 x1)" in r.stdout
+    assert run_cli("lint", "--no-config", "--preview", str(script)).returncode == 1
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpguard.lint]\npreview = true\n")
+    r = run_cli("lint", str(script))
+    assert r.returncode == 1 and " DDP001 " in r.stdout
+    (tmp_path / "pyproject.toml").write_text('[tool.ddpguard.lint]\npreview = "yes"\n')
+    r = run_cli("lint", str(script))
+    assert r.returncode == 2 and "preview must be true or false, got 'yes'" in r.stderr
 
 
 def test_clean_exit_zero() -> None:
@@ -30,6 +53,8 @@ def test_json_and_sarif(tmp_path: Path) -> None:
     assert [(x["code"], x["line"], x["severity"]) for x in rows] == [("DDP002", 28, "error")]
     assert set(rows[0]) == {"path", "line", "col", "code", "severity", "message", "fix"}
     r = run_cli("lint", "--no-config", "--format", "sarif", WRONG)
+    assert {x["ruleId"] for x in json.loads(r.stdout)["runs"][0]["results"]} == {"DDP002"}
+    r = run_cli("lint", "--no-config", "--format", "sarif", "--preview", WRONG)
     doc = json.loads(r.stdout)
     results = doc["runs"][0]["results"]
     assert doc["version"] == "2.1.0"

@@ -6,7 +6,7 @@ import ast
 import gc
 from pathlib import Path
 
-from ddpguard.lint import lint_file
+from ddpguard.lint import Selection, lint_file
 from ddpguard.lint.walker import build
 
 _SCRIPT = '''import torch
@@ -36,7 +36,7 @@ def test_lint_file_leaves_no_reference_cycles(tmp_path: Path) -> None:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        assert lint_file(p)
+        assert lint_file(p, Selection(preview=True))
         assert gc.collect() == 0  # every file's summary freed by reference counting
     finally:
         if enabled:

@@ -20,8 +20,9 @@ def _codes(table: dict[str, Any], key: str, source: Path) -> tuple[str, ...]:
 
 
 def load_selection(start: Path, select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
-                   extend_select: tuple[str, ...] = ()) -> Selection:
-    """Command-line codes override the file's select; ignores add up."""
+                   extend_select: tuple[str, ...] = (), preview: bool = False) -> Selection:
+    """Command-line codes override the file's select; ignores add up; `--preview` or the
+    file's `preview = true` turns the preview rules on."""
     table: dict[str, Any] = {}
     path = find_pyproject(start)
     if path is not None:
@@ -33,7 +34,12 @@ def load_selection(start: Path, select: tuple[str, ...] = (), ignore: tuple[str,
     severity = table.get("severity", {})
     if not isinstance(severity, dict):
         raise ValueError(f"{src}: [tool.ddpguard.lint] severity must be a table of CODE = level")
+    file_preview = table.get("preview", False)
+    if not isinstance(file_preview, bool):
+        raise ValueError(f"{src}: [tool.ddpguard.lint] preview must be true or false, "
+                         f"got {file_preview!r}")
     return Selection(
+        preview=preview or file_preview,
         select=select or _codes(table, "select", src),
         ignore=(*_codes(table, "ignore", src), *ignore),
         extend_select=(*_codes(table, "extend-select", src), *extend_select),

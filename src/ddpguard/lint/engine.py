@@ -7,7 +7,7 @@ import os
 import re
 import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .catalog import RULES
@@ -29,12 +29,15 @@ _SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".tox", "b
 
 @dataclass(frozen=True)
 class Selection:
-    """Which codes run and at what severity. Codes may be prefixes (`DDP01`) or `ALL`."""
+    """Which codes run and at what severity. Codes may be prefixes (`DDP01`) or `ALL`.
+    `preview` adds the default rules not yet proven on unseen code (`Rule.preview`); a code
+    named in `select` or `extend_select` runs whatever its status."""
 
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     extend_select: tuple[str, ...] = ()
     severity: dict[str, str] = field(default_factory=dict)
+    preview: bool = False
 
     def __post_init__(self) -> None:
         for code in (*self.select, *self.ignore, *self.extend_select, *self.severity):
@@ -51,11 +54,20 @@ class Selection:
 
         out = []
         for code, rule in RULES.items():
-            on = match(code, self.select) if self.select else rule.default
+            on = match(code, self.select) if self.select else \
+                rule.default and (self.preview or not rule.preview)
             on = (on or match(code, self.extend_select)) and not match(code, self.ignore)
             if on and code != "DDP000":
                 out.append(code)
         return out
+
+    def held_back(self) -> list[str]:
+        """The preview rules that `preview=True` would add to this selection: the CLI runs
+        them too, only to say how many findings they hold back."""
+        if self.preview or self.select:
+            return []
+        on = set(self.codes())
+        return [c for c in replace(self, preview=True).codes() if c not in on]
 
     def severity_of(self, code: str) -> str:
         return self.severity.get(code, RULES[code].severity)

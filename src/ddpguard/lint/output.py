@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 
 from .catalog import RULES
 from .registry import Finding
@@ -11,7 +12,9 @@ from .registry import Finding
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
-def render_text(findings: list[Finding], files: int) -> str:
+def render_text(findings: list[Finding], files: int,
+                held_back: Mapping[str, int] | None = None) -> str:
+    """`held_back`: findings per preview rule that the selection did not show."""
     out = [f"{f.path}:{f.line}:{f.col}: {f.code} {f.message}\n    fix: {f.fix}"
            for f in findings]
     by_sev = Counter(f.severity for f in findings)
@@ -20,6 +23,10 @@ def render_text(findings: list[Finding], files: int) -> str:
         out.append(f"Found {len(findings)} finding(s) in {files} file(s) ({parts}).")
     else:
         out.append(f"All checks passed ({files} file(s)).")
+    if held_back:
+        rules = ", ".join(f"{c} x{n}" for c, n in sorted(held_back.items()))
+        out.append(f"{sum(held_back.values())} more from preview rules ({rules}), not yet "
+                   "proven on unseen code: `--preview` shows them.")
     return "\n".join(out)
 
 

@@ -282,8 +282,11 @@ _NOT_TORCH = ("paddle", "mindspore", "jittor", "oneflow", "tensorflow", "mxnet")
 @rule('DDP015', 'ddp-device-placement', 'warning',
       'model moved after DDP wrapping on the same path, or DDP without device_ids on a model '
       'placed with a bare .cuda() and no set_device',
-      'move the model to its device first, then DDP(model, device_ids=[local_rank])')
+      'move the model to its device first, then DDP(model, device_ids=[local_rank])',
+      preview=True)
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
+    """A model on the wrong device fails at the wrap or trains on one GPU. A preview rule
+    since issue 20's twelfth round: first contact 0 true, 2 false, 1 debatable."""
     ddp = info.ddp_names()
     set_devices = info.calls_named("set_device")
     for rec in info.calls_named("to", "cuda", "DistributedDataParallel"):
