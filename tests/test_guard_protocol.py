@@ -16,6 +16,7 @@ from ddpguard.guard.board import CONTROL, TAKEOVER, Board
 from ddpguard.guard.fault import last_words
 from ddpguard.guard.ledger import compact, describe_entry, waiting_on_peers
 from ddpguard.guard.rules import decide
+from ddpguard.guard.stacks import activity, stands_in_collective
 from ddpguard.guard.store import Counter, GuardStore
 from ddpguard.guard.waiting import setup_entry, setup_wait, waiting_call
 
@@ -211,6 +212,21 @@ def test_nccl_entry_states_and_started_collectives():
     assert waiting_on_peers(status, {"0": 12})       # the device started it: waits for peers
     assert not waiting_on_peers(status, {"0": 11})   # still busy before it: not waiting
     assert not waiting_on_peers({"0": (12, 12)}, {"0": 12})
+
+
+def test_a_pending_collective_is_no_wait_while_the_thread_fetches_a_batch():
+    """CI once saw a gloo broadcast still listed as pending after rank 1 had moved on into
+    the DataLoader, and called a stuck loader a deadlock."""
+    loader = [{"file": "/x/train.py", "func": "main", "line": 9},
+              {"file": "/site/torch/utils/data/dataloader.py", "func": "__next__", "line": 1}]
+    in_bcast = [{"file": "/x/train.py", "func": "main", "line": 9},
+                {"file": "/site/torch/distributed/distributed_c10d.py", "func": "broadcast",
+                 "line": 1}]
+    assert activity(loader)[0] == "dataloader"
+    assert not stands_in_collective(True, activity(loader)[0])
+    assert stands_in_collective(True, activity(in_bcast)[0])
+    assert stands_in_collective(True, "running")  # e.g. Work.wait() from the user's code
+    assert not stands_in_collective(False, activity(in_bcast)[0])
 
 
 def test_last_words_of_an_aborted_rank(tmp_path):

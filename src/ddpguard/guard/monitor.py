@@ -32,7 +32,14 @@ from .notices import Notices
 from .peers import PeerTable
 from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide
-from .stacks import activity, capture_thread, fmt_frame, is_blocked, user_frame
+from .stacks import (
+    activity,
+    capture_thread,
+    fmt_frame,
+    is_blocked,
+    stands_in_collective,
+    user_frame,
+)
 from .store import GuardStore
 from .waiting import setup_entry, setup_wait, waits_now
 
@@ -274,14 +281,9 @@ class Guard:
             completed = sum(c for _, c in status.values())
         # Forming a group or a store-based barrier: a wait the recorder does not list.
         self._setup = setup_wait(frames) if frames else None
-        pending = (waiting_on_peers(self.status, self.ledger.started) or self._setup is not None
-                   if self.ledger.available else is_blocked(frames))
-        if pending and self._doing[0] == "dataloader":
-            # An issued collective the recorder has not yet seen complete, while the training
-            # thread fetches the next batch: the thread is not waiting in it (a gloo
-            # broadcast's completion can show late). Were it stuck there, it would be the
-            # loader that holds it: no_life and loader_stall say so, not a deadlock.
-            pending = False
+        pending = stands_in_collective(
+            waiting_on_peers(self.status, self.ledger.started) or self._setup is not None
+            if self.ledger.available else is_blocked(frames), self._doing[0])
         # In a collective, only the training thread's own signs count (life.py says why).
         self.life.sample(self.progress.total() + completed, now, waiting=pending)
         settle = self.config.settle

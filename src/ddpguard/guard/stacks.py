@@ -141,6 +141,15 @@ _COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object", "bro
                 "gather_object", "scatter_object_list", "all_reduce_coalesced"}
 
 
+def stands_in_collective(pending: bool, kind: str) -> bool:
+    """Whether a collective the ledger lists as pending is one the training thread waits in,
+    given what its stack is doing (`activity`'s kind). Not while it fetches the next batch: a
+    gloo broadcast's completion can reach the flight recorder after the thread has moved on
+    into the DataLoader (seen on CI). A loader stuck there is reported by the life check as a
+    stalled loader, never as ranks waiting in different collectives."""
+    return pending and kind != "dataloader"
+
+
 def activity(frames: list[Frame]) -> tuple[str, str]:
     """(kind, text) for what this stack is doing. kind is one of: 'collective:<name>',
     'ddp_forward', 'backward', 'dataloader', 'epoch_start', 'optimizer', 'sleep', 'running'."""
