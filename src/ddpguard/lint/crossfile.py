@@ -47,6 +47,7 @@ class Project:
         _constructor_flags(infos)
         self.infos = infos
         self._grouped: set[int] | None = None
+        self._handed: dict[int, list[ModuleInfo]] | None = None
         for info in infos:
             if shared:
                 own = info.rank_names
@@ -84,6 +85,33 @@ class Project:
                             self._grouped.add(id(m))
                             todo.append(m)
         return id(info) in self._grouped
+
+    def ddp_handed_in(self, info: ModuleInfo) -> list[ModuleInfo]:
+        """A file on the command line wraps a model in DDP and passes the wrapper to a class or
+        a module-level function that `info` defines, and no other file of the caller's tree
+        defines that name (`Trainer(opts=opts, model=model)` in ml-cvnets' main_train.py, the
+        class in engine/training_engine.py): `info` trains a DDP model it never wraps. Returns
+        the files that hand it over."""
+        if self._handed is None:
+            self._handed = {}
+            owners: dict[str, list[ModuleInfo]] = {}
+            for i in self.infos:
+                for name in i.classes:
+                    owners.setdefault(name, []).append(i)
+                for name, fns in i.funcs.items():
+                    if any(f not in i.func_class and id(f) not in i.parents for f in fns):
+                        owners.setdefault(name, []).append(i)
+            for caller in self.infos:
+                wrapped = caller.ddp_names() if caller.wraps_ddp else {}
+                if not wrapped:
+                    continue
+                for rec in caller.calls_named(*(n for n in caller.call_lasts() if n in owners)):
+                    target = [m for m in owners[rec.last] if self._same_tree(m, caller)]
+                    if len(target) == 1 and target[0] is not caller and any(
+                            dotted(a) in wrapped for a in
+                            (*rec.node.args, *(k.value for k in rec.node.keywords))):
+                        self._handed.setdefault(id(target[0]), []).append(caller)
+        return self._handed.get(id(info), [])
 
     def _modules(self, qual: str, caller: ModuleInfo) -> list[ModuleInfo]:
         """The files an import names: `pkg.mod` for `from pkg.mod import f` or `import

@@ -8,9 +8,7 @@ from collections.abc import Iterator
 
 from .callgraph import is_collective
 from .context import (
-    CallRec,
     Func,
-    Loop,
     ModuleInfo,
     dotted,
     is_true,
@@ -174,109 +172,6 @@ def _msg003(expr: str) -> str:
             "and the extra step's all-reduce hangs")
 
 
-def _returns_none(fn: Func) -> ast.AST | None:
-    """A `return None` (or a bare `return`): that batch is None on one rank. A collate_fn
-    that only filters samples out (`[b for b in batch if b is not None]`, `filter(...)`)
-    makes a smaller batch, not fewer steps: every rank still gets one batch per index the
-    sampler yields (DeCLIP's and deepmd's collate functions, issue 20 round 10)."""
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Return) and (
-                node.value is None or (isinstance(node.value, ast.Constant)
-                                       and node.value.value is None)):
-            return node
-    return None
-
-
-def _empty_test(test: ast.expr, names: set[str]) -> bool:
-    for node in ast.walk(test):
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) \
-                and node.left.id in names and any(
-                    isinstance(c, ast.Constant) and c.value in (None, 0)
-                    for c in node.comparators):
-            return True
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) \
-                and isinstance(node.operand, ast.Name) and node.operand.id in names:
-            return True
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) \
-                and isinstance(node.left.func, ast.Name) and node.left.func.id == "len" \
-                and node.left.args and isinstance(node.left.args[0], ast.Name) \
-                and node.left.args[0].id in names:
-            return True
-    return False
-
-
-@rule('DDP004', 'rank-dependent-step-count', 'error',
-      'a collate_fn can return None, or a training loop skips empty/None batches, on one '
-      'rank only',
-      'never return None from collate_fn; resample in the Dataset instead')
-def ddp004(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls:
-        if rec.last != "DataLoader":
-            continue
-        collate = kwarg(rec.node, "collate_fn")
-        if isinstance(collate, ast.Name):
-            for fn in info.funcs.get(collate.id, []):
-                bad = _returns_none(fn)
-                if bad is not None:
-                    yield bad, "DDP004", (f"collate_fn {fn.name}() can return None: a rank "
-                                          "that skips that batch does one step fewer than "
-                                          "the others")
-    for lrec in info.loops:
-        node = lrec.node
-        if isinstance(node, ast.While):
-            continue
-        skips = [s for s in node.body if isinstance(s, ast.If) and any(
-            isinstance(b, ast.Continue | ast.Break) for b in s.body)]
-        if not skips or not _batch_loop(info, node.iter) or not _steps_together(info, node):
-            continue
-        target = node.target
-        if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
-                node.iter.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
-                len(target.elts) == 2:
-            target = target.elts[1]  # `for i, batch in enumerate(...)`: `i == 0` is no batch
-        names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-        for s in skips:
-            if _empty_test(s.test, names):
-                yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
-                                    "do different numbers of steps and DDP's all-reduce hangs")
-
-
-def _steps_together(info: ModuleInfo, loop: Loop) -> bool:
-    """The loop body syncs the ranks every step: a backward (DDP's gradient all-reduce), an
-    optimizer step or a collective, in the loop or in a function of this file it calls. A
-    skipped batch in an evaluation loop under no_grad (DiffSinger's `if batch is None:
-    continue` before a forward) makes no rank wait: DDP broadcasts buffers only on the first
-    forward after training, which every rank makes."""
-    def syncs(rec: CallRec) -> bool:
-        return rec.last in ("backward", "step") or is_collective(rec)
-
-    seen: set[int] = set()
-    todo = [r for r in info.calls if loop in r.loops]
-    for depth in range(3):
-        nxt: list[CallRec] = []
-        for rec in todo:
-            if syncs(rec):
-                return True
-            for fn in info.local_callees(rec) if depth < 2 else ():
-                if id(fn) not in seen:
-                    seen.add(id(fn))
-                    nxt.extend(r for r in info.calls if r.func is fn)
-        todo = nxt
-    return False
-
-
-def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
-    """A loop over a DataLoader (or something named like one), not `kwargs.items()`."""
-    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args \
-            and it.func.id in ("enumerate", "tqdm", "iter", "zip"):
-        it = it.args[0]
-    if any(isinstance(v, ast.Call) and info.callee_last(v) == "DataLoader"
-           for v in info.values_of(it)):
-        return True
-    name = (dotted(it) or "").rsplit(".", 1)[-1].lower()
-    return "loader" in name or name in ("batches", "data_iter", "train_iter")
-
-
 _REDUCE_PREFIXES = ("all_gather", "all_reduce", "gather", "reduce")
 
 
@@ -372,4 +267,4 @@ def _index_like(node: ast.expr) -> bool:
                                                                       "indices"))
 
 
-RULES = [ddp002, ddp003, ddp004, ddp020]
+RULES = [ddp002, ddp003, ddp020]

@@ -7,7 +7,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from .context import CallRec, LoopRec, ModuleInfo, dominates, dotted, exclusive, kwarg
+from .context import CallRec, ModuleInfo, dominates, dotted, exclusive, kwarg
 from .paths import per_rank_path
 from .registry import Hit, rule
 
@@ -161,99 +161,11 @@ def ddp012(info: ModuleInfo) -> Iterator[Hit]:
             "blocked in a collective")
 
 
-@rule('DDP013', 'accumulation-without-no-sync', 'warning',
-      'gradient accumulation on a DDP model without no_sync',
-      'wrap the micro-steps in `with model.no_sync():`')
-def ddp013(info: ModuleInfo) -> Iterator[Hit]:
-    if info.no_sync or not info.wraps_ddp:
-        return
-    for lrec in info.loops:
-        for node in ast.walk(lrec.node):
-            if not isinstance(node, ast.If) or not _accumulates(node.test):
-                continue
-            for sub in node.body:
-                for call in ast.walk(sub):
-                    if isinstance(call, ast.Call) and _is_optimizer_step(call) \
-                            and _unstepped_backward(info, lrec, node, call) \
-                            and not _wrapped_only_in_another_mode(info, call):
-                        yield call, "DDP013", (
-                            "the optimizer steps once every few iterations but every "
-                            "micro-step's backward all-reduces the gradients anyway: wrap the "
-                            "micro-steps in model.no_sync()")
-                        return
-
-
 def _solo(rec: CallRec) -> bool:
     ws = kwarg(rec.node, "world_size")
     store = kwarg(rec.node, "store")
     return (isinstance(ws, ast.Constant) and ws.value == 1) or (
         isinstance(store, ast.Call) and (dotted(store.func) or "").endswith("HashStore"))
-
-
-def _unstepped_backward(info: ModuleInfo, lrec: LoopRec, cond: ast.If, step: ast.Call) -> bool:
-    """Accumulation means backward passes that no step follows: on the path of this `if`
-    (not in a sibling arm), a backward runs every iteration outside it and no optimizer step
-    does. A GAN's generator every few discriminator steps (`d_loss.backward(); opt_d.step()`,
-    then `if i % n_critic == 0: g_loss.backward(); opt_g.step()`) steps after every backward."""
-    rec = info.call_rec(step)
-    if rec is None:
-        return True
-    inside = {id(n) for n in ast.walk(cond)}
-    outside = [r for r in info.calls if lrec.node in r.loops and id(r.node) not in inside
-               and not exclusive(r, rec)]
-    return any(r.last == "backward" for r in outside) and \
-        not any(_is_optimizer_step(r.node) for r in outside)
-
-
-def _wrapped_only_in_another_mode(info: ModuleInfo, step: ast.Call) -> bool:
-    """Every DDP wrap sits in the arm of a flag test (`if configs.only_eval: DDP(...) else:
-    FSDP(...)`) opposite to the one the training loop runs under (`if not
-    configs.only_eval:`): the model that accumulates is not the DDP one (coconut)."""
-    rec = info.call_rec(step)
-    if rec is None or not rec.branch:  # the step runs in every mode
-        return False
-    wraps = [w for name in info.ddp_names() for w in info.ddp_wraps(name)]
-    if not wraps or not all(w.branch for w in wraps):
-        return False
-    ifs: dict[int, ast.If] = {}
-    for fn in {id(r.func): r.func for r in (rec, *wraps)}.values():
-        ifs.update((id(n), n) for n in ast.walk(fn if fn is not None else info.tree)
-                   if isinstance(n, ast.If))
-
-    def modes(r: CallRec) -> set[tuple[str, bool]]:
-        out = set()
-        for key, arm in r.branch:
-            node = ifs.get(key)
-            if node is None or info.rank_level(node.test):
-                continue
-            test, on = node.test, arm == 0
-            while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-                test, on = test.operand, not on
-            name = dotted(test)
-            if name is not None:
-                out.add((name, on))
-        return out
-    mine = modes(rec)
-    return all(any((name, not on) in mine for name, on in modes(w)) for w in wraps)
-
-
-def _accumulates(test: ast.expr) -> bool:
-    """`(i + 1) % k == 0`, or a counter such as `ni - last_opt_step >= accumulate`."""
-    for n in ast.walk(test):
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod):
-            return True
-        if isinstance(n, ast.Compare) and any(isinstance(op, ast.GtE | ast.Gt) for op in n.ops) \
-                and any("accum" in (dotted(x) or "").lower() for x in [n.left, *n.comparators]):
-            return True
-    return False
-
-
-def _is_optimizer_step(call: ast.Call) -> bool:
-    f = call.func
-    if not (isinstance(f, ast.Attribute) and f.attr == "step"):
-        return False
-    # `optimizer.step()`, or AMP's `scaler.step(optimizer)`
-    return any("opt" in (dotted(x) or "").lower() for x in [f.value, *call.args])
 
 
 @rule('DDP014', 'data-parallel', 'warning',
@@ -390,4 +302,4 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     return False
 
 
-RULES = [ddp021, ddp009, ddp010, ddp011, ddp012, ddp013, ddp014, ddp015, ddp023]
+RULES = [ddp021, ddp009, ddp010, ddp011, ddp012, ddp014, ddp015, ddp023]
