@@ -208,6 +208,7 @@ M = [
  ("the giver's no_sync", "rules_step.py", "        if not givers or any(g.no_sync for g in givers):", "        if not givers:"),
  ("a name defined twice in the tree is ambiguous", "crossfile.py", "                    if len(target) == 1 and target[0] is not caller and any(", "                    if target and target[0] is not caller and any("),
  ("the wrapper, not any argument, is handed in", "crossfile.py", "                            dotted(a) in wrapped for a in", "                            True for a in"),
+ ("the innermost accumulating if first", "rules_step.py", "    return [ifs[k] for k in reversed(arms) if", "    return [ifs[k] for k in arms[:1] if"),
  ("DDP024: the wrapper called in the same step", "rules_step.py", "        if any(dotted(r.node.func) in (owner, f\"{owner}.forward\") for r in scope) \\\n                or not", "        if not"),
  ("DDP024: a training step steps", "rules_step.py", "                or not any(_is_optimizer_step(r.node) for r in scope) \\\n", ""),
  ("DDP024: no_grad", "rules_step.py", " \\\n                or _under_no_grad(rec):", ":"),

@@ -146,6 +146,23 @@ class Trainer:
 """
 
 
+def test_the_counting_if_inside_an_accumulation_mode_if() -> None:
+    """Swin's shape: the backward sits inside `if steps > 1:`, outside the counting `if`."""
+    src = COUNTER_EQ.replace(
+        "        loss = model(batch) / gradient_interval\n"
+        "        loss.backward()\n"
+        "        if batch_id - start_id + 1 == gradient_interval:\n",
+        "        loss = model(batch) / gradient_interval\n"
+        "        if gradient_interval > 1:\n"
+        "            loss.backward()\n"
+        "            if (batch_id + 1) % gradient_interval == 0:\n").replace(
+        "            optimizer.step()\n            optimizer.zero_grad()\n"
+        "            start_id = batch_id + 1\n",
+        "                optimizer.step()\n                optimizer.zero_grad()\n"
+        "        else:\n            loss.backward()\n            optimizer.step()\n")
+    assert codes(src) == [("DDP013", 13)]
+
+
 def test_accumulation_in_a_method_called_once_per_batch() -> None:
     assert codes(STEP_METHOD) == [("DDP013", 15)]
     # a step after every backward, whatever the counter says, is no accumulation

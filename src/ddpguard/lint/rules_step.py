@@ -171,9 +171,8 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
         if not givers or any(g.no_sync for g in givers):
             return
     for rec in info.calls_named("step"):
-        cond = _accumulating_if(info, rec)
-        if cond is not None and _is_optimizer_step(rec.node) \
-                and _unstepped_backward(info, cond, rec) \
+        if _is_optimizer_step(rec.node) \
+                and any(_unstepped_backward(info, c, rec) for c in _accumulating_ifs(info, rec)) \
                 and not _wrapped_only_in_another_mode(info, rec.node):
             yield rec.node, "DDP013", (
                 "the optimizer steps once every few iterations but every "
@@ -188,16 +187,16 @@ def _handed_a_wrapper(info: ModuleInfo) -> list[ModuleInfo]:
     return project.ddp_handed_in(info) if project is not None else []  # type: ignore[attr-defined]
 
 
-def _accumulating_if(info: ModuleInfo, rec: CallRec) -> ast.If | None:
-    """The `if` whose body holds this call and whose test counts micro-steps."""
-    if not rec.branch:
-        return None
-    arms = {key for key, arm in rec.branch if arm == 0}
+def _accumulating_ifs(info: ModuleInfo, rec: CallRec) -> list[ast.If]:
+    """The `if`s whose bodies hold this call and whose tests count micro-steps, innermost
+    first: in Swin's `if ACCUMULATION_STEPS > 1: ... if (idx + 1) % ACCUMULATION_STEPS == 0:
+    step` the backward is inside the outer one, outside the inner one."""
+    arms = [key for key, arm in rec.branch if arm == 0]
+    if not arms:
+        return []
     scope = rec.func if rec.func is not None else info.tree
-    for node in ast.walk(scope):
-        if isinstance(node, ast.If) and id(node) in arms and _accumulates(node.test):
-            return node
-    return None
+    ifs = {id(n): n for n in ast.walk(scope) if isinstance(n, ast.If) and id(n) in arms}
+    return [ifs[k] for k in reversed(arms) if k in ifs and _accumulates(ifs[k].test)]
 
 
 def _unstepped_backward(info: ModuleInfo, cond: ast.If, rec: CallRec) -> bool:
