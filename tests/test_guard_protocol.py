@@ -214,19 +214,28 @@ def test_nccl_entry_states_and_started_collectives():
     assert not waiting_on_peers({"0": (12, 12)}, {"0": 12})
 
 
-def test_a_pending_collective_is_no_wait_while_the_thread_fetches_a_batch():
-    """CI once saw a gloo broadcast still listed as pending after rank 1 had moved on into
-    the DataLoader, and called a stuck loader a deadlock."""
-    loader = [{"file": "/x/train.py", "func": "main", "line": 9},
-              {"file": "/site/torch/utils/data/dataloader.py", "func": "__next__", "line": 1}]
-    in_bcast = [{"file": "/x/train.py", "func": "main", "line": 9},
-                {"file": "/site/torch/distributed/distributed_c10d.py", "func": "broadcast",
-                 "line": 1}]
+def test_a_pending_collective_is_a_wait_only_where_the_thread_stands_in_one():
+    """The flight recorder can list a gloo collective as pending long after the training
+    thread moved on: CI saw rank 1 in the DataLoader, and a loaded machine rank 0 reading a
+    socket after DDP's last gradient all-reduce, both taken for a cross-wait."""
+    main = {"file": "/x/train.py", "func": "main", "line": 9}
+    loader = [main, {"file": "/site/torch/utils/data/dataloader.py", "func": "__next__",
+                     "line": 1}]
+    socket_read = [main, {"file": "/usr/lib/python3.11/socket.py", "func": "readinto",
+                          "line": 706}]
+    in_bcast = [main, {"file": "/site/torch/distributed/distributed_c10d.py",
+                       "func": "broadcast", "line": 1}]
+    other_op = [main, {"file": "/site/torch/distributed/_functional_collectives.py",
+                       "func": "wait_tensor", "line": 1}]
+    backward = [main, {"file": "/site/torch/_tensor.py", "func": "backward", "line": 1}]
     assert activity(loader)[0] == "dataloader"
-    assert not stands_in_collective(True, activity(loader)[0])
-    assert stands_in_collective(True, activity(in_bcast)[0])
-    assert stands_in_collective(True, "running")  # e.g. Work.wait() from the user's code
-    assert not stands_in_collective(False, activity(in_bcast)[0])
+    for frames in (loader, socket_read):
+        assert not stands_in_collective(True, activity(frames)[0], frames, None)
+    for frames in (in_bcast, other_op, backward):
+        assert stands_in_collective(True, activity(frames)[0], frames, None), frames
+    # an NCCL collective waited for from the user's code: `work.wait()`, `loss.item()`
+    assert stands_in_collective(True, "running", [main], "wait")
+    assert not stands_in_collective(False, activity(in_bcast)[0], in_bcast, "wait")
 
 
 def test_last_words_of_an_aborted_rank(tmp_path):

@@ -281,17 +281,20 @@ class Guard:
             completed = sum(c for _, c in status.values())
         # Forming a group or a store-based barrier: a wait the recorder does not list.
         self._setup = setup_wait(frames) if frames else None
-        pending = stands_in_collective(
-            waiting_on_peers(self.status, self.ledger.started) or self._setup is not None
-            if self.ledger.available else is_blocked(frames), self._doing[0])
+        if self.ledger.available:
+            recorded = waiting_on_peers(self.status, self.ledger.started)
+            # Standing in a wait for an issued collective (Work.wait, a poll on
+            # is_completed, a device synchronise) is waiting, however much CPU it spins.
+            self._waiting = waits_now(self._main_ident) if recorded else None
+            pending = self._setup is not None or stands_in_collective(
+                recorded, self._doing[0], frames, self._waiting)
+        else:
+            pending = is_blocked(frames)
         # In a collective, only the training thread's own signs count (life.py says why).
         self.life.sample(self.progress.total() + completed, now, waiting=pending)
         settle = self.config.settle
         quiet = self.life.quiet_for(now) >= settle
         if self.ledger.available:
-            # Standing in a wait for an issued collective (Work.wait, a poll on
-            # is_completed, a device synchronise) is waiting, however much CPU it spins.
-            self._waiting = waits_now(self._main_ident) if pending else None
             if self._waiting is None:
                 self._waiting_since = None
             elif self._waiting_since is None:

@@ -141,13 +141,27 @@ _COLLECTIVES = {"barrier", "all_reduce", "all_gather", "all_gather_object", "bro
                 "gather_object", "scatter_object_list", "all_reduce_coalesced"}
 
 
-def stands_in_collective(pending: bool, kind: str) -> bool:
-    """Whether a collective the ledger lists as pending is one the training thread waits in,
-    given what its stack is doing (`activity`'s kind). Not while it fetches the next batch: a
-    gloo broadcast's completion can reach the flight recorder after the thread has moved on
-    into the DataLoader (seen on CI). A loader stuck there is reported by the life check as a
-    stalled loader, never as ranks waiting in different collectives."""
-    return pending and kind != "dataloader"
+# What a training thread does while it waits for its peers: a collective call of its own
+# (`collective:<name>`), DDP's buffer broadcast in a forward, the gradient all-reduce that
+# ends a backward, our own loader-length agreement at an epoch's start.
+_WAITING_KINDS = ("ddp_forward", "backward", "epoch_start")
+
+
+def stands_in_collective(pending: bool, kind: str, frames: list[Frame],
+                         waiting: str | None) -> bool:
+    """Whether a collective the ledger lists as pending is one the training thread waits in:
+    its stack is in a collective, in torch.distributed, in a DDP forward or backward, or in a
+    wait for an issued collective (`waiting`, from waiting.waits_now). Not while it runs other
+    code: a gloo collective's completion can reach the flight recorder long after the thread
+    has moved on (seen on CI with the thread in a DataLoader, and under load with rank 0
+    downloading through a socket after DDP's last gradient all-reduce), and an NCCL
+    collective overlaps the host's own work until the host waits for it. A thread stuck
+    elsewhere while its peers wait is a stall, for the life check to judge, never a deadlock."""
+    if not pending:
+        return False
+    if kind.startswith("collective:") or kind in _WAITING_KINDS or waiting is not None:
+        return True
+    return any(_in(f, "torch/distributed/") for f in frames)
 
 
 def activity(frames: list[Frame]) -> tuple[str, str]:
