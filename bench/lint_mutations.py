@@ -215,8 +215,9 @@ M = [
  ("DDP024: detach cuts the graph", "rules_step.py", "        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:\n            continue\n        todo.extend(ast.iter_child_nodes(n))\n    return False", "        todo.extend(ast.iter_child_nodes(n))\n    return False"),
  ("DDP024: the loss must come from the call", "rules_step.py", "    return False\n\n\ndef _call_used(", "    return True\n\n\ndef _call_used("),
  ("DDP024: flow through assignments", "rules_step.py", "            if _used(value) & tainted:", "            if False:"),
- ("DDP024: gradients synced by hand", "rules_step.py", "    if not wrapped or _syncs_grads_by_hand(info):", "    if not wrapped:"),
- ("DDP024: reading the module is no forward", "rules_step.py", "        if owner is None or rec.last in _NOT_FORWARD:", "        if owner is None:"),
+ ("DDP024: gradients synced by hand", "rules_step.py", "        if by_hand:\n            return\n", ""),
+ ("only the ifs around the call's line", "rules_step.py", "                    child.lineno <= line <= (child.end_lineno or child.lineno):", "                    True:"),
+ ("DDP024: reading the module is no forward", "rules_step.py", "        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:", "        if type(rec.node.func) is not ast.Attribute:"),
  ("DDP024: a local name only where it was wrapped", "rules_step.py", "            if owner in wrapped and (owner.startswith(\"self.\") or any(\n                    w.func is rec.func for w in info.ddp_wraps(owner))):", "            if owner in wrapped:"),
 ]
 

@@ -194,9 +194,26 @@ def _accumulating_ifs(info: ModuleInfo, rec: CallRec) -> list[ast.If]:
     arms = [key for key, arm in rec.branch if arm == 0]
     if not arms:
         return []
-    scope = rec.func if rec.func is not None else info.tree
-    ifs = {id(n): n for n in ast.walk(scope) if isinstance(n, ast.If) and id(n) in arms}
+    ifs = {id(n): n for n in _enclosing_ifs(rec.func or info.tree, rec.node.lineno)}
     return [ifs[k] for k in reversed(arms) if k in ifs and _accumulates(ifs[k].test)]
+
+
+def _enclosing_ifs(scope: ast.AST, line: int) -> list[ast.If]:
+    """The `if` statements around `line`, found by descending only into the statements whose
+    lines hold it (a walk of the whole function for every step call cost more than DDP013)."""
+    out: list[ast.If] = []
+    node: ast.AST | None = scope
+    while node is not None:
+        inner = None
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt) and \
+                    child.lineno <= line <= (child.end_lineno or child.lineno):
+                inner = child
+                break
+        if isinstance(inner, ast.If):
+            out.append(inner)
+        node = inner
+    return out
 
 
 def _unstepped_backward(info: ModuleInfo, cond: ast.If, rec: CallRec) -> bool:
@@ -297,12 +314,19 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
     that is backpropagated visibly comes from that call, in a loop or function that never
     calls the wrapper itself and never all-reduces gradients by hand."""
     wrapped = info.ddp_names() if info.wraps_ddp else {}
-    if not wrapped or _syncs_grads_by_hand(info):
+    if not wrapped:
         return
+    by_hand: bool | None = None
     for rec in info.calls:
-        owner = _module_of_wrapper(rec.node.func, wrapped, info, rec)
-        if owner is None or rec.last in _NOT_FORWARD:
+        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:
             continue
+        owner = _module_of_wrapper(rec.node.func, wrapped, info, rec)
+        if owner is None:
+            continue
+        if by_hand is None:
+            by_hand = _syncs_grads_by_hand(info)
+        if by_hand:
+            return
         scope = _iteration(info, rec)
         if any(dotted(r.node.func) in (owner, f"{owner}.forward") for r in scope) \
                 or not any(_is_optimizer_step(r.node) for r in scope) \
