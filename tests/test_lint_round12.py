@@ -223,6 +223,8 @@ def _tree(tmp_path: Path, main: str = MAIN, engine: str = ENGINE,
 
 def test_a_trainer_handed_the_wrapper_by_another_file_accumulates(tmp_path: Path) -> None:
     assert _tree(tmp_path) == [("training.py", "DDP013", 15)]
+    [f] = lint_paths([tmp_path])
+    assert "(the DDP wrapper comes from main_train.py:8)" in f.message
 
 
 def test_the_wrapper_handed_over_needs_a_wrapper_and_no_no_sync(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ gradients every micro-step (DDP013) or never (DDP024)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 
@@ -166,17 +167,21 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
     may (a repository of independent scripts, one of which accumulates with no_sync)."""
     if info.no_sync:
         return
+    origin = ""
     if not info.wraps_ddp:
         givers = _handed_a_wrapper(info)
         if not givers or any(g.no_sync for g in givers):
             return
+        g = givers[0]
+        origin = (f" (the DDP wrapper comes from {os.path.basename(g.path)}:"
+                  f"{min(g.ddp_names().values())})")
     for rec in info.calls_named("step"):
         if _is_optimizer_step(rec.node) \
                 and any(_unstepped_backward(info, c, rec) for c in _accumulating_ifs(info, rec)) \
                 and not _wrapped_only_in_another_mode(info, rec.node):
             yield rec.node, "DDP013", (
                 "the optimizer steps once every few iterations but every "
-                "micro-step's backward all-reduces the gradients anyway: wrap the "
+                f"micro-step's backward all-reduces the gradients anyway{origin}: wrap the "
                 "micro-steps in model.no_sync()")
             return
 
