@@ -1,0 +1,181 @@
+"""DDP024: a training step whose forward goes around the DDP wrapper (`model.module`), so
+its backward syncs no gradient."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from .callgraph import is_collective
+from .context import CallRec, ModuleInfo, dotted
+from .registry import Hit, rule
+from .rules_step import is_optimizer_step
+
+# nn.Module methods that run no forward: reading or moving the module, not computing with it.
+_NOT_FORWARD = {"parameters", "named_parameters", "state_dict", "load_state_dict", "train",
+                "eval", "to", "cuda", "cpu", "zero_grad", "modules", "named_modules",
+                "children", "named_children", "buffers", "named_buffers", "apply",
+                "requires_grad_", "half", "float", "double", "bfloat16", "register_buffer",
+                "register_forward_hook", "register_forward_pre_hook", "get_submodule",
+                "get_parameter", "add_module", "type", "share_memory", "extra_repr"}
+_NO_GRAD = ("no_grad", "inference_mode")
+_CUT = {"detach", "item", "cpu", "numpy", "tolist"}
+
+
+@rule("DDP024", "forward-around-ddp", "error",
+      "the training forward calls the DDP wrapper's `.module` (the bare model), so the "
+      "backward that follows never all-reduces the gradients",
+      "call the wrapper itself (`model(batch)`); make the training method the module's "
+      "forward, or wrap a small module whose forward calls it")
+def ddp024(info: ModuleInfo) -> Iterator[Hit]:
+    """DDP arms its gradient all-reduce in its own forward (`prepare_for_backward`); a loss
+    computed through `model.module.train_step(batch)` skips that, so backward leaves every
+    rank's gradients its own and the replicas drift apart in silence (P5's pretraining,
+    ProPainter's flow-completion trainer; issue 20 round 12). Reported only where the loss
+    that is backpropagated visibly comes from that call, in a loop or function that never
+    calls the wrapper itself and never all-reduces gradients by hand."""
+    wrapped = info.ddp_names() if info.wraps_ddp else {}
+    if not wrapped:
+        return
+    by_hand: bool | None = None
+    for rec in info.calls:
+        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:
+            continue
+        owner = _module_of_wrapper(rec.node.func, wrapped, info, rec)
+        if owner is None:
+            continue
+        if by_hand is None:
+            by_hand = _syncs_grads_by_hand(info)
+        if by_hand:
+            return
+        scope = _iteration(info, rec)
+        if any(dotted(r.node.func) in (owner, f"{owner}.forward") for r in scope) \
+                or not any(is_optimizer_step(r.node) for r in scope) \
+                or _under_no_grad(rec):
+            continue
+        if _feeds_backward(rec.node, scope, rec.func if rec.func is not None else info.tree):
+            yield rec.node, "DDP024", (
+                f"the loss comes from `{dotted(rec.node.func)}()`, the model inside the DDP "
+                f"wrapper `{owner}`: DDP's forward never runs, so this step's backward "
+                "all-reduces no gradient and every rank trains its own copy")
+
+
+def _module_of_wrapper(func: ast.expr, wrapped: dict[str, int], info: ModuleInfo,
+                       rec: CallRec) -> str | None:
+    """`W.module(...)` or `W.module.f(...)` for a name W that holds a DDP wrapper here: an
+    attribute of `self`, or a plain name wrapped in the same function."""
+    node = func
+    while isinstance(node, ast.Attribute):
+        if node.attr == "module":
+            owner = dotted(node.value)
+            if owner in wrapped and (owner.startswith("self.") or any(
+                    w.func is rec.func for w in info.ddp_wraps(owner))):
+                return owner
+            return None
+        node = node.value
+    return None
+
+
+def _iteration(info: ModuleInfo, rec: CallRec) -> list[CallRec]:
+    """The calls of one training step: the innermost loop around `rec`, or its function."""
+    if rec.loops:
+        loop = rec.loops[-1]
+        return [r for r in info.calls if loop in r.loops]
+    return [r for r in info.calls if r.func is rec.func and not r.loops]
+
+
+def _under_no_grad(rec: CallRec) -> bool:
+    scope = rec.func
+    if scope is None:
+        return False
+    for w in ast.walk(scope):
+        if isinstance(w, ast.With) and any(
+                isinstance(i.context_expr, ast.Call)
+                and (dotted(i.context_expr.func) or "").endswith(_NO_GRAD) for i in w.items) \
+                and any(n is rec.node for n in ast.walk(w)):
+            return True
+    return False
+
+
+def _used(expr: ast.AST) -> set[str]:
+    """Names and attribute chains an expression reads, except through `.detach()`, `.item()`
+    and the like, which cut the autograd graph."""
+    out: set[str] = set()
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
+            continue
+        if isinstance(n, ast.Attribute) and n.attr == "data":
+            continue
+        if isinstance(n, ast.Name | ast.Attribute):
+            d = dotted(n)
+            if d is not None:
+                out.add(d)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _targets(t: ast.expr) -> set[str]:
+    if isinstance(t, ast.Tuple | ast.List):
+        return {d for e in t.elts for d in _targets(e)}
+    if isinstance(t, ast.Starred):
+        return _targets(t.value)
+    d = dotted(t.value if isinstance(t, ast.Subscript) else t)
+    return {d} if d is not None else set()
+
+
+def _feeds_backward(call: ast.Call, scope: list[CallRec], body: ast.AST) -> bool:
+    """A `.backward()` of this step reads, through assignments in the same function (`body`),
+    a value computed from `call` (without a `.detach()` on the way)."""
+    assigns = [(st.targets if isinstance(st, ast.Assign) else [st.target], st.value)
+               for st in ast.walk(body) if isinstance(st, ast.Assign | ast.AugAssign
+                                                      | ast.AnnAssign) and st.value is not None]
+    tainted: set[str] = set()
+    for targets, value in assigns:
+        if any(n is call for n in ast.walk(value)) and _call_used(value, call):
+            tainted |= {d for t in targets for d in _targets(t)}
+    for _ in range(len(assigns)):
+        grew = False
+        for targets, value in assigns:
+            if _used(value) & tainted:
+                new = {d for t in targets for d in _targets(t)} - tainted
+                if new:
+                    tainted |= new
+                    grew = True
+        if not grew:
+            break
+    for r in scope:
+        if r.last == "backward" and isinstance(r.node.func, ast.Attribute):
+            receiver = r.node.func.value
+            if any(n is call for n in ast.walk(receiver)) or _used(receiver) & tainted:
+                return True
+    return False
+
+
+def _call_used(value: ast.expr, call: ast.Call) -> bool:
+    """`call` is read by `value` other than through a graph cut (`f(x).detach()`)."""
+    todo: list[ast.AST] = [value]
+    while todo:
+        n = todo.pop()
+        if n is call:
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
+            continue
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def _syncs_grads_by_hand(info: ModuleInfo) -> bool:
+    """The module all-reduces gradients itself (`all_reduce(p.grad)`,
+    `allreduce_grads(...)`): the bare model's backward may be synced that way."""
+    for rec in info.calls:
+        low = rec.last.lower()
+        if "grad" in low and any(w in low for w in ("reduce", "sync", "average")):
+            return True
+        if is_collective(rec) and any("grad" in u for a in rec.node.args for u in _used(a)):
+            return True
+    return False
+
+
+RULES = [ddp024]
