@@ -14,7 +14,7 @@ import pytest
 
 from ddpguard.guard.board import CONTROL, TAKEOVER, Board
 from ddpguard.guard.fault import last_words
-from ddpguard.guard.ledger import compact, describe_entry, waiting_on_peers
+from ddpguard.guard.ledger import compact, describe_entry, started_on_device, waiting_on_peers
 from ddpguard.guard.rules import decide
 from ddpguard.guard.stacks import activity, stands_in_collective
 from ddpguard.guard.store import Counter, GuardStore
@@ -212,6 +212,11 @@ def test_nccl_entry_states_and_started_collectives():
     assert waiting_on_peers(status, {"0": 12})       # the device started it: waits for peers
     assert not waiting_on_peers(status, {"0": 11})   # still busy before it: not waiting
     assert not waiting_on_peers({"0": (12, 12)}, {"0": 12})
+    # The device's own word: only where starts are tracked (NCCL), never on gloo.
+    assert started_on_device(status, {"0": 12})
+    assert not started_on_device(status, {"0": 11})      # the device is busy before it
+    assert not started_on_device(status, {"0": -1})      # gloo: the stack must say it
+    assert not started_on_device({"0": (12, 12)}, {"0": 12})
 
 
 def test_a_pending_collective_is_a_wait_only_where_the_thread_stands_in_one():

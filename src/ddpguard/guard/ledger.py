@@ -212,6 +212,14 @@ def waiting_on_peers(status: Status, started: Mapping[str, int]) -> bool:
     return False
 
 
+def started_on_device(status: Status, started: Mapping[str, int]) -> bool:
+    """A pending collective that the device itself reports started (NCCL tracks starts; gloo
+    does not): the device waits in it for the peers, whatever the host thread does next, so
+    no look at the thread's stack is needed (an NCCL hang often shows on the host only as an
+    implicit synchronisation somewhere in the user's code)."""
+    return any(q > c and started.get(g, -1) > c for g, (q, c) in status.items())
+
+
 def first_pending(pending: Sequence[Entry]) -> Entry | None:
     """The oldest pending entry (lowest sequence number of the first group that has one)."""
     return min(pending, key=lambda e: (e[1], e[0])) if pending else None

@@ -25,7 +25,13 @@ from .failing import Failure
 from .fault import FaultLog
 from .issued import IssueSites
 from .lanes import Lanes
-from .ledger import Ledger, describe_entry, first_pending, waiting_on_peers
+from .ledger import (
+    Ledger,
+    describe_entry,
+    first_pending,
+    started_on_device,
+    waiting_on_peers,
+)
 from .lengths import LengthCheck
 from .life import LifeSignals
 from .notices import Notices
@@ -286,8 +292,11 @@ class Guard:
             # Standing in a wait for an issued collective (Work.wait, a poll on
             # is_completed, a device synchronise) is waiting, however much CPU it spins.
             self._waiting = waits_now(self._main_ident) if recorded else None
-            pending = self._setup is not None or stands_in_collective(
-                recorded, self._doing[0], frames, self._waiting)
+            # Where the device reports the start (NCCL) that is the proof; where it does not
+            # (gloo), the thread's own stack must stand in the collective.
+            pending = self._setup is not None or (recorded and (
+                started_on_device(self.status, self.ledger.started)
+                or stands_in_collective(recorded, self._doing[0], frames, self._waiting)))
         else:
             pending = is_blocked(frames)
         # In a collective, only the training thread's own signs count (life.py says why).

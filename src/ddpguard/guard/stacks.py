@@ -154,9 +154,10 @@ def stands_in_collective(pending: bool, kind: str, frames: list[Frame],
     wait for an issued collective (`waiting`, from waiting.waits_now). Not while it runs other
     code: a gloo collective's completion can reach the flight recorder long after the thread
     has moved on (seen on CI with the thread in a DataLoader, and under load with rank 0
-    downloading through a socket after DDP's last gradient all-reduce), and an NCCL
-    collective overlaps the host's own work until the host waits for it. A thread stuck
-    elsewhere while its peers wait is a stall, for the life check to judge, never a deadlock."""
+    downloading through a socket after DDP's last gradient all-reduce). Where the device itself
+    reports the collective started (NCCL), the monitor needs no such look (ledger.
+    started_on_device). A thread stuck elsewhere while its peers wait is a stall, for the life
+    check to judge, never a deadlock."""
     if not pending:
         return False
     if kind.startswith("collective:") or kind in _WAITING_KINDS or waiting is not None:
