@@ -211,6 +211,8 @@ M = [
  ("the innermost accumulating if first", "rules_step.py", "    return [ifs[k] for k in reversed(arms) if", "    return [ifs[k] for k in arms[:1] if"),
  ("DDP024: the wrapper called in the same step", "rules_forward.py", "        if any(dotted(r.node.func) in (owner, f\"{owner}.forward\") for r in scope) \\\n                or not", "        if not"),
  ("DDP024: a training step steps", "rules_forward.py", "                or not any(is_optimizer_step(r.node) for r in scope) \\\n", ""),
+ ("DDP024: a no_grad decorator", "rules_forward.py", "    if any((dotted(d.func if isinstance(d, ast.Call) else d) or \"\").endswith(_NO_GRAD)\n           for d in scope.decorator_list):\n        return True\n", ""),
+ ("DDP024: a detached receiver", "rules_forward.py", "            if _call_used(receiver, call) or", "            if any(n is call for n in ast.walk(receiver)) or"),
  ("DDP024: no_grad", "rules_forward.py", " \\\n                or _under_no_grad(rec):", ":"),
  ("DDP024: detach cuts the graph", "rules_forward.py", "        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:\n            continue\n        todo.extend(ast.iter_child_nodes(n))\n    return False", "        todo.extend(ast.iter_child_nodes(n))\n    return False"),
  ("DDP024: the loss must come from the call", "rules_forward.py", "    return False\n\n\ndef _call_used(", "    return True\n\n\ndef _call_used("),

@@ -300,6 +300,16 @@ def test_uses_of_module_that_are_no_training_forward() -> None:
         "                with torch.no_grad():\n"
         "                    results = self.model.module.train_step(batch)\n")
     assert codes(no_grad) == []
+    decorated = MODULE_FORWARD.replace("    def train(self, loader):",
+                                       "    @torch.no_grad()\n    def train(self, loader):")
+    assert codes(decorated) == []
+    # the call inline in the backward's receiver: reported, unless cut from the graph
+    inline = MODULE_FORWARD.replace('            loss = results["loss"]\n'
+                                    '            loss.backward()\n',
+                                    '            self.model.module(batch).sum().backward()\n')
+    assert ("DDP024", 17) in codes(inline)
+    assert ("DDP024", 17) not in codes(inline.replace(".sum().backward()",
+                                                      ".detach().sum().backward()"))
     # no optimizer step in the loop: not a training step
     no_step = MODULE_FORWARD.replace("            self.optim.step()\n", "")
     assert codes(no_step) == []

@@ -85,9 +85,13 @@ def _iteration(info: ModuleInfo, rec: CallRec) -> list[CallRec]:
 
 
 def _under_no_grad(rec: CallRec) -> bool:
+    """Inside `with torch.no_grad():` (or `inference_mode`), or in a function decorated so."""
     scope = rec.func
     if scope is None:
         return False
+    if any((dotted(d.func if isinstance(d, ast.Call) else d) or "").endswith(_NO_GRAD)
+           for d in scope.decorator_list):
+        return True
     for w in ast.walk(scope):
         if isinstance(w, ast.With) and any(
                 isinstance(i.context_expr, ast.Call)
@@ -133,7 +137,7 @@ def _feeds_backward(call: ast.Call, scope: list[CallRec], body: ast.AST) -> bool
                                                       | ast.AnnAssign) and st.value is not None]
     tainted: set[str] = set()
     for targets, value in assigns:
-        if any(n is call for n in ast.walk(value)) and _call_used(value, call):
+        if _call_used(value, call):
             tainted |= {d for t in targets for d in _targets(t)}
     for _ in range(len(assigns)):
         grew = False
@@ -148,7 +152,7 @@ def _feeds_backward(call: ast.Call, scope: list[CallRec], body: ast.AST) -> bool
     for r in scope:
         if r.last == "backward" and isinstance(r.node.func, ast.Attribute):
             receiver = r.node.func.value
-            if any(n is call for n in ast.walk(receiver)) or _used(receiver) & tainted:
+            if _call_used(receiver, call) or _used(receiver) & tainted:
                 return True
     return False
 
