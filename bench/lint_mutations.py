@@ -195,6 +195,8 @@ M = [
  ("different files only when both are spelled out", "rules_ckpt.py", "    return bool(saved) and bool(loaded) and not saved & loaded", "    return not saved & loaded"),
  ("a raise is a failure, not a rank leaving", "diverge.py", ' or ex.op == "raise" else "DDP019"', ' else "DDP019"'),
  # issue 20, round 12 (tests/test_lint_round12.py)
+ ("a single process may skip", "rules_step.py", "    if not info.distributed and not (info.project is not None\n                                     and info.project.in_group(info)):", "    if False:"),
+ ("a module a group imports takes part", "rules_step.py", "                                     and info.project.in_group(info)):", "                                     and False):"),
  ("a skip on the batch's items", "rules_step.py", "if isinstance(g.iter, ast.Name) and g.iter.id in names", "if False"),
  ("a rank's own non-finite loss", "rules_step.py", "            loss = _local_nonfinite(info, node, s)\n            if loss is not None:", "            loss = None\n            if loss is not None:"),
  ("a non-finite test only of a loss", "rules_step.py", ' and "loss" in n.id.lower()]', "]"),

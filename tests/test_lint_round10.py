@@ -15,6 +15,7 @@ def codes(src: str) -> list[tuple[str, int]]:
 # waits on another inside it.
 EVAL_SKIP = """\
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 
@@ -40,11 +41,11 @@ def test_a_skipped_batch_in_a_loop_that_never_syncs_is_no_step_mismatch() -> Non
 def test_a_skipped_batch_in_a_training_loop_is_reported() -> None:
     direct = EVAL_SKIP.replace("            outputs.append(self.forward_step(model, batch))",
                                "            model(batch).sum().backward()")
-    assert codes(direct) == [("DDP004", 10)]
+    assert codes(direct) == [("DDP004", 11)]
     # the backward one call away, in a method of this file
     helper = EVAL_SKIP.replace("        return model(batch)\n",
                                "        loss = model(batch)\n        loss.backward()\n")
-    assert codes(helper) == [("DDP004", 10)]
+    assert codes(helper) == [("DDP004", 11)]
 
 
 # Validation on rank 0 alone, under no_grad, through the DDP wrapper of a model whose class
@@ -302,6 +303,7 @@ def test_a_script_that_forms_its_group_gets_the_missing_set_epoch() -> None:
 # counts): every rank keeps its batch size.
 COLLATE = """\
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 
@@ -333,7 +335,7 @@ def test_a_collate_fn_that_filters_samples_keeps_the_step_count() -> None:
 def test_a_collate_fn_that_can_return_none_is_reported() -> None:
     none = COLLATE.replace("    if atypes and", "    if not atypes:\n        return None\n"
                            "    if atypes and")
-    assert codes(none) == [("DDP004", 8)]
+    assert codes(none) == [("DDP004", 9)]
 
 
 # The leader fills shared memory and sends its shape; every other rank's main process

@@ -25,6 +25,7 @@ def codes(src: str) -> list[tuple[str, int]]:
 
 EMPTY_TARGETS = """\
 import torch
+import torch.distributed as dist
 
 
 def train(model, loader, optimizer):
@@ -39,7 +40,7 @@ def train(model, loader, optimizer):
 
 
 def test_a_skip_on_the_batchs_items_is_a_skipped_step() -> None:
-    assert codes(EMPTY_TARGETS) == [("DDP004", 6)]
+    assert codes(EMPTY_TARGETS) == [("DDP004", 7)]
     # a test of something else than the batch (the enumerate index) skips no batch
     other = EMPTY_TARGETS.replace("any(len(t) < 1 for t in targets)",
                                   "any(len(t) < 1 for t in [it])")
@@ -78,6 +79,20 @@ def test_a_rank_that_leaves_on_its_own_nan_loss_is_reported() -> None:
     # a gradient norm is read after DDP's all-reduce: every rank holds the same one
     norm = NAN_BREAK.replace("torch.isnan(loss_sum)", "torch.isnan(grad_norm)")
     assert codes(norm) == []
+
+
+def test_a_single_process_script_may_skip_what_it_likes(tmp_path: Path) -> None:
+    alone = NAN_BREAK.replace("import torch.distributed as dist\n", "")
+    assert codes(alone) == []
+    # a trainer module that never names torch.distributed: reported once a file that forms
+    # the group imports it
+    (tmp_path / "trainer.py").write_text(EMPTY_TARGETS.replace(
+        "import torch.distributed as dist\n", ""))
+    assert [f.code for f in lint_paths([tmp_path])] == []
+    (tmp_path / "main.py").write_text("import torch.distributed as dist\nfrom trainer import "
+                                      "train\ndist.init_process_group('gloo')\n")
+    assert [(Path(f.path).name, f.code) for f in lint_paths([tmp_path])] == [
+        ("trainer.py", "DDP004")]
 
 
 def test_a_nan_test_every_rank_shares_is_no_finding() -> None:

@@ -58,6 +58,13 @@ def _empty_test(test: ast.expr, names: set[str]) -> bool:
       'rank only',
       'never return None from collate_fn; resample in the Dataset instead')
 def ddp004(info: ModuleInfo) -> Iterator[Hit]:
+    """A step one rank skips pairs every later all-reduce with the wrong step and ends in a
+    hang. Only where the module runs with other ranks: it uses torch.distributed, or a file
+    on the command line that forms the group imports it (a single-process script may skip
+    what it likes)."""
+    if not info.distributed and not (info.project is not None
+                                     and info.project.in_group(info)):  # type: ignore[attr-defined]
+        return
     for rec in info.calls:
         if rec.last != "DataLoader":
             continue
