@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ddpguard.lint import RULES, Selection, lint_file, lint_source
-from ddpguard.lint.project import torch_floor
-from ddpguard.lint.provenance import GLOBAL, LOCAL, NONE
-from ddpguard.lint.walker import build
+from ddpguard.lint.pyproject import torch_floor
+from ddpguard.lint.analysis.provenance import GLOBAL, LOCAL, NONE
+from ddpguard.lint.analysis.walker import build
 
 CORPUS = Path(__file__).parent / "lint_corpus"
 HEAD = """\

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ddpguard.lint import Selection, lint_paths, lint_source
-from ddpguard.lint.diverge import explain
-from ddpguard.lint.ranks import FALSE, NODE_LEADERS, OTHERS, RANK0, TRUE, UNKNOWN, evaluate
-from ddpguard.lint.walker import build
+from ddpguard.lint.analysis.divergence import explain
+from ddpguard.lint.analysis.ranks import FALSE, NODE_LEADERS, OTHERS, RANK0, TRUE, UNKNOWN, evaluate
+from ddpguard.lint.analysis.walker import build
 
 HEAD = """\
 import os

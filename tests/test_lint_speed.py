@@ -7,7 +7,7 @@ import gc
 from pathlib import Path
 
 from ddpguard.lint import Selection, lint_file
-from ddpguard.lint.walker import build
+from ddpguard.lint.analysis.walker import build
 
 _SCRIPT = '''import torch
 import torch.distributed as dist

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine import Selection
-from .project import find_pyproject, toml_loads
+from .pyproject import find_pyproject, toml_loads
 
 
 def _codes(table: dict[str, Any], key: str, source: Path) -> tuple[str, ...]:

@@ -10,13 +10,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .analysis.context import ModuleInfo
+from .analysis.crossfile import FileSet
+from .analysis.source import Unreadable, parse, read
+from .analysis.walker import build
 from .catalog import RULES
-from .context import ModuleInfo
-from .crossfile import Project
-from .project import Version, project_torch_floor
+from .pyproject import Version, project_torch_floor
 from .registry import SEVERITIES, Finding
-from .source import Unreadable, parse, read
-from .walker import build
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 # ruff's default exclusions: tool caches, environments, and Jupyter's autosaved copies
@@ -69,9 +69,6 @@ class Selection:
         on = set(self.codes())
         return [c for c in replace(self, preview=True).codes() if c not in on]
 
-    def severity_of(self, code: str) -> str:
-        return self.severity.get(code, RULES[code].severity)
-
 
 def lint_source(source: str, path: str = "<string>", selection: Selection | None = None,
                 torch_floor: Version | None = None) -> list[Finding]:
@@ -81,7 +78,7 @@ def lint_source(source: str, path: str = "<string>", selection: Selection | None
     if isinstance(info, Finding):
         return [info]
     info.torch_floor = torch_floor
-    Project([info])
+    FileSet([info])
     found = check(info, source, selection)
     _release([info])
     return found
@@ -182,7 +179,7 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
             floors[p.parent] = project_torch_floor(p)
         info.torch_floor = floors[p.parent]
         infos.append((info, source))
-    Project([i for i, _ in infos])
+    FileSet([i for i, _ in infos])
     for info, source in infos:
         out.extend(check(info, source, selection))
     _release([i for i, _ in infos])
@@ -195,7 +192,7 @@ def _release(infos: list[ModuleInfo]) -> None:
     builders -> info) once the findings are out, so that reference counting frees the trees
     at once instead of leaving them to the cyclic collector's next full pass."""
     for info in infos:
-        info.project = None
+        info.file_set = None
         info._memo.clear()
 
 

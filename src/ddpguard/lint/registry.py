@@ -16,6 +16,16 @@ Hit = tuple[ast.AST, str, str] | tuple[ast.AST, str, str, str]
 Check = Callable[[Any], Iterator[Hit]]
 
 
+class At(ast.AST):
+    """A position for a finding that is no single AST node (a divergence)."""
+
+    _fields = ()
+
+    def __init__(self, line: int, col: int = 0) -> None:
+        super().__init__()
+        self.lineno, self.col_offset = line, col
+
+
 @dataclass(frozen=True)
 class Rule:
     code: str

@@ -1,15 +1,13 @@
-"""DDP024: a training step whose forward goes around the DDP wrapper (`model.module`), so
-its backward syncs no gradient."""
+"""DDP024 forward-around-ddp."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from .callgraph import is_collective
-from .context import CallRec, ModuleInfo, dotted
-from .registry import Hit, rule
-from .rules_step import is_optimizer_step
+from ..analysis.callgraph import is_collective
+from ..analysis.context import CallRec, ModuleInfo, dotted, is_optimizer_step
+from ..registry import Hit, rule
 
 # nn.Module methods that run no forward: reading or moving the module, not computing with it.
 _NOT_FORWARD = {"parameters", "named_parameters", "state_dict", "load_state_dict", "train",
@@ -18,7 +16,11 @@ _NOT_FORWARD = {"parameters", "named_parameters", "state_dict", "load_state_dict
                 "requires_grad_", "half", "float", "double", "bfloat16", "register_buffer",
                 "register_forward_hook", "register_forward_pre_hook", "get_submodule",
                 "get_parameter", "add_module", "type", "share_memory", "extra_repr"}
+
+
 _NO_GRAD = ("no_grad", "inference_mode")
+
+
 _CUT = {"detach", "item", "cpu", "numpy", "tolist"}
 
 
@@ -182,4 +184,4 @@ def _syncs_grads_by_hand(info: ModuleInfo) -> bool:
     return False
 
 
-RULES = [ddp024]
+RULE = ddp024

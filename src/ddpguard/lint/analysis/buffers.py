@@ -5,9 +5,8 @@ DDP's only collective in a forward under no_grad is the broadcast of the module'
 hangs only if the model has buffers. Where the wrapped model is built from a class of this
 file, and that class (with the classes of this file it builds) holds only layers that keep no
 buffers, the "if the model has buffers" premise is visibly false (graphlearn's HGT of PyG
-`Linear`/`HGTConv` layers: an issue-20 round-9 blind false positive, run on 2 gloo ranks by
-the reviewer: no hang). Anything unknown (a model passed in, a class from another package,
-a pretrained model) may have buffers: the answer is then no.
+`Linear`/`HGTConv` layers: run on 2 gloo ranks, no hang). Anything unknown (a model passed
+in, a class from another package, a pretrained model) may have buffers: the answer is then no.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 import ast
 import builtins
 
-from .context import ModuleInfo, dotted
+from .context import CallRec, ModuleInfo, dotted
 
 _MOVES = {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval",
           "to_empty", "requires_grad_"}
@@ -86,3 +85,12 @@ def _class_without_buffers(info: ModuleInfo, name: str, seen: set[str]) -> bool:
             # a layer or model from another package (or file): its buffers are not visible
             return False
     return True
+
+
+def batchnorm_wraps(info: ModuleInfo) -> list[tuple[CallRec, list[CallRec]]]:
+    """Each DDP wrap of a module that holds BatchNorm, with every SyncBatchNorm conversion of
+    the file (DDP009 asks whether one comes after the wrap, DDP021 whether there is any)."""
+    if not info.batchnorm:
+        return []
+    converts = [r for r in info.calls if r.last == "convert_sync_batchnorm"]
+    return [(r, converts) for r in info.calls if r.last == "DistributedDataParallel"]

@@ -1,7 +1,7 @@
 """Who calls what, and which functions matter: the layer under the schedules.
 
 `resolve` finds the one function a call runs (this file, or another file on the command line
-through crossfile.Project); `reaches` tells whether a function reaches a collective, a DDP
+through crossfile.FileSet); `reaches` tells whether a function reaches a collective, a DDP
 forward, a parameter call or a file write (directly or through calls), and `candidates` those
 where a rank test guards such a thing or an exit: only their schedules are ever built.
 """
@@ -40,13 +40,13 @@ def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
         return info, fns[0]
     if fns:
         return None
-    project = info.project
-    if project is None:
+    file_set = info.file_set
+    if file_set is None:
         return None
     qual = info.qualify(rec.node.func)
     if qual is None or "." not in qual:
         return None
-    return project.find(qual, info)  # type: ignore[attr-defined]
+    return file_set.find(qual, info)  # type: ignore[attr-defined]
 
 
 WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
@@ -66,7 +66,7 @@ def reaches(info: ModuleInfo, key: int) -> bool:
         return hit
     memo[key] = False  # in progress: cycles end here
     ddp = info.ddp_names()
-    cross = info.project is not None and getattr(info.project, "multi", False)
+    cross = info.file_set is not None and getattr(info.file_set, "multi", False)
     params: set[str] | None = None
     hit = False
     for rec in calls_by_func(info).get(key, ()):
@@ -129,7 +129,7 @@ def candidates(info: ModuleInfo) -> set[int]:
     out = set(info.exit_splits)
     ddp = info.ddp_names()
     ddp_lasts = _ddp_lasts(info) if ddp else set()
-    cross = info.project is not None and getattr(info.project, "multi", False)
+    cross = info.file_set is not None and getattr(info.file_set, "multi", False)
     for rec in info.guarded_calls:
         # only a guarded call that can matter: a collective, a forward of the wrapper or of a
         # parameter, a call of this file's functions or of another linted file's

@@ -39,6 +39,19 @@ class CallRec:
     callee: str | None = None
 
 
+# Names that mark an evaluation sampler or loader (`val_sampler`, `test_loader`).
+EVAL_HINTS = ("val", "test", "eval")
+
+
+def is_optimizer_step(call: ast.Call) -> bool:
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "step"):
+        return False
+    # `optimizer.step()`, or AMP's `scaler.step(optimizer)` / `scaler.step(optimizer=opt)`
+    return any("opt" in (dotted(x) or "").lower()
+               for x in [f.value, *call.args, *(k.value for k in call.keywords)])
+
+
 def is_collective(rec: CallRec) -> bool:
     if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
         return False
@@ -75,7 +88,7 @@ class ModuleInfo:
     generators: set[int] = field(default_factory=set)   # functions that yield
     guarded_calls: list[CallRec] = field(default_factory=list)  # calls under a rank test
     path: str = "<string>"
-    project: object = None            # schedule.Project: the other files on the command line
+    file_set: object = None            # crossfile.FileSet: the other files on the command line
     gloo_only: bool = False           # a "gloo" backend and no CUDA anywhere
     no_sync: bool = False
     uses_cuda: bool = False
@@ -222,9 +235,6 @@ class ModuleInfo:
         last = self.callee_last(node)
         return (last == "DistributedDataParallel" or last.endswith("_DDP")) and \
             not foreign_ddp(self.qualify(node.func))
-
-    def is_ddp_value(self, node: ast.AST) -> bool:
-        return any(self.is_ddp_call(v) for v in self.values_of(node))
 
     def ddp_names(self) -> dict[str, int]:
         """Names holding a DDP wrapper -> line where it was wrapped."""

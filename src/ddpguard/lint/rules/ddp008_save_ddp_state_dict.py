@@ -1,12 +1,18 @@
-"""DDP008: a checkpoint of the DDP wrapper that the script's own resume cannot read."""
+"""DDP008 save-ddp-state-dict."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from .context import CallRec, ModuleInfo, dotted, exclusive, kwarg
-from .registry import Hit, rule
+from ..analysis.context import (
+    CallRec,
+    ModuleInfo,
+    dotted,
+    exclusive,
+    kwarg,
+)
+from ..registry import Hit, rule
 
 
 @rule('DDP008', 'save-ddp-state-dict', 'warning',
@@ -204,4 +210,4 @@ def _unwrapped_strict_loads(info: ModuleInfo,
     return out
 
 
-RULES = [ddp008]
+RULE = ddp008

@@ -1,5 +1,4 @@
-"""DDP001: a shuffling DistributedSampler drives an epoch loop and nothing calls set_epoch
-on it, so every epoch repeats the same order."""
+"""DDP001 missing-set-epoch."""
 
 from __future__ import annotations
 
@@ -7,7 +6,8 @@ import ast
 import re
 from collections.abc import Iterator
 
-from .context import (
+from ..analysis.context import (
+    EVAL_HINTS,
     CallRec,
     Func,
     Loop,
@@ -18,7 +18,7 @@ from .context import (
     kwarg,
     loader_samplers,
 )
-from .registry import Hit, rule
+from ..registry import Hit, rule
 
 
 def _set_epoch_recs(info: ModuleInfo, sampler: ast.Call) -> list[CallRec]:
@@ -196,6 +196,8 @@ _UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
 
 
 _MAY_FORM = re.compile("dist|setup|init|launch|accelerat|spawn|fabric|comm|deepspeed|horovod|hvd")
+
+
 _NOT_FORMING = ("distributedsampler", "distributeddataparallel", "ddp")
 
 
@@ -337,7 +339,6 @@ def _loop_names(info: ModuleInfo, fn: Func) -> set[str]:
     return hit  # type: ignore[return-value]
 
 
-EVAL_HINTS = ("val", "test", "eval")
 _EVAL = EVAL_HINTS
 
 
@@ -406,4 +407,4 @@ def _msg001(sampler: ast.Call) -> str:
             "but set_epoch is never called in it: every epoch repeats the same order")
 
 
-RULES = [ddp001]
+RULE = ddp001

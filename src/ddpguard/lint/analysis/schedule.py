@@ -232,7 +232,7 @@ class Builder:
             if qual in _WRITES or (last == "save" and qual.endswith("torch.save")):
                 return self.write(rec, qual)
         if target is None or (not info.local_callees(rec) and (
-                info.project is None or target.split(".", 1)[0] not in info.aliases)):
+                info.file_set is None or target.split(".", 1)[0] not in info.aliases)):
             return None
         target_fn = resolve(info, rec)
         if target_fn is None or _memoised(target_fn[1]) or \

@@ -21,7 +21,7 @@ EXTERNAL = {"torch", "numpy", "np", "os", "sys", "math", "time", "json", "loggin
              "deepspeed", "lightning", "pytorch_lightning", "contextlib", "io", "glob"}
 
 
-class Project:
+class FileSet:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
@@ -59,7 +59,7 @@ class Project:
                 parts.pop()
             for k in range(1, min(4, len(parts)) + 1):
                 self.index.setdefault(".".join(parts[-k:]), []).append(info)
-            info.project = self
+            info.file_set = self
 
     def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
         """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves

@@ -346,8 +346,3 @@ def evaluate_test(info: Table, node: ast.AST, cls: RankClass) -> int:
     if hit is None:
         hit = memo[key] = evaluate(info, node, cls)
     return hit
-
-
-def uses_local(info: Table, node: ast.AST) -> bool:
-    return evaluate(info, node, RANK0) != evaluate(info, node, NODE_LEADERS) or \
-        evaluate(info, node, OTHERS) != evaluate(info, node, NODE_LEADERS)
