@@ -28,7 +28,6 @@ log = logging.getLogger("ddpguard.guard")
 class Failure:
     def __init__(self, guard: GuardHandle) -> None:
         self.g = guard
-        self._soon: tuple[float, Decision] | None = None
         self._once = threading.Lock()
         # Set once this rank is stopping the job: its training thread must not report a
         # connection error caused by the stop as a crash of its own.
@@ -61,14 +60,6 @@ class Failure:
             if site is not None:
                 out[f"{group}/{seq}"] = site
         return out
-
-    def soon(self, decision: Decision, peers: dict[int, dict[str, Any]], wait: float) -> None:
-        """Give the training thread `wait` seconds to raise on its own, then stop the job."""
-        now = time.monotonic()
-        if self._soon is None:
-            self._soon = (now + wait, decision)
-        elif now >= self._soon[0]:
-            self.fail(self._soon[1], peers)
 
     def fail(self, decision: Decision, peers: dict[int, dict[str, Any]],
              store_lost: bool = False) -> None:

@@ -9,10 +9,16 @@ __all__ = ["Heartbeat", "LoaderInfo"]
 
 
 class LoaderInfo(TypedDict):
+    """One `for` site's current pass (progress.LoaderState)."""
+
     epoch: int
     batches: int
     len: int | None
     key: str | None
+    at: str | None              # the line that created the loader
+    end: str                    # "" open, "stop" ran out (StopIteration), "drop" left early
+    seq0: dict[str, int]        # group -> last collective enqueued when the pass began
+    done: list[list[Any]]       # recent passes that ran out: [key, len, batches]
 
 
 class Heartbeat(TypedDict, total=False):
@@ -33,7 +39,7 @@ class Heartbeat(TypedDict, total=False):
     t: float                    # wall clock
     state: str                  # running | exited | crashed
     error: str | None
-    mismatch: str | None        # what the loader-length check found
+    mismatch: str | None        # the loader-length notice, if lengths differed
     # The ledger and waiting
     ledger: dict[str, Any] | None   # group -> [last enqueued, last completed]
     blocked: bool

@@ -100,8 +100,7 @@ class Guard:
         self.peers = PeerTable(rank, self.host, self.config.heartbeat_interval,
                                self.config.dead_after)
         self.exchange = Exchange(self.store, self.ledger, rank, world_size, self.config)
-        self.lengths = LengthCheck(self.store, self.ledger, self.progress, rank, world_size,
-                                   self.config, lambda: self.status)
+        self.lengths = LengthCheck(self.store, self.ledger, rank, world_size, self.config)
         self.failure = Failure(self)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -117,7 +116,6 @@ class Guard:
         self.store.attach(self.client())
         self.board.create()
         self.progress.on_epoch = self.lengths.on_pass
-        self.progress.on_batch = self.lengths.on_batch
         install_hooks(self.progress)
         self.issue_sites.install()
         self.fault_log.start(self.config.report_dir, self.run_id, self.rank)
@@ -190,7 +188,7 @@ class Guard:
 
     @property
     def mismatch(self) -> str | None:
-        """What the loader-length check found, if anything."""
+        """The loader-length notice, if the ranks' lengths differed (never a stop by itself)."""
         return self.lengths.mismatch
 
     # -- store access (guard thread, and the failure path) -------------------------------------
@@ -381,14 +379,14 @@ class Guard:
             self.failure.follow(trigger, {})
             return
         self.exchange.serve(control)
-        decision = self.lengths.check()
+        self.lengths.check()
         peers: dict[int, dict[str, Any]] = {}
+        decision: Decision | None = None
         if self.board.judging(now):
             # Only the judge reads every heartbeat: traffic per tick stays linear in W.
             peers = self.read_peers()
             self.board.publish()
-            if decision is None:
-                decision = self.exchange.check(peers)
+            decision = self.exchange.check(peers)
             views = self._views(peers, now)
             if decision is None:
                 decision = decide(views, self.world_size,
@@ -400,11 +398,6 @@ class Guard:
         if decision is not None:
             if not peers:
                 peers = self.read_peers()
-            if decision.cause == "uneven_batches" and self._blocked_since is None:
-                # The training thread raises UnevenBatchesError at its next batch; the
-                # failure path below runs only if it does not get there in time.
-                self.failure.soon(decision, peers, wait=max(2.0, self.config.grace))
-                return
             self.failure.fail(decision, peers)
 
     def _views(self, peers: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .stacks import is_library_file
+from .timeline import BACKWARD, FORWARD, LOOP, Timeline
 
 __all__ = ["Progress", "LoaderState", "install_hooks", "uninstall_hooks", "UnevenBatchesError"]
 
@@ -26,21 +27,37 @@ log = logging.getLogger("ddpguard.guard")
 
 
 class UnevenBatchesError(RuntimeError):
-    """Ranks are about to iterate DataLoaders of different lengths: DDP would hang or, worse,
-    average gradients of different steps. Raised on every rank before the first batch."""
+    """Kept for scripts that catch it: the guard no longer raises it. Ranks whose loaders
+    differ in length get a notice; a stop comes only with proof of a hang (docs/guard.md)."""
+
+
+# Ended passes kept per `for` site: the current one and the few before it (a rank that ran
+# out starts its next pass while a peer still waits in the previous one).
+DONE_KEPT = 3
 
 
 class LoaderState:
     __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_ref",
-                 "key", "watch")
+                 "key", "at", "end", "seq0", "done", "drop")
 
     def __init__(self, site: str) -> None:
         self.site = site
         # Cross-rank identity of the loader object's current pass: its creation call chain,
         # which creation at that chain, and which pass over it (set at __iter__).
         self.key: str | None = None
-        # While set, each batch asks the guard whether the ranks agree on this pass's length.
-        self.watch = False
+        # The line that created the loader (file:line), for reports and notices.
+        self.at: str | None = None
+        # How the current pass ended: "" still open, "stop" (its iterator raised
+        # StopIteration: the rank has no batch left), "drop" (the iterator was dropped
+        # early: a `break`).
+        self.end = ""
+        # Per process group, the last collective enqueued when the pass began: a collective
+        # with a higher number was issued during the pass (empty without the ledger).
+        self.seq0: dict[str, int] = {}
+        # Ended passes at this site, newest last: [key, length, batches].
+        self.done: list[list[Any]] = []
+        # A weak reference to the pass's iterator, whose callback marks the pass dropped.
+        self.drop: Any = None
         self.length: int | None = None
         self.epoch = -1  # iterations started at this site
         self.batches = 0  # batches drawn in the current iteration
@@ -58,14 +75,15 @@ class Progress:
         self.steps = 0
         self.batches = 0
         self.forwards = 0
-        # Set by the guard thread on proof that the loaders differ; raised on the next batch.
-        self.abort: BaseException | None = None
+        # For the report's alignment of the ranks' collectives (timeline.py, align.py).
+        self.train_forwards = 0
+        self.backwards = 0
+        self.timeline = Timeline()
         self.epoch = 0
         self.steps_epoch = 0
         self._epoch_site: str | None = None
-        # Called from __iter__ with (state, loader); returns nothing or raises.
+        # Called from __iter__ with (state, loader); never raises into the training loop.
         self.on_epoch: Callable[[LoaderState, Any], None] | None = None
-        self.on_batch: Callable[[LoaderState], None] | None = None
         self.warned_set_epoch: set[str] = set()
         self.created: dict[str, int] = {}
 
@@ -82,6 +100,8 @@ class Progress:
             st = self.loaders[site] = LoaderState(site)
         st.epoch += 1
         st.batches = 0
+        st.end = ""
+        st.seq0 = {}
         try:
             st.length = len(loader)
         except TypeError:  # an IterableDataset without __len__: nothing to compare
@@ -99,29 +119,48 @@ class Progress:
             with contextlib.suppress(AttributeError):
                 loader._ddpguard_passes = n + 1
             st.key = f"{created}/{n}"
+            st.at = getattr(loader, "_ddpguard_created_at", None)
         else:
-            st.key = None
+            st.key = st.at = None
         _check_set_epoch(self, st, loader, site)
         if self.on_epoch is not None:
             self.on_epoch(st, loader)
         return st
 
     def batch(self, st: LoaderState) -> None:
-        if self.abort is not None:
-            err, self.abort = self.abort, None
-            raise err
-        if st.watch and self.on_batch is not None:
-            self.on_batch(st)
         st.batches += 1
         st.total += 1
         self.batches += 1
+        self.timeline.mark(self, LOOP)
+
+    def pass_ended(self, st: LoaderState, key: str | None, how: str) -> None:
+        """The pass `key` at this site ended: "stop" (no batch left) or "drop" (left early).
+        A dropped iterator of an older pass (the site has moved on) changes nothing."""
+        if st.key != key or st.end:
+            return
+        st.end = how
+        if how == "stop" and key is not None:
+            st.done = [*st.done[-(DONE_KEPT - 1):], [key, st.length, st.batches]]
 
     def step(self) -> None:
         self.steps += 1
         self.steps_epoch += 1
+        self.timeline.mark(self, LOOP)
 
-    def forward(self) -> None:
+    def forward(self, train: bool = False) -> None:
         self.forwards += 1
+        self.train_forwards += train
+        self.timeline.mark(self, FORWARD)
+
+    def forward_done(self) -> None:
+        self.timeline.mark(self, LOOP)
+
+    def backward(self) -> None:
+        self.backwards += 1
+        self.timeline.mark(self, BACKWARD)
+
+    def backward_done(self) -> None:
+        self.timeline.mark(self, LOOP)
 
     def total(self) -> int:
         """One number that moves whenever this rank does any training work."""
@@ -135,10 +174,13 @@ class Progress:
             "steps_epoch": self.steps_epoch,
             "batches": self.batches,
             "forwards": self.forwards,
+            "train_forwards": self.train_forwards,
+            "backwards": self.backwards,
             "epoch_batches": ep.batches if ep else 0,
             "epoch_len": ep.length if ep else None,
             "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length,
-                            "key": st.key}
+                            "key": st.key, "at": st.at, "end": st.end, "seq0": st.seq0,
+                            "done": st.done}
                         for s, st in self.loaders.items()},
         }
 
@@ -197,8 +239,9 @@ def _caller_site(depth: int) -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
-def _user_chain(depth: int) -> str:
-    """The user's frames (file:line, outermost first) that lead to this call, hashed short."""
+def _user_chain(depth: int) -> tuple[str, str | None]:
+    """The user's frames (file:line, outermost first) that lead to this call, hashed short,
+    and the innermost of them (the line that made the call)."""
     import hashlib
 
     f = sys._getframe(depth)
@@ -208,12 +251,19 @@ def _user_chain(depth: int) -> str:
             parts.append(f"{f.f_code.co_filename}:{f.f_lineno}")
         f = f.f_back  # type: ignore[assignment]
     text = ">".join(reversed(parts)) or "?"
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
+    return hashlib.sha1(text.encode()).hexdigest()[:12], (parts[0] if parts else None)
+
+
+def _dropped(prog: Progress, st: LoaderState, key: str | None) -> Callable[[Any], None]:
+    def on_drop(_ref: Any) -> None:
+        prog.pass_ended(st, key, "drop")
+    return on_drop
 
 
 def install_hooks(progress: Progress) -> None:
     """Point the process-wide hooks at `progress` (installing them on first use)."""
     global _current
+    import torch
     import torch.optim.optimizer as optim_mod
     from torch.utils.data import dataloader as dl
 
@@ -227,6 +277,7 @@ def install_hooks(progress: Progress) -> None:
         orig_iter = dl.DataLoader.__iter__
         orig_next = dl._BaseDataLoaderIter.__next__
         orig_fwd = DDP.forward
+        orig_bwd = torch.autograd.backward
 
         @functools.wraps(orig_init)
         def guarded_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -234,14 +285,32 @@ def install_hooks(progress: Progress) -> None:
             prog = _current
             if prog is not None and type(self).__init__ is not None:
                 with contextlib.suppress(Exception):
-                    self._ddpguard_created = prog.loader_created(_user_chain(2))
+                    chain, at = _user_chain(2)
+                    self._ddpguard_created = prog.loader_created(chain)
+                    self._ddpguard_created_at = at
 
         @functools.wraps(orig_fwd)
         def guarded_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             prog = _current
-            if prog is not None:
-                prog.forward()
-            return orig_fwd(self, *args, **kwargs)
+            if prog is None:
+                return orig_fwd(self, *args, **kwargs)
+            # A training forward (a backward is due after it) or an evaluation one.
+            prog.forward(bool(self.training and torch.is_grad_enabled()))
+            try:
+                return orig_fwd(self, *args, **kwargs)
+            finally:
+                prog.forward_done()
+
+        @functools.wraps(orig_bwd)
+        def guarded_backward(*args: Any, **kwargs: Any) -> Any:
+            prog = _current
+            if prog is None:
+                return orig_bwd(*args, **kwargs)
+            prog.backward()
+            try:
+                return orig_bwd(*args, **kwargs)
+            finally:
+                prog.backward_done()
 
         def guarded_iter(self: Any) -> Any:
             it = orig_iter(self)
@@ -250,10 +319,21 @@ def install_hooks(progress: Progress) -> None:
                 st = prog.loader_iter(_caller_site(2), self)
                 with contextlib.suppress(AttributeError):  # an iterator with __slots__
                     it._ddpguard_state = st  # type: ignore[attr-defined]
+                with contextlib.suppress(TypeError):  # an iterator without weak references
+                    # A `for` left by `break` drops its iterator: the pass is over for this
+                    # rank although no StopIteration was seen.
+                    st.drop = weakref.ref(it, _dropped(prog, st, st.key))
             return it
 
         def guarded_next(self: Any) -> Any:
-            item = orig_next(self)
+            try:
+                item = orig_next(self)
+            except StopIteration:
+                prog = _current
+                st = getattr(self, "_ddpguard_state", None)
+                if prog is not None and st is not None:
+                    prog.pass_ended(st, st.key, "stop")
+                raise
             prog = _current
             st = getattr(self, "_ddpguard_state", None)
             if prog is not None and st is not None:
@@ -269,6 +349,8 @@ def install_hooks(progress: Progress) -> None:
         DDP.forward = guarded_forward  # type: ignore[method-assign]
         _saved["init"] = orig_init
         _saved["fwd"] = orig_fwd
+        torch.autograd.backward = guarded_backward  # Tensor.backward calls it by this name
+        _saved["bwd"] = orig_bwd
         dl.DataLoader.__iter__ = guarded_iter  # type: ignore[method-assign]
         dl._BaseDataLoaderIter.__next__ = guarded_next  # type: ignore[method-assign]
         _saved["iter"] = orig_iter
@@ -279,6 +361,7 @@ def install_hooks(progress: Progress) -> None:
 def uninstall_hooks(progress: Progress | None = None) -> None:
     """Restore torch's classes; with `progress`, only if it is still the current one."""
     global _current
+    import torch
     from torch.utils.data import dataloader as dl
 
     with _lock:
@@ -291,6 +374,7 @@ def uninstall_hooks(progress: Progress | None = None) -> None:
 
         dl.DataLoader.__init__ = _saved.pop("init")  # type: ignore[method-assign]
         DDP.forward = _saved.pop("fwd")  # type: ignore[method-assign]
+        torch.autograd.backward = _saved.pop("bwd")
         dl.DataLoader.__iter__ = _saved.pop("iter")  # type: ignore[method-assign]
         dl._BaseDataLoaderIter.__next__ = _saved.pop("next")  # type: ignore[method-assign]
         _saved.pop("step").remove()

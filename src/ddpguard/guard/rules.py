@@ -6,7 +6,8 @@ A view (one rank's heartbeat, as published) holds: rank, state ('running' | 'exi
 'crashed'), gone (dead, exited or crashed: set by the caller from pids and silence), blocked
 (waiting inside a collective with no sign of life since it started), blocked_for (s), pending
 (the ledger entries it waits on; empty without the flight recorder), quiet (s since its last
-sign of life), life (the kind of that sign), doing and where (what its training thread does).
+sign of life), life (the kind of that sign), doing and where (what its training thread does),
+loaders (each `for` site's current pass; uneven.py reads them).
 Tested in one process at many ranks with made-up views.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .ledger import cross_wait, describe_entry, first_pending, pending_mismatch
+from .uneven import uneven_proof
 
 __all__ = ["Decision", "decide", "notice_due"]
 
@@ -49,6 +51,13 @@ def decide(views: Mapping[int, View], world_size: int, *, grace: float, no_life:
     running = {r: v for r, v in views.items() if not v.get("gone")}
     gone = sorted(r for r, v in views.items() if v.get("gone"))
     blocked = {r: v for r, v in running.items() if v.get("blocked")}
+
+    # 0. A rank ran out of batches and will not join the collective a rank with more batches
+    # waits in (uneven.py). It needs the same proof as the rules below (a gone peer, or two
+    # ranks blocked where neither can move), so it only names the cause they would miss.
+    uneven = uneven_proof(views, world_size, grace=grace, members=members)
+    if uneven is not None:
+        return Decision("uneven_batches", uneven.reason, uneven.finished)
 
     # 1. A rank waits in a collective that a peer can no longer join.
     settled = [r for r, v in blocked.items() if v.get("blocked_for", 0.0) >= grace]

@@ -1,0 +1,206 @@
+"""Proof that unequal loaders hang the job, from the ranks' states alone. Pure.
+
+Unequal loader lengths are legal when the program handles them: under torch's Join the ranks
+that ran out shadow the others' collectives, and a loop whose ranks agree on when to stop
+(an all_reduce of "I still have data" each step) makes every rank leave together. In both,
+nobody stays blocked. The proof therefore needs all of:
+
+- a rank W blocked (the monitor's notion: pending in a collective, sitting still) for at least
+  `grace` seconds, in a collective it issued during an open pass over a DataLoader (its number
+  is past the ledger's position when the pass began; without the ledger: W has drawn a batch
+  of the pass);
+- a rank F whose pass over the same loader (same creation, same pass number) ended with
+  StopIteration and was shorter than W's (fewer batches by length, or by count where the
+  loader has no length);
+- F will not join W's collective: F is gone (exited, crashed, dead), or F is blocked itself in
+  a collective that cannot pair with W's: the same number with a different operation or size,
+  or one of a group W belongs to that W is not in.
+
+A rank that ran out and is still working (a slow step before its agreement all_reduce, Join's
+shadow loop between two collectives) is never proof: it may yet join.
+
+A view is one rank's heartbeat as rules.py reads it (blocked, blocked_for, pending, gone,
+state_text, where, loaders: {site: {key, len, batches, at, end, seq0, done}}).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .ledger import Entry, describe_entry, first_pending, signature
+from .stacks import short_path
+
+__all__ = ["UnevenProof", "uneven_proof", "counts_text", "short_path_of"]
+
+View = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnevenProof:
+    reason: str
+    waiting: int
+    finished: tuple[int, ...]
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ended:
+    length: int | None
+    batches: int
+    site: str
+    at: str | None
+
+
+def counts_text(lengths: Sequence[int | None]) -> str:
+    """'rank 0: 8, rank 1: 7' (at most 8 ranks), else grouped: '8 on ranks 0-5, 7; 7 on ...'."""
+    if len(lengths) <= 8:
+        return ", ".join(f"rank {r}: {n if n is not None else '?'}"
+                         for r, n in enumerate(lengths))
+    by: dict[int | None, list[int]] = {}
+    for r, n in enumerate(lengths):
+        by.setdefault(n, []).append(r)
+    parts = []
+    for n, ranks in sorted(by.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
+        parts.append(f"{n if n is not None else '?'} on {_ranges(ranks)}")
+    return "; ".join(parts)
+
+
+def _ranges(ranks: list[int]) -> str:
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(out)
+
+
+def short_path_of(site: str) -> str:
+    """'file:line' with the file as the user knows it."""
+    path, _, line = site.rpartition(":")
+    return f"{short_path(path)}:{line}" if path else site
+
+
+def _site(text: str | None) -> str:
+    return short_path_of(text) if text else "?"
+
+
+def _open_passes(v: View) -> list[tuple[str, Mapping[str, Any]]]:
+    return [(site, info) for site, info in sorted((v.get("loaders") or {}).items())
+            if info.get("key") and not info.get("end")]
+
+
+def _ended(v: View, key: str) -> _Ended | None:
+    """The pass `key` as rank v ended it by running out (StopIteration), if it did."""
+    for site, info in (v.get("loaders") or {}).items():
+        for done in info.get("done") or []:
+            if done[0] == key:
+                return _Ended(done[1], int(done[2]), site, info.get("at"))
+    return None
+
+
+def _issued_in_pass(info: Mapping[str, Any], first: Entry | None) -> bool:
+    seq0 = info.get("seq0") or {}
+    if first is None or not seq0:
+        return int(info.get("batches") or 0) >= 1
+    if first[1] < 0:
+        return False  # a process-group set-up wait, not a collective of the loop
+    return bool(first[1] > seq0.get(first[0], -1))
+
+
+def _longer(info: Mapping[str, Any], ended: _Ended) -> bool:
+    if info.get("len") is not None and ended.length is not None:
+        return int(info["len"]) > ended.length
+    return int(info.get("batches") or 0) > ended.batches
+
+
+def _wont_join(f: View, first: Entry | None, w: int, w_pending: Sequence[Entry],
+               members: Mapping[str, Sequence[int]], world_size: int) -> bool:
+    """Rank f can never join the collective `first` that rank w waits in."""
+    if f.get("gone"):
+        return True
+    if not f.get("blocked") or first is None:
+        return False  # still working: it may yet join (Join's shadows, an agreement)
+    mine = [e for e in f.get("pending") or [] if e[1] >= 0]
+    for e in mine:
+        if (e[0], e[1]) == (first[0], first[1]):
+            # It issued the same number: a proof only if they cannot pair.
+            return signature(e) != signature(first)
+    ef = first_pending(mine)
+    if ef is None:
+        return False
+    if w not in (members.get(ef[0]) or range(world_size)):
+        return False  # it waits for other ranks, who may release it
+    # It waits for w in a collective w is not in: each waits for the other.
+    return not any((p[0], p[1]) == (ef[0], ef[1]) and signature(p) == signature(ef)
+                   for p in w_pending)
+
+
+def _how(f: View) -> str:
+    if f.get("gone"):
+        return str(f.get("state_text") or f.get("state") or "is gone")
+    first = first_pending(f.get("pending") or [])
+    what = describe_entry(first) if first else "a collective"
+    return f"waits in {what} at {f.get('where', '?')}"
+
+
+def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
+                 members: Mapping[str, Sequence[int]] | None = None) -> UnevenProof | None:
+    """The first waiting rank (lowest) for which the proof holds, with every rank that ran out
+    and will not join; None means no proof."""
+    members = members or {}
+    for w in sorted(views):
+        vw = views[w]
+        if vw.get("gone") or not vw.get("blocked") or vw.get("blocked_for", 0.0) < grace:
+            continue
+        pending = list(vw.get("pending") or [])
+        first = first_pending(pending)
+        for site, info in _open_passes(vw):
+            if not _issued_in_pass(info, first):
+                continue
+            key = str(info["key"])
+            finished: list[tuple[int, _Ended]] = []
+            for f in sorted(views):
+                if f == w:
+                    continue
+                ended = _ended(views[f], key)
+                if (ended is not None and _longer(info, ended)
+                        and _wont_join(views[f], first, w, pending, members, world_size)):
+                    finished.append((f, ended))
+            if finished:
+                return UnevenProof(_reason(views, w, site, info, first, finished), w,
+                                   tuple(f for f, _ in finished), key)
+    return None
+
+
+def _reason(views: Mapping[int, View], w: int, site: str, info: Mapping[str, Any],
+            first: Entry | None, finished: list[tuple[int, _Ended]]) -> str:
+    f, ended = finished[0]
+    at = info.get("at") or ended.at
+    loader = (f"the DataLoader created at {_site(at)} (`for` at {_site(site)})" if at
+              else f"the DataLoader iterated at {_site(site)}")
+    others = [r for r, _ in finished[1:]]
+    also = f" (so did rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" \
+        if others else ""
+    what = f"{describe_entry(first)}" if first else "a collective"
+    of = f" of {info['len']}" if info.get("len") is not None else ""
+    key = str(info["key"])
+    counts: list[int | None] = []
+    for r in range(max(views) + 1):
+        e = _ended(views[r], key) if r in views else None
+        if e is not None:
+            counts.append(e.length if e.length is not None else e.batches)
+            continue
+        cur = next((i for _, i in _open_passes(views[r]) if i.get("key") == key), None) \
+            if r in views else None
+        counts.append(None if cur is None else cur.get("len"))
+    return (f"rank {f} ran out of batches in {loader} after {ended.batches} batches and "
+            f"{_how(views[f])}{also}, while rank {w}, at batch {info.get('batches')}{of} of "
+            f"the same pass, waits in {what} issued during the pass at "
+            f"{views[w].get('where', '?')}, which rank {f} will never join. Batches per rank: "
+            f"{counts_text(counts)}")
