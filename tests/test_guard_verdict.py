@@ -96,11 +96,14 @@ def test_verdict_reaches_the_user_through_silenced_ranks(case, side, tmp_path):
 
 
 @slow
-def test_error_raised_by_the_guard_inside_a_rank_is_the_same_verdict(tmp_path):
-    # The loader-length check raises UnevenBatchesError in the training thread: on ranks whose
-    # print is replaced this used to end with exit 1 and a TypeError out of the bootstrap.
+def test_unequal_loaders_through_silenced_ranks_are_the_same_verdict(tmp_path):
+    # Rank 1 runs out of batches and waits in the final barrier, which rank 0's all_reduce
+    # of its extra batch can never pair with: the uneven proof, with the loop's line, although
+    # both ranks' output is silenced (the notice before it goes through the same channel).
     res, _ = run_job("uneven", "0:print+streams,1:print+fd2", tmp_path)
-    check_verdict(res, tmp_path, "uneven_batches", None, ["rank 0: 4, rank 1: 3"])
+    check_verdict(res, tmp_path, "uneven_batches", [1],
+                  ["rank 0: 4, rank 1: 3", f"`for` at {line_of('verdict: uneven loader')}"])
+    assert "ddpguard: notice: the DataLoader" in res.stderr, res.stderr[-3000:]
 
 
 @slow
