@@ -35,8 +35,8 @@ class Rule:
     fix: str
     rationale: str = ""
     default: bool = True
-    # Not yet proven on code nobody here wrote (issue 20: a default rule needs 90 %
-    # first-contact precision on blind halves): on only with `--preview`, as ruff does.
+    # Not yet proven on code nobody here wrote (a default rule needs 90 % precision on its
+    # first findings in unseen code): on only with `--preview`, as ruff does.
     preview: bool = False
     check: Check | None = None
 

@@ -14,8 +14,6 @@ classes whose callee then differs is left to the callee's own comparison (report
 from __future__ import annotations
 
 import ast
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -23,12 +21,26 @@ from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split,
 from .consistent import marked, paths_agree
 from .context import Func, ModuleInfo, dotted
 from .projection import Item, Seq, project
-from .ranks import NODE_LEADERS, OTHERS, RANK0, TRUE, RankClass
-from .schedule import STUB
+from .ranks import NODE_LEADERS, OTHERS, RANK0, RankClass
+from .sequences import (
+    _OPS,
+    _colls,
+    _early_exit,
+    _ev_line,
+    _first,
+    _line,
+    _no_grad,
+    _no_yield,
+    _op_events,
+    _show,
+    _v,
+    _what,
+    _who,
+    ops,
+)
+from .statements import STUB
 
-_OPS = ("coll", "fwd")
 _EXIT_CODES = ("DDP019", "DDP022")
-_EXITS = ("exit", "mayexit")
 
 
 @dataclass(frozen=True)
@@ -188,10 +200,6 @@ def _retry(mine: Seq, theirs: Seq) -> bool:
         (a[0][0].ev.op, a[0][0].ev.line) == (b[0][0].ev.op, b[0][0].ev.line)
 
 
-def _ev_line(it: Item) -> int:
-    return it.ev.line if it.ev is not None else -1
-
-
 def _exclusive(info: ModuleInfo, root: Func | None, line: int, site: int) -> bool:
     """The exit at `line` and the collective reached at `site` sit behind tests on the same
     non-rank value (`if not fsdp_eval and not is_rank0: return` ... `if fsdp_eval:
@@ -247,140 +255,6 @@ def _names(test: ast.expr) -> set[str]:
     return out
 
 
-def ops(seq: Seq) -> tuple[object, ...]:
-    """What a class does that the other ranks wait on, in order: collectives and forwards,
-    with the calls they sit behind inlined and everything else (exits, writes) left out. A
-    branch or loop stays only where its arms differ in that respect."""
-    out: list[object] = []
-    for it in seq:
-        if it.ev is not None:
-            if it.ev.kind in _OPS:
-                out.append(it.key)
-        elif it.kind == "call":
-            out.extend(ops(it.arms[0]) if it.arms else ())
-        elif it.kind == "loop":
-            body = ops(it.arms[0])
-            if body:
-                out.append(("l", body))
-        else:
-            arms = tuple(ops(a) for a in it.arms)
-            if any(arms):
-                if all(a == arms[0] for a in arms):
-                    out.extend(arms[0])
-                else:
-                    out.append(("a", arms))
-    return tuple(out)
-
-
-def _no_yield(seq: Seq) -> Seq:
-    return tuple(i for i in seq if i.ev is None or i.ev.kind != "yield")
-
-
-def _first(seq: Seq, kinds: tuple[str, ...], via: tuple[int, ...] = ()
-           ) -> tuple[Item, tuple[int, ...]] | None:
-    """The first event of `kinds` (collectives, forwards) in `seq`, and the call sites it
-    sits behind."""
-    for it in seq:
-        if it.ev is not None:
-            if it.ev.kind in kinds:
-                return it, via
-            continue
-        for arm in it.arms:
-            hit = _first(arm, kinds, via + ((it.site,) if it.kind == "call" else ()))
-            if hit is not None:
-                return hit
-    return None
-
-
-def _op_events(seq: Seq, via: tuple[int, ...] = ()
-               ) -> list[tuple[object, tuple[Item, tuple[int, ...]]]]:
-    """What the other ranks wait on, in order, with calls opened up (a branch or loop that
-    holds some stays one entry): (key, (first event, call sites))."""
-    out: list[tuple[object, tuple[Item, tuple[int, ...]]]] = []
-    for it in seq:
-        if it.ev is not None:
-            if it.ev.kind in _OPS:
-                out.append((it.key, (it, via)))
-        elif it.kind == "call":
-            out.extend(_op_events(it.arms[0] if it.arms else (), via + (it.site,)))
-        else:
-            key = ops((it,))
-            first = _first((it,), _OPS, via)
-            if key and first is not None:
-                out.append((key, first))
-    return out
-
-
-def _colls(seq: Seq, via: tuple[int, ...] = ()) -> list[tuple[Item, tuple[int, ...]]]:
-    """Every collective of `seq` in order, through calls, branches and loops (a few)."""
-    out: list[tuple[Item, tuple[int, ...]]] = []
-    for it in seq:
-        if it.ev is not None:
-            if it.ev.kind == "coll":
-                out.append((it, via))
-        else:
-            for arm in it.arms:
-                out.extend(_colls(arm, via + ((it.site,) if it.kind == "call" else ())))
-        if len(out) >= 8:
-            break
-    return out
-
-
-def _early_exit(seq: Seq, in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
-    """The first exit of `seq` itself (not of a callee, not a loop's `continue`) that comes
-    before anything the other ranks wait on; None once such a collective or forward comes."""
-    for it in seq:
-        if it.ev is not None:
-            if it.ev.kind in _OPS:
-                return None
-            if it.ev.kind in _EXITS and not (in_loop and it.ev.op in ("continue", "break")):
-                return it, ()
-            continue
-        if it.kind != "call":
-            for arm in it.arms:
-                hit = _early_exit(arm, in_loop or it.kind == "loop")
-                if hit is not None:
-                    return hit
-        if ops((it,)):
-            return None
-    return None
-
-
-def _who(cls: RankClass, it: Item) -> str:
-    if it.cond is None:
-        return cls.name
-    test, value = it.cond
-    return f"{cls.name} (`{ast.unparse(test)}` is {'true' if value == TRUE else 'false'})"
-
-
-def _v(cls: RankClass, verb: str) -> str:
-    """`rank 0 reaches`, `ranks > 0 reach`."""
-    if cls.name.startswith("ranks") or cls.name.startswith("local rank 0 of"):
-        return verb
-    return {"reach": "reaches", "go": "goes", "leave": "leaves", "skip": "skips",
-            "can": "can"}.get(verb, verb + "s")
-
-
-def _what(it: Item, via: tuple[int, ...], here: str = "") -> str:
-    ev = it.ev
-    assert ev is not None
-    name = f"{ev.op}()" if ev.kind == "coll" else f"a forward of the DDP model `{ev.text}`"
-    where = f"line {ev.line}"
-    if via and ev.path and here and ev.path != here:
-        where = f"{os.path.basename(ev.path)}:{ev.line}"
-    if via and via[0] != ev.line:
-        where += f" (through the call at line {via[0]})"
-    return f"{name} at {where}"
-
-
-def _line(it: Item, via: tuple[int, ...]) -> int:
-    ev = it.ev
-    assert ev is not None
-    if ev.kind == "fwd" or not via:
-        return ev.line
-    return via[0]
-
-
 def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
             out: list[Divergence], here: str = "", then_a: Seq = (), then_b: Seq = ()) -> None:
     ea, eb = _first(a, _OPS), _first(b, _OPS)
@@ -415,7 +289,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                 # whole job down when one rank fails, so nothing waits for long; only
                 # launchers that let the others run (srun without --kill-on-bad-exit) leave
                 # them in the collective until the timeout. DDP022 (off by default), not
-                # DDP019 (issue 20, round 11: a rank-0 `raise` judged false on first contact).
+                # DDP019 (reviewers judged a rank-0 `raise` reported as DDP019 false).
                 code = "DDP022" if ex.kind == "mayexit" or ex.op == "raise" else "DDP019"
                 out.append(Divergence(code, _line(*x), message, line, site,
                                       tuple(partners)))
@@ -468,25 +342,6 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                           other_line, no_grad=code == "DDP006" and _no_grad(a, it)))
 
 
-def _no_grad(seq: Seq, target: Item) -> bool:
-    """`target` (a forward) runs under `torch.no_grad()`: its own line, or a call on the way
-    down to it, sits in such a block or a function so decorated."""
-    for it in seq:
-        if it is target:
-            return bool(it.ev is not None and it.ev.no_grad)
-        for arm in it.arms:
-            if any(x is target for x in _walk(arm)):
-                return it.no_grad or _no_grad(arm, target)
-    return False
-
-
-def _walk(seq: Seq) -> Iterator[Item]:
-    for it in seq:
-        yield it
-        for arm in it.arms:
-            yield from _walk(arm)
-
-
 def _pairs_with_a_forward(eb: tuple[Item, tuple[int, ...]] | None, b: Seq, rest_b: Seq,
                           k: int, then_b: Seq) -> bool:
     """What the other class waits in next is a forward of the wrapper: in its own arm, after
@@ -509,8 +364,3 @@ def explain(info: ModuleInfo, func: Func | None = None) -> str:
     return "\n".join(lines)
 
 
-def _show(it: Item) -> str:
-    if it.ev is not None:
-        return f"{it.ev.op}@{it.ev.line}"
-    inner = " | ".join(", ".join(_show(i) for i in arm) for arm in it.arms)
-    return f"{it.kind}[{inner}]"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from .context import Func, ModuleInfo, dotted
 from .ranks import FALSE, TRUE, UNKNOWN, RankClass, _const, evaluate_test
-from .schedule import MAX_DEPTH, CallerParam, CallN, Ev, IfN, LoopN, builder
+from .schedule import MAX_DEPTH, builder
+from .schedule_nodes import CallerParam, CallN, Ev, IfN, LoopN
 
 # -- projected items ------------------------------------------------------------------------
 Cond = tuple[ast.expr, int] | None

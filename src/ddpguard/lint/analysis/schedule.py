@@ -12,7 +12,6 @@ contribute nothing, never a collective.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 from typing import Any
 
 from .callgraph import (
@@ -29,6 +28,15 @@ from .paths import per_rank_path, rank_dependent
 from .provenance import GLOBAL, LOCAL, rank_only
 from .ranks import FALSE, RANK0, UNKNOWN, _const, evaluate_test, splits
 from .runtime_tests import fallback, in_a_rank, received
+from .schedule_nodes import CallerParam, CallN, Ev, IfN, LoopN
+from .statements import (
+    STUB,
+    _grad_off,
+    _memoised,
+    _narrowing,
+    _stub,
+    _tested_names,
+)
 
 _EXIT_CALLS = {"sys.exit", "exit", "quit", "os._exit"}
 _EXIT_LASTS = {"exit", "quit", "_exit"}
@@ -40,62 +48,6 @@ _SKIP = {ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef}
 _SIMPLE = {ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.Pass,
            ast.Delete, ast.Global, ast.Nonlocal}
 _TRY_STAR = getattr(ast, "TryStar", None)
-
-
-# -- the tree built once per function -------------------------------------------------------
-@dataclass(frozen=True)
-class CallerParam:
-    """A callee parameter bound to the caller's own parameter: its value is known only where
-    the caller's caller passed a literal (a marker of its own: a literal may be a tuple).
-    `negate`: the argument was `not param` (`convert(is_training=not evaluate)`)."""
-    name: str
-    negate: bool = False
-
-
-@dataclass(slots=True)
-class Ev:
-    kind: str          # coll fwd pcall write exit mayexit yield
-    op: str
-    line: int
-    text: str = ""     # the collective's group, the forwarded model, the written path
-    per_rank: bool = False
-    path: str = ""     # the file it is in (a callee may sit in another file)
-    names: frozenset[str] = frozenset()   # the plain names a written path is built from
-    no_grad: bool = False   # a forward under `torch.no_grad()` / `inference_mode()`
-
-
-@dataclass(slots=True)
-class IfN:
-    test: ast.expr
-    body: list[object]
-    orelse: list[object]
-    split: bool
-    line: int
-    fixed: int   # TRUE/FALSE for launch-mode tests (`if args.distributed:`), else UNKNOWN
-    fallback: bool = False   # `if found is None:` after a search (runtime_tests.fallback)
-    received: bool = False   # reads what a collective delivered (runtime_tests.received)
-
-
-@dataclass(slots=True)
-class LoopN:
-    body: list[object]
-    line: int
-
-
-@dataclass(slots=True)
-class CallN:
-    site: int
-    target: tuple[ModuleInfo, Func]
-    bind: dict[str, tuple[str, str]]   # callee parameter -> ("ddp", name) | ("param", name)
-    ctx_body: list[object] | None = None   # `with helper(): body` on a generator helper
-    # callee parameter the callee's own tests read -> a literal (True, False, None, a number,
-    # a string, a tuple) or CallerParam(name): `load_data(args, evaluate=True)`
-    consts: dict[str, object] = field(default_factory=dict)
-    # callee parameters whose argument here is a per-rank path (`f"best_w{rank}.th"`, or a
-    # name assigned one): a write to that parameter writes one file per rank
-    per_rank: frozenset[str] = frozenset()
-    no_grad: bool = False   # the call sits under `torch.no_grad()` in the caller
-    via_self: bool = False  # `self.method(...)`: the callee's `self` is the caller's
 
 
 class Builder:
@@ -376,70 +328,8 @@ class Builder:
         return out
 
 
-def _tested_names(info: ModuleInfo, fn: Func) -> frozenset[str]:
-    """The parameters of `fn` that its own `if` tests read, or that it passes on whole to a
-    call (where the callee's tests may read them)."""
-    key = ("tested", id(fn))
-    hit = info._memo.get(key)
-    if hit is None:
-        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
-        read: set[str] = set()
-        for st in ast.walk(fn):
-            if isinstance(st, ast.If):
-                read.update(n.id for n in ast.walk(st.test) if isinstance(n, ast.Name))
-            elif isinstance(st, ast.Call):
-                for a in [*st.args, *(k.value for k in st.keywords)]:
-                    if isinstance(a, ast.UnaryOp) and isinstance(a.op, ast.Not):
-                        a = a.operand  # `is_training=not evaluate`
-                    if isinstance(a, ast.Name):
-                        read.add(a.id)
-        hit = info._memo[key] = frozenset(read & params)
-    return hit  # type: ignore[return-value]
-
-
-def _narrowing(test: ast.expr) -> bool:
-    """`assert x is not None`, `assert isinstance(x, T)`: written for the type checker about
-    a value the code just made; counting them as exits buries the asserts that can fire."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return all(_narrowing(v) for v in test.values)
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        right = test.comparators[0]
-        return isinstance(test.ops[0], ast.IsNot) and isinstance(right, ast.Constant) \
-            and right.value is None
-    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
-        test.func.id in ("isinstance", "callable", "hasattr")
-
-
-STUB = "raise NotImplementedError"
-_MEMO_DECORATORS = {"cache", "lru_cache", "cached", "memoize", "memoized", "cached_property"}
 _LEADER_TEST = {GLOBAL: ast.Call(ast.Name("is_main_process", ast.Load()), [], []),
                 LOCAL: ast.Call(ast.Name("is_local_main_process", ast.Load()), [], [])}
-
-
-def _grad_off(node: ast.expr) -> bool:
-    """`torch.no_grad()`, `torch.inference_mode()`, `torch.set_grad_enabled(False)` (as a
-    context or a decorator)."""
-    call = node if isinstance(node, ast.Call) else None
-    name = dotted(call.func if call is not None else node) or ""
-    last = name.rsplit(".", 1)[-1]
-    if last in ("no_grad", "inference_mode"):
-        return True
-    return last == "set_grad_enabled" and call is not None and bool(call.args) and \
-        isinstance(call.args[0], ast.Constant) and call.args[0].value is False
-
-
-def _stub(exc: ast.expr | None) -> bool:
-    if isinstance(exc, ast.Call):
-        exc = exc.func
-    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
-
-
-def _memoised(fn: Func) -> bool:
-    for d in fn.decorator_list:
-        name = dotted(d.func if isinstance(d, ast.Call) else d) or ""
-        if name.rsplit(".", 1)[-1] in _MEMO_DECORATORS:
-            return True
-    return False
 
 
 def builder(info: ModuleInfo) -> Builder:
@@ -449,4 +339,4 @@ def builder(info: ModuleInfo) -> Builder:
     return hit  # type: ignore[return-value]
 
 
-__all__ = ["Builder", "CallN", "Ev", "IfN", "LoopN", "builder"]
+__all__ = ["Builder", "builder"]

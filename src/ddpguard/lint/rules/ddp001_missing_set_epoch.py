@@ -1,4 +1,20 @@
-"""DDP001 missing-set-epoch."""
+"""DDP001 set_epoch missing.
+
+A shuffling DistributedSampler feeds a loop over epochs (directly, or through a helper such as
+`train_one_epoch(loader)` that iterates that parameter) and nothing in that loop calls
+`set_epoch` on it: every epoch repeats the same order. A `shuffle=False` (validation) sampler
+needs none; a helper called inside the batch loop (`adjust_lr(loader, step)`) is no epoch. Nor
+reported: a set_epoch in a method the epoch loop calls by name on another object (a hook's
+`before_epoch`, `for h in self.hooks: h.before_epoch(epoch)`), a sampler made afresh each epoch
+with a seed that is not a constant (`DistributedSampler(ds, seed=epoch)`), and a sampler class
+of the file that moves its own epoch on (`self.epoch += 1` in `__iter__`). Also not: a loop over
+datasets that makes a fresh sampler over its own item (`for subset in dsets:
+DistributedSampler(subset)`), a fresh sampler each epoch over data the same loop rebuilt with
+`shuffle=True`, a batch loop that only computes under no_grad and never steps (features for a
+linear probe: the order changes nothing), and a `__main__` script that calls nothing that could
+form a process group (its DistributedSampler raises before the first epoch). Pitfall in
+[pitfalls.md](pitfalls.md). Fix: `sampler.set_epoch(epoch)` first in each epoch.
+"""
 
 from __future__ import annotations
 
@@ -78,9 +94,9 @@ def _func_reaches(info: ModuleInfo, fn: Func, targets: list[CallRec], depth: int
       'call sampler.set_epoch(epoch) at the top of every epoch',
       preview=True)
 def ddp001(info: ModuleInfo) -> Iterator[Hit]:
-    """Every epoch repeats the first epoch's order. A preview rule since issue 20's twelfth
-    round: on the blind halves its first-contact findings were 1 true, 2 false, 1 debatable
-    (docs/benchmarks/lint_real.md), below the 90 % a default rule needs."""
+    """Every epoch repeats the first epoch's order. A preview rule: on unseen
+    code its first findings were 1 true, 2 false, 1 debatable (docs/benchmarks/lint_real.md),
+    below the 90 % a default rule needs."""
     hits = list(_ddp001(info))
     if hits and not _never_forms_a_group(info):
         yield from hits
@@ -207,8 +223,7 @@ def _never_forms_a_group(info: ModuleInfo) -> bool:
     `setup(rank)`, `deepspeed.initialize`), nothing it spawns. A DistributedSampler there
     raises "Default process group has not been initialized" before the first epoch, so a
     missing set_epoch never matters (CodeBERT's UniXcoder code completion, whose distributed
-    arm wraps in apex's DDP and never calls init_process_group: an issue-20 round-9 blind
-    false positive)."""
+    arm wraps in apex's DDP and never calls init_process_group)."""
     if not info.has_main:
         return False
     for name in info.call_lasts():
@@ -406,5 +421,14 @@ def _msg001(sampler: ast.Call) -> str:
     return (f"the DistributedSampler created on line {sampler.lineno} drives this epoch loop "
             "but set_epoch is never called in it: every epoch repeats the same order")
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+sampler = DistributedSampler(dataset)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+for epoch in range(epochs):
+    for batch in loader:  # every epoch sees the first epoch's order
+        train_step(batch)
+"""
 
 RULE = ddp001

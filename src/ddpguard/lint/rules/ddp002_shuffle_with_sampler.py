@@ -1,4 +1,8 @@
-"""DDP002 shuffle-with-sampler."""
+"""DDP002 shuffle=True with a sampler.
+
+`DataLoader(..., sampler=..., shuffle=True)`: torch raises ValueError (mutually exclusive).
+Pitfall in [pitfalls.md](pitfalls.md). Fix: drop `shuffle`; the sampler shuffles.
+"""
 
 from __future__ import annotations
 
@@ -27,5 +31,10 @@ def ddp002(info: ModuleInfo) -> Iterator[Hit]:
             yield call, "DDP002", (f"DataLoader gets {which[0]}= and shuffle=True: "
                                    "torch raises ValueError (they are mutually exclusive)")
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+loader = DataLoader(dataset, sampler=DistributedSampler(dataset), shuffle=True)
+"""
 
 RULE = ddp002

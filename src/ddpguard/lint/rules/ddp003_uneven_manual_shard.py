@@ -1,4 +1,21 @@
-"""DDP003 uneven-manual-shard."""
+"""DDP003 uneven manual shard.
+
+Data cut by hand: `items[rank::world_size]`, `np.array_split(x, world_size)[rank]` (also
+`chunk`/`split`/`tensor_split`). Not reported where the list was padded to a multiple of the
+world size just above, where it comes from `tensor_split(n)`/`array_split(x, n)` with `n` a
+multiple of the world size (they always return `n` pieces, some empty; `chunk` may return
+fewer), or where any file on the command line trains under DDP's `model.join()` (or torch's
+`Join`), which handles uneven inputs. When the length does not divide by the world size the
+ranks get different sample counts, run different numbers of steps, and the extra step's
+all-reduce hangs. Not reported for torch's `DistributedSampler`: it pads (or, with
+`drop_last=True`, trims) so every rank gets the same number of samples and the same last batch,
+whatever `drop_last` (field reports blame `drop_last=False`; that is not what made their ranks
+diverge). Also not reported where the list grows from itself before the cut (`indices +=
+indices[:total - len(indices)]`, torch's own sampler arithmetic) or the share's length is
+asserted right after. Fix: DistributedSampler, or pad/trim every shard to the same length. Off
+by default: on real code it was right 0 times in 11 (the shards were even, or fed loops without
+collectives and a size-aware gather). `--extend-select DDP003`.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +42,7 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     `np.array_split(data, world_size)[rank]` do not when the length does not divide. Code
     that trains under DDP's `join` (in any file linted with it) handles uneven inputs.
 
-    Off by default since issue 20's fourth round: on real code the shards it found were even
+    Off by default: on real code the shards it found were even
     (padded by the sampler's own arithmetic) or fed loops without collectives followed by a
     size-aware gather, 0 true in 11 findings over every corpus. `--extend-select DDP003`."""
     file_set = info.file_set
@@ -153,5 +170,10 @@ def _msg003(expr: str) -> str:
             "ranks get different numbers of samples, so they run different numbers of steps "
             "and the extra step's all-reduce hangs")
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+shard = items[rank::world_size]  # len(items) % world_size ranks get one more
+"""
 
 RULE = ddp003

@@ -1,4 +1,25 @@
-"""DDP004 rank-dependent-step-count."""
+"""DDP004 rank-dependent step counts.
+
+A `collate_fn` that can return `None`, or a loop over a DataLoader (or a name like `*loader`)
+that `continue`s/`break`s on an empty/None batch and syncs every step (a backward, an optimizer
+step or a collective, in the loop or in a function of the file it calls): ranks do different
+numbers of steps and the all-reduce hangs. Loops over anything else (`kwargs.items()`) are not
+batches; an evaluation loop under no_grad that skips a batch makes no rank wait (DDP broadcasts
+buffers only on the first forward after training), and a `collate_fn` that only filters samples
+out makes a smaller batch, not fewer steps. Also: a skip on a test of the batch's items (`if
+any(len(t) < 1 for t in targets): continue`, maskrcnn-benchmark's trainer), and a rank that
+leaves or skips the step on its own non-finite loss (`if torch.isnan(loss): break`, `if not
+torch.isfinite(loss): continue`; a `*_dl` loader counts as a loader): the loss comes from this
+rank's batch alone, so one rank may meet a NaN the others do not. Not when the tested value went
+through a collective or a reducing helper (`reduce_mean(loss)`, any call named `*reduce*`,
+`*gather*`, `*sync*`, `*broadcast*`) earlier in the loop, not for names other than a loss (a
+gradient norm is read after DDP's all-reduce and is the same everywhere), and not for
+`raise`/`sys.exit`, which the launcher turns into the end of the job. And only in a module that
+runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
+group imports it (a single-process script may skip what it likes). Pitfall in
+[pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
+for a non-finite loss, all-reduce a flag so that every rank skips or stops alike.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +44,7 @@ def _returns_none(fn: Func) -> ast.AST | None:
     """A `return None` (or a bare `return`): that batch is None on one rank. A collate_fn
     that only filters samples out (`[b for b in batch if b is not None]`, `filter(...)`)
     makes a smaller batch, not fewer steps: every rank still gets one batch per index the
-    sampler yields (DeCLIP's and deepmd's collate functions, issue 20 round 10)."""
+    sampler yields (DeCLIP's and deepmd's collate functions)."""
     for node in ast.walk(fn):
         if isinstance(node, ast.Return) and (
                 node.value is None or (isinstance(node.value, ast.Constant)
@@ -154,7 +175,7 @@ def _local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
     """`if torch.isnan(loss): break` (or `not math.isfinite(loss.item())`: continue) on a
     loss this rank computed from its own batch: the test is the rank's own, unlike a value
     that went through a collective or a helper that reduces it first (`reduce_mean(loss)`)
-    before the test; then every rank decides alike (MoRec's NaN break, issue 20 round 12)."""
+    before the test; then every rank decides alike (MoRec's NaN break)."""
     tested = [n for c in ast.walk(skip.test) if isinstance(c, ast.Call)
               and info.callee_last(c) in _NONFINITE for a in c.args for n in ast.walk(a)
               if isinstance(n, ast.Name) and "loss" in n.id.lower()]
@@ -165,5 +186,19 @@ def _local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
         return None
     return tested[0].id
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch.distributed as dist
+
+
+def train(model, loader, optimizer):
+    for images, targets in loader:
+        if any(len(t) < 1 for t in targets):
+            continue  # this rank does one step fewer
+        loss = model(images, targets)
+        loss.backward()
+        optimizer.step()
+"""
 
 RULE = ddp004

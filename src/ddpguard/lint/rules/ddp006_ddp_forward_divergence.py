@@ -1,4 +1,27 @@
-"""DDP006 ddp-forward-divergence."""
+"""DDP006 DDP forward on some ranks only.
+
+A divergence of the schedule at a forward through the wrapper (read from the same schedule as
+DDP005). `model(x)` on the DDP wrapper under a rank test, `evaluate(model, ...)` with it (the
+helper calls its parameter), or a helper that uses the module-level (or `self.`) wrapper and is
+called only under a rank test (an `estimate_loss()` with gradients on under `if it %
+eval_interval == 0 and master_process:`). The wrapper broadcasts its buffers before a forward
+that follows a training step, and waits for the other ranks. Under `torch.no_grad()` (or
+`inference_mode`, around the forward or around the call that leads to it) that broadcast happens
+once and clears the flag that would make the class's own next training forward sync again, so it
+pairs with the others' next forward and nothing hangs (run on two gloo ranks; nanoGPT's own
+`estimate_loss` is such a case): then a finding is made only where the others go on to another
+collective first (a barrier after rank 0's evaluation, seed 000's shape). Pitfall in
+[pitfalls.md](pitfalls.md). `error` when the module visibly has BatchNorm or `register_buffer`
+(and `broadcast_buffers` is not False), `warning` otherwise (it hangs as soon as the model gains
+a buffer). apex's `DistributedDataParallel` (no collective in its forward) is not torch's. Under
+`no_grad`, when every wrap passes `broadcast_buffers=` something other than a literal True (a
+config, physicsnemo's manager), the forward's one collective is unproven: no finding. Nor under
+`no_grad` when the wrapped model is built from a class of the file whose layers visibly keep no
+buffers (`torch.nn` or PyG layers other than norms with running statistics, and the file's own
+classes made of them; `lint/buffers.py`): a model passed in, a model-zoo call or another
+package's layer may have buffers and keeps the finding. Fix: evaluate on all ranks and
+all-reduce, or use `model.module(x)` on rank 0.
+"""
 
 from __future__ import annotations
 
@@ -55,5 +78,18 @@ def _buffers_maybe_unsynced(info: ModuleInfo) -> bool:
                                               and k.value.value is True)
         for k in r.node.keywords) for r in wraps)
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+for batch in loader:
+    model(batch).sum().backward()
+    if dist.get_rank() == 0:
+        print(model(batch))  # a forward on rank 0 alone: it waits for the others
+"""
 
 RULE = ddp006

@@ -1,4 +1,28 @@
-"""DDP007 shared-file-write."""
+"""DDP007 every rank writes one file.
+
+Rank 0 and the ranks > 0 both reach a write of one path (schedule above, through callers and
+other files): `torch.save`, and `pickle.dump` / `np.save*` of contents that differ per rank
+(names with `local`, `shard`, `rank`, or rank-derived values; the same `params.pkl` from every
+rank is a benign race, not reported). Not for per-rank paths (`f"queue{rank}.pth"`, a name
+assigned `os.path.join(d, "mb" + str(args.rank))`, a loop variable over `range(rank, n,
+world_size)`), also when the path is a parameter the caller fills with a per-rank path
+(allennlp's `best_w{rank}.th` for sharded models), `io.BytesIO`, writes in a launch-mode arm
+(`if not args.distributed:`), nor inside a helper this module never calls or passes on; and only
+where every rank surely writes: a write under a rank test a class cannot decide (`if not single
+and local_rank != 0: return` with an unknown first part, `if rank % 8 == 0:`) is not proven
+shared. Only in a module that runs as a group (it sets one up, wraps a model, shards data or
+calls a collective) or that such a file on the command line imports: a conversion tool that
+reads the rank through a copied helper writes alone (CenterPoint). Not in a subcommand arm that
+sets up no group while another arm of the same test does (deepmd's `change-bias`), nor in a
+block that ends the process (a crash dump before `sys.exit`), nor in a method reached only from
+methods nobody in the project calls (a framework hook such as HF Trainer's `_save`, which the
+framework calls on the process that saves). The message names the call that runs the writing
+function. Off by default: on code nobody here wrote, its 11 first findings were 0 true, 8 false
+(rank flags the analysis did not follow, a function nobody calls) and 3 debatable (every rank
+writing the same bytes, a branch no config reaches); `--extend-select DDP007` for a script where
+ranks write different contents. Pitfall in [pitfalls.md](pitfalls.md). Fix: `if rank == 0:
+torch.save(...)`, then `dist.barrier()`, or the rank in the file name.
+"""
 
 from __future__ import annotations
 
@@ -165,5 +189,11 @@ def _referenced_names(info: ModuleInfo) -> tuple[set[str], set[str]]:
                     bare.add(a.id)
     return out, bare
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+dist.init_process_group("nccl")
+torch.save(model.state_dict(), "ckpt.pt")  # every rank writes the same file
+"""
 
 RULE = ddp007

@@ -1,4 +1,19 @@
-"""DDP008 save-ddp-state-dict."""
+"""DDP008 a wrapper checkpoint the script's own resume cannot read.
+
+`ddp_model.state_dict()` passed to a save call (directly or via the dict it builds, under a
+key), and the same module loads a checkpoint *strictly* into the unwrapped model (before the
+wrap, `model.module`, `model_without_ddp`) from the same key: that resume fails with
+missing/unexpected `module.` keys. A script that resumes into the same wrapper is consistent and
+not reported. Nor is the bare model saved in the arm of the mode that never wraps (`if ddp:
+save(m.module...) else: save(m...)`, with the wrap under `if ddp:`), and a strict load counts
+only when it reads the same model back (the same dict key, or the model under one of its names).
+Nor where the script handles the prefix itself (`k.replace("module.", "")`, `k[7:]`,
+`removeprefix`, `consume_prefix_in_state_dict_if_present`), or for the arm of a wrap test that
+saves the bare model (`m.module.state_dict() if is_parallel(m) else m.state_dict()`), or where
+the save and the load both spell out their file names and they differ (`net_meta.pth` saved,
+`model_last.pth` loaded). Pitfall in [pitfalls.md](pitfalls.md). Fix:
+`model.module.state_dict()`.
+"""
 
 from __future__ import annotations
 
@@ -209,5 +224,20 @@ def _unwrapped_strict_loads(info: ModuleInfo,
         out.append((key, rec.node))
     return out
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(args, local_rank):
+    model = Net().cuda(local_rank)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume, map_location="cpu"))  # keys "fc.*"
+    model = DDP(model, device_ids=[local_rank])
+    train(model)
+    torch.save(model.state_dict(), args.resume)  # keys "module.fc.*"
+"""
 
 RULE = ddp008

@@ -1,4 +1,8 @@
-"""DDP009 syncbatchnorm-after-wrap."""
+"""DDP009 SyncBatchNorm conversion after the DDP wrap.
+
+`convert_sync_batchnorm` runs after the model was wrapped (in the same function). Pitfall in
+[pitfalls.md](pitfalls.md). Fix: convert, then wrap. A model never converted is DDP021.
+"""
 
 from __future__ import annotations
 
@@ -23,5 +27,14 @@ def ddp009(info: ModuleInfo) -> Iterator[Hit]:
             yield w.node, "DDP009", ("convert_sync_batchnorm runs after DDP wrapping: "
                                      "convert first, then wrap")
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)))
+model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # after the wrap
+"""
 
 RULE = ddp009

@@ -1,4 +1,17 @@
-"""DDP010 unsafe-torch-load."""
+"""DDP010 torch.load.
+
+Since torch 2.6 `torch.load` defaults to `weights_only=True`, so the advice depends on the torch
+versions the project supports, read from the nearest `pyproject.toml` (`[project] dependencies`
+torch lower bound; a `requires-python` that no older torch supports raises it). Reported: an
+explicit `weights_only=False` on a non-literal path (a crafted file runs code on every rank); a
+missing `weights_only` on a non-literal path where the project allows torch < 2.6; a missing
+`map_location` in a CUDA DDP script (every rank restores onto the GPU that saved, usually
+cuda:0) unless a sibling branch passes one. Calls with `**kwargs` are left to their caller. The
+map_location case covers every module that uses `torch.distributed` (not only visibly-CUDA ones;
+a gloo-only CPU script is exempt), and skips loads under a rank test (rank 0 restores onto its
+own GPU) and per-rank paths. Off by default: 1 of its 2 first findings on unseen code was true
+(`--extend-select DDP010`). Fix: `torch.load(p, map_location=device, weights_only=True)`.
+"""
 
 from __future__ import annotations
 
@@ -67,5 +80,10 @@ def _sibling_maps(rec: CallRec, loads: list[CallRec]) -> bool:
     return any(o is not rec and kwarg(o.node, "map_location") is not None and exclusive(rec, o)
                for o in loads)
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+state = torch.load(args.ckpt, map_location="cpu", weights_only=False)
+"""
 
 RULE = ddp010

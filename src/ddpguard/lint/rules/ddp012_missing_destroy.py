@@ -1,4 +1,14 @@
-"""DDP012 missing-destroy."""
+"""DDP012 no destroy_process_group.
+
+A training script (a DDP wrap or a `__main__` block) that initializes a process group and never
+destroys it: torch 2.4+ warns on every rank at exit, and a rank that exits first can leave a
+peer blocked. Helper modules (`init_distributed_mode()`) are left to their caller. A one-process
+group (`world_size=1`, a `HashStore`) and a connectivity-test worker (`_test_nccl_worker`) are
+not reported. Pitfall in [pitfalls.md](pitfalls.md). Fix: `dist.destroy_process_group()` in a
+`finally`. Off by default: an independent reviewer judged 0 of 13 findings on unseen code worth
+acting on (11 debatable: hygiene, a warning at exit in scripts where no rank can leave early; 2
+false). `--extend-select DDP012`.
+"""
 
 from __future__ import annotations
 
@@ -41,5 +51,12 @@ def _solo(rec: CallRec) -> bool:
     return (isinstance(ws, ast.Constant) and ws.value == 1) or (
         isinstance(store, ast.Call) and (dotted(store.func) or "").endswith("HashStore"))
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+dist.init_process_group("nccl")
+if __name__ == "__main__":
+    train()  # never destroy_process_group()
+"""
 
 RULE = ddp012

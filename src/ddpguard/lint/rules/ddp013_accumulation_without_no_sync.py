@@ -1,4 +1,26 @@
-"""DDP013 accumulation-without-no-sync."""
+"""DDP013 accumulation without no_sync.
+
+`optimizer.step()` (or AMP's `scaler.step(optimizer)`) under `if (i + 1) % k == 0` or a counter
+such as `if ni - last_opt_step >= accumulate`, in a module that wraps in DDP (also via helpers
+named `*_DDP`), with neither `no_sync` (called, or bound to a name: `ctx = model.no_sync if
+micro else nullcontext`) nor `require_backward_grad_sync` anywhere, and with a backward on the
+same path outside that `if` that no optimizer step follows: every micro-step all-reduces for
+nothing. A GAN's generator stepping every few discriminator steps is no accumulation (each
+backward is followed by its own step). Nor when every DDP wrap sits in the arm of a flag
+opposite to the one the accumulating loop runs under (`if configs.only_eval: DDP(...) else:
+FSDP(...)`, then `if not configs.only_eval:` train). Pitfall in [pitfalls.md](pitfalls.md).
+Also: a micro-step counter compared with `==` (`if batch_id - start_id + 1 ==
+gradient_interval:`, torchdrug; names with `accum`, `grad_interval`, `gradient_interval` or
+`update_freq`), accumulation in a method called once per batch rather than in a loop (`def
+step(self, x, global_steps): ... loss.backward(); if global_steps % self.num_accum == 0:
+self.optimizer.step()`, ddpm-torch, HF's distiller), `scaler.step(optimizer=...)` by keyword,
+and a module that never wraps the model itself but gets the wrapper from another file on the
+command line: that file wraps in DDP and passes the wrapper to a class or function the module
+defines, a name no other file of its tree defines (`Trainer(opts=opts, model=model)` in
+ml-cvnets' `main_train.py`, the loop in `engine/training_engine.py`). Then `no_sync` in either
+file is enough; in the other files of a repository of independent scripts it says nothing about
+this one. Fix: `with model.no_sync():` on micro-steps.
+"""
 
 from __future__ import annotations
 
@@ -149,5 +171,23 @@ def _accumulates(test: ast.expr) -> bool:
             return True
     return False
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+
+def train(model, loader, optimizer, gradient_interval, device):
+    model = DistributedDataParallel(model, device_ids=[device])
+    start_id = 0
+    for batch_id, batch in enumerate(loader):
+        loss = model(batch) / gradient_interval
+        loss.backward()
+        if batch_id - start_id + 1 == gradient_interval:
+            optimizer.step()
+            optimizer.zero_grad()
+            start_id = batch_id + 1
+"""
 
 RULE = ddp013

@@ -1,4 +1,17 @@
-"""DDP015 ddp-device-placement."""
+"""DDP015 device placement.
+
+`.to()`/`.cuda()` on the wrapper after a DDP wrap that runs on every path to it (a sibling
+`else`, or the DataParallel/CPU branch of the same `if`, does not count); or `DDP(model)`
+without `device_ids` on a model placed with a bare `.cuda()` and no `torch.cuda.set_device` on
+that path: every process of a node lands on cuda:0, and DDP has not spread one process over
+several GPUs since torch 1.9. The bare move must be in sight (in the wrap's arguments or earlier
+in the same function): a model the caller placed is no evidence of cuda:0. Not the `else` of a
+test whose other arm wraps with `device_ids`: without a move that is the CPU path (torchdrug);
+with a bare `.cuda()` it is pytorch/examples' fallback for a launch that names no device (one
+process per node), which the projects' documented per-process launch never takes (independent
+reviewers judged it true 0 times in 4: SWAG, NeWCRFs, PCL twice). Pitfall in
+[pitfalls.md](pitfalls.md). Fix: move first, then `DDP(model, device_ids=[local_rank])`.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +35,8 @@ from ..registry import Hit, rule
       'move the model to its device first, then DDP(model, device_ids=[local_rank])',
       preview=True)
 def ddp015(info: ModuleInfo) -> Iterator[Hit]:
-    """A model on the wrong device fails at the wrap or trains on one GPU. A preview rule
-    since issue 20's twelfth round: first contact 0 true, 2 false, 1 debatable."""
+    """A model on the wrong device fails at the wrap or trains on one GPU. A preview rule:
+    on unseen code its first findings were 0 true, 2 false, 1 debatable."""
     ddp = info.ddp_names()
     set_devices = info.calls_named("set_device")
     for rec in info.calls_named("to", "cuda", "DistributedDataParallel"):
@@ -102,7 +115,7 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
     # None: ... DDP(model, device_ids=[args.gpu]) else: model.cuda(); DDP(model)`) serves a
     # launch that names no device (one process per node); the per-process launch the
     # projects document takes the other arm. Independent reviewers judged it debatable or
-    # false 4 times in 4 (SWAG, NeWCRFs, PCL twice) since issue 13's review.
+    # false 4 times in 4 (SWAG, NeWCRFs, PCL twice).
     if any(kwarg(w.node, "device_ids") is not None and exclusive(w, wrap)
            for w in info.calls_named("DistributedDataParallel")):
         return True
@@ -126,5 +139,15 @@ def _placed_per_rank(info: ModuleInfo, wrap: CallRec, set_devices: list[CallRec]
             return True
     return False
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(model):
+    model = model.cuda()  # every rank on cuda:0
+    return DDP(model)
+"""
 
 RULE = ddp015

@@ -1,4 +1,16 @@
-"""DDP016 reduce-read-on-all-ranks."""
+"""DDP016 dist.reduce result read on every rank.
+
+After `dist.reduce(t, dst=k)` only rank k holds the sum; reading `t` unguarded gives other ranks
+garbage. An early `if rank != dst: return` guards the rest; a function that also treats the
+result under a rank test (detectron2's `reduce_dict`) knows it. Pitfall in
+[pitfalls.md](pitfalls.md). A reduced tensor handed to a function of the same files is read only
+if that function reads it outside its own rank guard (YOLOX's `evaluate_prediction` returns at
+once on other ranks); handed to a builtin (`float`, `print`, ...) it is read; handed to an
+unknown function it proves nothing. Fix: `all_reduce`, or read it under `if rank == k`. Off by
+default: on real code the other ranks mostly read the partial sum into metrics that only rank 0
+logs (OLMo's optimizer metrics, YOLOX), which is harmless; 0 of 12 findings on tuning data were
+worth acting on. `--extend-select DDP016`.
+"""
 
 from __future__ import annotations
 
@@ -117,5 +129,13 @@ def _expr_nodes(root: ast.expr, guard: int) -> Iterator[tuple[ast.expr, int]]:
         if isinstance(node, ast.expr):
             yield node, guard
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch.distributed as dist
+
+dist.reduce(loss, dst=0)
+print(f"mean loss {loss.item() / world_size}")  # only rank 0 holds the sum
+"""
 
 RULE = ddp016

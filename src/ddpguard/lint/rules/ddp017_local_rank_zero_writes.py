@@ -1,4 +1,16 @@
-"""DDP017 local-rank-zero-writes."""
+"""DDP017 local rank 0 writes in a multi-node script.
+
+Checkpoints (not logs) decided by a local-rank test (`local_rank == 0`, `self.local_rank == 0`,
+`args.rank % ngpus_per_node == 0`), directly or through a helper that reaches `torch.save`
+(reported at the guarded call), in a script that can run on several nodes (`RANK`, `NODE_RANK`,
+`SLURM_PROCID`, `--nnodes`, `get_rank()`): every node's local rank 0 writes the same file (a
+pattern from the field reports, which use both RANK and LOCAL_RANK). Fix: global rank. One
+finding per guarded block (the arguments, the optimizer and the scheduler saved one after
+another under one test are one decision), and a save under a local-rank test of its own is
+reported where it is, not again at every call of the functions that lead to it. Off by default:
+independent first-contact reviews judged it true once in five; the harm needs nodes that share
+one file system, which the code does not show; `--extend-select DDP017`.
+"""
 
 from __future__ import annotations
 
@@ -28,9 +40,9 @@ def _in_memory(info: ModuleInfo, call: ast.Call) -> bool:
       'checkpointing in a multi-node script',
       'use the global rank (dist.get_rank() == 0)', default=False)
 def ddp017(info: ModuleInfo) -> Iterator[Hit]:
-    """Off by default since issue 20's seventh round: whether every node's local rank 0
+    """Off by default: whether every node's local rank 0
     writing one file matters depends on a shared file system the code does not show;
-    independent reviewers called 4 of 5 first-contact findings debatable (VAR's per-node
+    independent reviewers called 4 of 5 findings on unseen code debatable (VAR's per-node
     checkpoints, the old example trainers' `local_rank in [-1, 0]` saves)."""
     if not info.multi_node:
         return
@@ -70,5 +82,13 @@ def _saves_in(info: ModuleInfo, fns: list[Func], depth: int) -> int | None:
                 return line
     return None
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+rank = int(os.environ["RANK"])
+local_rank = int(os.environ["LOCAL_RANK"])
+if local_rank == 0:
+    torch.save(state, "ckpt.pt")  # one writer per node, all to the same shared file
+"""
 
 RULE = ddp017

@@ -1,4 +1,8 @@
-"""DDP018 unguarded-print."""
+"""DDP018 unguarded print.
+
+`print` on every rank in a distributed script (prints that mention the rank are fine). Pitfall
+in [pitfalls.md](pitfalls.md). Enable with `--extend-select DDP018`.
+"""
 
 from __future__ import annotations
 
@@ -26,5 +30,11 @@ def ddp018(info: ModuleInfo) -> Iterator[Hit]:
         if not mentions_rank:
             yield rec.node, "DDP018", "print runs on every rank (duplicated output)"
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+dist.init_process_group("nccl")
+print("loss", loss)  # once per rank
+"""
 
 RULE = ddp018

@@ -1,4 +1,19 @@
-"""DDP019 exit-before-collective."""
+"""DDP019 an exit before a collective on some ranks only.
+
+One class can leave in good order (`return`, `sys.exit`, `break`, `continue` in a rank-test arm
+of the function itself; a callee's own `return` ends only the callee) where the others go on to
+a collective: a rank-0-only `return` when the run directory exists, just before the barrier the
+others wait in. No launcher notices a rank that did not fail, so the others wait until the
+timeout. A `while` loop's `continue` after which the leaving class's next collective is the one
+the others wait in is a retry, not an exit (metaseq's input loop); in a `for` loop over data it
+drops that step's collectives and is reported. A `break` that only rank 0 takes leaves the loop
+the others go on with: their next iteration's collectives wait too (early stopping decided on
+rank 0 alone). Not exits: `raise NotImplementedError` (a stub for code left out). Not reported
+where the exit and the collective sit behind tests of the same non-rank value (`if not fsdp_eval
+and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when one class leaves, the other
+never reaches that collective. A `raise` is DDP022's. Fix: check the condition on every rank (or
+broadcast it) before anyone leaves.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +33,24 @@ from ..registry import At, Hit, rule
 def ddp019(info: ModuleInfo) -> Iterator[Hit]:
     """A `return` that only rank 0 takes, just before a broadcast: when it runs, the other
     ranks wait in the broadcast for a rank that is gone, and no launcher notices (the rank
-    did not fail). A `raise` is DDP022's (issue 20, round 11)."""
+    did not fail). A `raise` is DDP022's."""
     for d in divergences(info):
         if d.code == "DDP019":
             yield At(d.line), "DDP019", d.message
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import os
+
+import torch.distributed as dist
+
+
+def resume(t, path):
+    if dist.get_rank() == 0:
+        if not os.path.exists(path):
+            return None  # rank 0 leaves ...
+    dist.broadcast(t, 0)  # ... the others wait here
+"""
 
 RULE = ddp019

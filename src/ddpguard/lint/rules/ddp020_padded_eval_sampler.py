@@ -1,4 +1,17 @@
-"""DDP020 padded-eval-sampler."""
+"""DDP020 padded evaluation sampler.
+
+`DistributedSampler` over an evaluation set (a name with `val`/`test`/`eval`, or
+`shuffle=False`), without `drop_last=True`, in a module that gathers or reduces results in that
+function or in an evaluation function: the sampler repeats samples to give every rank the same
+share when the length does not divide by the world size, and the metric counts them twice. Not
+reported where the function stores the gathered results by sample index (`index_copy_`,
+`feats[idx] = ...`), deduplicates them (`unique`) or cuts them back to the dataset's length
+(`[:len(dataset)]`, `[:size]`): a repeated sample lands on its own row again or is dropped. Fix:
+drop the duplicates after `all_gather`, evaluate the tail once, or check the length divides. Off
+by default: its first-contact findings were debatable 4 times and true 0 times in 5 (the claim
+holds, but at most W-1 samples repeat, often none for the usual set sizes); `--extend-select
+DDP020`.
+"""
 
 from __future__ import annotations
 
@@ -27,11 +40,10 @@ _REDUCE_PREFIXES = ("all_gather", "all_reduce", "gather", "reduce")
       "divides by the world size", default=False)
 def ddp020(info: ModuleInfo) -> Iterator[Hit]:
     """DistributedSampler makes every rank's share equal by repeating the first samples when
-    the length does not divide; for evaluation those duplicates reach the metric (issue 20,
-    a first-contact miss). The message says "when the length does not divide": that length
-    is not in the code. Off by default since the seventh round: at most W-1 samples repeat,
-    none for the usual set sizes and GPU counts; independent reviewers called all 5 of its
-    first-contact findings debatable."""
+    the length does not divide; for evaluation those duplicates reach the metric. The message
+    says "when the length does not divide": that length is not in the code.
+    Off by default: at most W-1 samples repeat, none for the usual set sizes and GPU counts;
+    independent reviewers called all 5 of its findings on unseen code debatable."""
     # The reduction that meets the duplicates: in the sampler's own function, or in an
     # evaluation function (`validate`, `evaluate`, `test`).
     samplers = [r for r in info.calls_named(*(n for n in info.call_lasts()
@@ -110,5 +122,23 @@ def _index_like(node: ast.expr) -> bool:
     return name.startswith(("idx", "index", "ids")) or name.endswith(("idx", "index", "ids",
                                                                       "indices"))
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def evaluate(model, val_set):
+    sampler = DistributedSampler(val_set, shuffle=False)  # pads with repeated samples
+    loader = DataLoader(val_set, batch_size=16, sampler=sampler)
+    correct = torch.zeros(2)
+    for x, y in loader:
+        correct[0] += (model(x).argmax(1) == y).sum()
+        correct[1] += len(y)
+    dist.all_reduce(correct)
+    return (correct[0] / correct[1]).item()
+"""
 
 RULE = ddp020

@@ -1,4 +1,10 @@
-"""DDP021 batchnorm-local-statistics."""
+"""DDP021 BatchNorm never converted to SyncBatchNorm.
+
+A BatchNorm model wrapped in DDP without `convert_sync_batchnorm` anywhere: each rank normalizes
+with its own batch statistics. A deliberate, common choice (torchvision's references make
+SyncBatchNorm a flag) that matters when the per-rank batch is small, which the code rarely
+shows: off by default. `--extend-select DDP021`.
+"""
 
 from __future__ import annotations
 
@@ -24,5 +30,13 @@ def ddp021(info: ModuleInfo) -> Iterator[Hit]:
             yield w.node, "DDP021", ("model with BatchNorm wrapped in DDP without "
                                      "SyncBatchNorm: each rank normalizes with its own statistics")
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)))
+"""
 
 RULE = ddp021

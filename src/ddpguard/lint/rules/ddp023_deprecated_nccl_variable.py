@@ -1,4 +1,9 @@
-"""DDP023 deprecated-nccl-variable."""
+"""DDP023 a deprecated NCCL variable.
+
+`NCCL_BLOCKING_WAIT`, `NCCL_ASYNC_ERROR_HANDLING`: renamed `TORCH_NCCL_*`; torch 2.13 still
+reads the old names and warns. Off by default: a rename, not a bug (reviewers called 3 of 4 such
+findings debatable). `--extend-select DDP023`. Fix: the `TORCH_NCCL_` names.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +21,16 @@ from ..registry import Hit, rule
       'NCCL_ASYNC_ERROR_HANDLING)',
       'use TORCH_NCCL_BLOCKING_WAIT / TORCH_NCCL_ASYNC_ERROR_HANDLING', default=False)
 def ddp023(info: ModuleInfo) -> Iterator[Hit]:
-    """Off by default since issue 20's sixth round: torch 2.13 still reads the old names and
+    """Off by default: torch 2.13 still reads the old names and
     only warns (reviewers called 3 of 4 such findings debatable); a rename, not a bug."""
     for node, name in nccl_settings(info):
         if name != "TIMEOUT":
             yield node, "DDP023", f"NCCL_{name} {NCCL_FIX[name]}"
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "1"
+"""
 
 RULE = ddp023

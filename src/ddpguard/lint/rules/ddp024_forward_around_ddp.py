@@ -1,4 +1,20 @@
-"""DDP024 forward-around-ddp."""
+"""DDP024 a training forward around the DDP wrapper.
+
+`loss = model.module.train_step(batch)` (or `model.module(x)`,
+`self.netG.module.forward_flow(...)`) where `model` holds a DDP wrapper, and the loss that is
+backpropagated comes from that call: DDP arms its gradient all-reduce in its own forward, so
+this backward all-reduces nothing and every rank trains its own copy of the model, silently (no
+hang, no error; the replicas drift apart and only rank 0's is saved). Seen in P5's pretraining
+and ProPainter's flow-completion trainer. Reported only where the flow is visible in the
+function (assignments from the call to the receiver of `.backward()`, not through `.detach()`,
+`.data` or `.item()`), in a loop (or a function without one) that also steps an optimizer and
+never calls the wrapper itself or its `forward`, not under `no_grad`, in a module that does not
+all-reduce gradients by hand; a plain local name is the wrapper only in the function that
+wrapped it, an attribute of `self` in every method. Methods that read or move the module
+(`parameters`, `state_dict`, `train`, `to`, ...) are no forward. Fix: call the wrapper
+(`model(batch)`); make the training method the module's `forward`, or wrap a small module whose
+forward calls it.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +49,7 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
     """DDP arms its gradient all-reduce in its own forward (`prepare_for_backward`); a loss
     computed through `model.module.train_step(batch)` skips that, so backward leaves every
     rank's gradients its own and the replicas drift apart in silence (P5's pretraining,
-    ProPainter's flow-completion trainer; issue 20 round 12). Reported only where the loss
+    ProPainter's flow-completion trainer). Reported only where the loss
     that is backpropagated visibly comes from that call, in a loop or function that never
     calls the wrapper itself and never all-reduces gradients by hand."""
     wrapped = info.ddp_names() if info.wraps_ddp else {}
@@ -183,5 +199,29 @@ def _syncs_grads_by_hand(info: ModuleInfo) -> bool:
             return True
     return False
 
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Runner:
+    def __init__(self, model, optim, args):
+        self.model = DDP(model, device_ids=[args.gpu])
+        self.optim = optim
+        self.args = args
+
+    def train(self, loader):
+        for step_i, batch in enumerate(loader):
+            if self.args.distributed:
+                results = self.model.module.train_step(batch)
+            else:
+                results = self.model.train_step(batch)
+            loss = results["loss"]
+            loss.backward()
+            self.optim.step()
+            self.optim.zero_grad()
+"""
 
 RULE = ddp024
