@@ -1,11 +1,11 @@
 """Take each inference of the lint's analysis out in turn and check that a test fails
-(issue 20: "every inference the analysis makes needs a test that fails without it").
+(every inference the analysis makes needs a test that fails without it).
 
     python bench/lint_mutations.py        # from the repository root; restores every file
     python bench/lint_mutations.py zoo    # only the entries whose name holds one of the words
 
-Each entry: a name, the file under src/ddpguard/lint/, the text of the inference, and what
-replaces it. KILLED means some test in tests/test_lint*.py failed without it.
+Each entry: a name, the file under src/ddpguard/lint/ (analysis/... or rules/ddpNNN_...), the
+text of the inference, and what replaces it. KILLED means some lint test failed without it.
 """
 
 # ruff: noqa: E501  (a table of source snippets: each entry stays on one line)
@@ -194,7 +194,6 @@ M = [
  ("a save and a load of different files", "rules/ddp008_save_ddp_state_dict.py", "                if hit is None or _other_files(info, rec.node, hit):", "                if hit is None:"),
  ("different files only when both are spelled out", "rules/ddp008_save_ddp_state_dict.py", "    return bool(saved) and bool(loaded) and not saved & loaded", "    return not saved & loaded"),
  ("a raise is a failure, not a rank leaving", "analysis/divergence.py", ' or ex.op == "raise" else "DDP019"', ' else "DDP019"'),
- # issue 20, round 12 (tests/test_lint_round12.py)
  ("a single process may skip", "rules/ddp004_rank_dependent_step_count.py", "    if not info.distributed and not (info.file_set is not None\n                                     and info.file_set.in_group(info)):", "    if False:"),
  ("a module a group imports takes part", "rules/ddp004_rank_dependent_step_count.py", "                                     and info.file_set.in_group(info)):", "                                     and False):"),
  ("a skip on the batch's items", "rules/ddp004_rank_dependent_step_count.py", "if isinstance(g.iter, ast.Name) and g.iter.id in names", "if False"),
@@ -240,7 +239,8 @@ def main() -> int:
             continue
         p.write_text(s.replace(old, new, 1))
         try:
-            tests = sorted(str(t.relative_to(ROOT)) for t in ROOT.glob("tests/test_lint*.py"))
+            tests = sorted(str(t.relative_to(ROOT)) for t in [*ROOT.glob("tests/test_lint*.py"),
+                                                               *ROOT.glob("tests/lint/test_*.py")])
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", *tests],
                                capture_output=True, text=True, cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
