@@ -8,7 +8,7 @@ import sys
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-from ddpguard.commands.run import default_nproc, split_launcher_args
+from ddpguard.launch.argv import default_nproc, split_launcher_args
 
 FLAGS = {"--standalone", "-m", "--module", "--no-python", "--run-path", "--no-guard"}
 
@@ -70,7 +70,7 @@ def test_failing_script_gives_nonzero_exit(tmp_path):
 def test_run_without_script_is_a_usage_error():
     res = run_cli("run", "--nproc-per-node", "2", timeout=60)
     assert res.returncode == 2
-    assert "no script given" in res.stderr
+    assert "no script or command given" in res.stderr
 
 
 def test_two_nodes_on_loopback():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguard.commands.run import BOOTSTRAP, build_torchrun_argv, pop_our_options
+from ddpguard.launch.argv import BOOTSTRAP, build_torchrun_argv, pop_our_options
 from ddpguard.guard.config import GuardConfig
 from ddpguard.testing import run_ranks
 

@@ -73,7 +73,7 @@ def plan_ranks(nproc: int | None, gpu_count: int) -> tuple[int, str | None]:
     """(ranks to start, a note to print or None): one rank per GPU, 2 on a machine without
     one (`ddpguard run`'s default). NCCL refuses two ranks on one GPU, so more ranks than GPUs
     run on the CPU (gloo)."""
-    from .run import default_nproc
+    from ..launch.argv import default_nproc
 
     n = nproc or default_nproc(gpu_count)
     if 0 < gpu_count < n:
@@ -84,12 +84,10 @@ def plan_ranks(nproc: int | None, gpu_count: int) -> tuple[int, str | None]:
 
 def _train(args: argparse.Namespace, out: Path, train: Path, val: Path) -> int:
     import torch
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
 
     from ..demo.baselines import byte_baselines
     from ..demo.report import read_summary, summary_lines, write_page
-    from .run import _flag_options, build_torchrun_argv
+    from ..launch.torchrun import run_script
 
     ckpts = out / "checkpoints"
     if not args.resume:
@@ -110,17 +108,16 @@ def _train(args: argparse.Namespace, out: Path, train: Path, val: Path) -> int:
         worker.append("--resume")
     gpus = torch.cuda.device_count()
     nproc, note = plan_ranks(args.nproc_per_node, gpus)
-    argv = build_torchrun_argv([f"--nproc-per-node={nproc}", *worker], gpu_count=gpus,
-                               flags=_flag_options())
     before = os.environ.get("CUDA_VISIBLE_DEVICES")
     if note:
         print(f"ddpguard demo: {note}", flush=True)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read by the ranks torchrun starts
     try:
-        torchrun_main(argv)
-    except ChildFailedError as exc:
-        print(f"ddpguard demo: a rank failed: {exc}", file=sys.stderr)
-        return 1
+        # Exactly `ddpguard run`: the guard on every rank, its verdict printed once.
+        code = run_script([f"--nproc-per-node={nproc}", *worker])
+        if code != 0:
+            print(f"ddpguard demo: the training job failed (exit code {code})", file=sys.stderr)
+            return code
     finally:  # a caller in this process keeps its own view of the GPUs
         if before is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)

@@ -60,7 +60,7 @@ def _newest_report(folder: Path, since: float) -> Path | None:
 def run_hang(kind: str, out: Path, train: Path, val: Path, nproc: int | None) -> int:
     """Run the broken job under the guard; EXIT_CODE when the guard stopped it (the report is
     rendered), 1 when the job failed another way, 0 if the bug did not bite (it should)."""
-    from ..commands.run import main as ddpguard_run
+    from ..launch import main as ddpguard_run
 
     if kind not in KINDS:
         raise ValueError(f"--hang {kind!r}: choose one of {', '.join(KINDS)}")

@@ -22,6 +22,8 @@ __all__ = ["open_channel", "write", "write_bytes", "flush_user_streams", "under_
 # Set by `ddpguard run` for its ranks: the launcher prints the verdict, the ranks only say
 # one line each (docs/guard.md, "Where the verdict appears").
 LAUNCHER_ENV = "DDPGUARD_LAUNCHER"
+# Where the launch's sitecustomize left its early duplicate of fd 2 (launch/site/).
+SITE_FD_ENV = "DDPGUARD_CHANNEL_FD"
 
 _fd: int | None = None
 
@@ -30,6 +32,8 @@ def open_channel() -> int | None:
     """Take the duplicate of fd 2 once (idempotent); None when fd 2 is not open."""
     global _fd
     if _fd is None:
+        _fd = _inherited()
+    if _fd is None:
         try:
             # os.dup makes a non-inheritable descriptor: DataLoader workers and subprocesses
             # of the script do not keep it open.
@@ -37,6 +41,20 @@ def open_channel() -> int | None:
         except OSError:
             _fd = None
     return _fd
+
+
+def _inherited() -> int | None:
+    """The duplicate `ddpguard run -- COMMAND`'s sitecustomize took at this process's
+    start-up, before the script could touch fd 2 (`pid:fd`; a child that inherited the
+    variable has another pid and takes its own)."""
+    pid, _, fd = os.environ.get(SITE_FD_ENV, "").partition(":")
+    if pid != str(os.getpid()) or not fd.isdigit():
+        return None
+    try:
+        os.fstat(int(fd))
+    except OSError:
+        return None
+    return int(fd)
 
 
 def write(text: str) -> None:

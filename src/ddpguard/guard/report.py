@@ -41,10 +41,17 @@ def write_json(path: str, report: dict[str, Any]) -> str:
     """Write atomically: a half-written report after os._exit would be worse than none."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"version": VERSION, "launch_id": os.environ.get(LAUNCH_ENV), **report}, fh,
+        json.dump({"version": VERSION, "launch_id": os.environ.get(LAUNCH_ENV),
+                   "attempt": _attempt(), **report}, fh,
                   indent=1, default=str)
     os.replace(tmp, path)
     return path
+
+
+def _attempt() -> int:
+    """torchrun's restart count: the launcher prints only the last attempt's report."""
+    raw = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(raw) if raw.isdigit() else 0
 
 
 def load(path: str) -> dict[str, Any]:

@@ -1,0 +1,196 @@
+"""Start the guard when a process forms its default process group, whoever started the process.
+
+Rank, world size and the job's store are known only once `init_process_group` has returned,
+and that call is the one thing every way of starting ranks has in common: torchrun, `python -m
+torch.distributed.launch`, `torch.multiprocessing.spawn` inside `main()`, Lightning re-running
+the script for its other ranks, accelerate, one task per rank under srun. So the guard hooks
+that call (and `destroy_process_group`, so a clean exit is not mistaken for a hang) instead of
+relying on the launcher's environment:
+
+- `ddpguard run script.py` (torchrun) installs the hooks from `bootstrap`, before the script;
+- `ddpguard run -- COMMAND` installs them in every Python process of the command's tree, from
+  `launch/site/sitecustomize.py`, right after torch.distributed's module is loaded.
+
+In a process started the second way nothing wraps the script, so the ends the bootstrap
+handles around `runpy` are handled here: a normal exit stops the guard (`atexit`), an uncaught
+exception on the main thread goes to the crash path (`sys.excepthook`), and an exception in an
+`mp.spawn` rank, which torch catches before any hook could see it, is reported by wrapping
+torch's per-rank entry point.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from . import channel
+
+__all__ = ["GroupWorld", "patch_module", "hook_process_group", "store_address", "AUTOGUARD_ENV"]
+
+# Set by `ddpguard run -- COMMAND` for the whole tree: the sitecustomize hands over only then.
+AUTOGUARD_ENV = "DDPGUARD_AUTOGUARD"
+_MARK = "__ddpguard_hooked__"
+
+
+@dataclass(frozen=True)
+class GroupWorld:
+    """What the guard needs of a rank, read from its default process group."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+
+def patch_module(module: ModuleType) -> None:
+    """Called by the sitecustomize right after a watched torch module has been loaded."""
+    if module.__name__ == "torch.distributed.distributed_c10d":
+        hook_process_group(module)
+    elif module.__name__ == "torch.multiprocessing.spawn":
+        _hook_spawn(module)
+
+
+def hook_process_group(c10d: ModuleType | None = None) -> None:
+    """Wrap `init_process_group` / `destroy_process_group` in `c10d` (and in
+    torch.distributed, when that has already copied the names). Idempotent."""
+    if c10d is None:
+        import torch.distributed.distributed_c10d as loaded
+
+        c10d = loaded
+    if getattr(c10d, "init_process_group", None) is None or \
+            getattr(c10d.init_process_group, _MARK, False):
+        return
+    orig_init = c10d.init_process_group
+    orig_destroy = c10d.destroy_process_group
+
+    @functools.wraps(orig_init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        out = orig_init(*args, **kwargs)
+        try:
+            _start_for_group()
+        except Exception as exc:  # never break the user's set-up because of the guard
+            channel.write(f"ddpguard: guard not started: {exc}")
+        return out
+
+    @functools.wraps(orig_destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        if not args and kwargs.get("group") is None:
+            from ddpguard import guard
+
+            guard.stop("exited")
+        return orig_destroy(*args, **kwargs)
+
+    for fn in (init_process_group, destroy_process_group):
+        setattr(fn, _MARK, True)
+    targets = [c10d]
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group"):
+        targets.append(dist)  # it copied the names already (`from .distributed_c10d import *`)
+    for module in targets:
+        setattr(module, "init_process_group", init_process_group)  # noqa: B010
+        setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
+
+
+def store_address(store: Any) -> tuple[str, int] | None:
+    """Host and port of the TCPStore under `store` (unwrapping PrefixStores), or None for a
+    store the guard cannot open a connection of its own to (FileStore, HashStore)."""
+    import torch.distributed as dist
+
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if isinstance(store, dist.TCPStore):
+        return str(store.host), int(store.port)
+    return None
+
+
+def _start_for_group() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ddpguard import guard
+
+    size = dist.get_world_size()
+    if size < 2 or guard.active() is not None:
+        return
+    rank = dist.get_rank()
+    address = store_address(c10d._get_default_store())
+    if address is None:
+        channel.write(f"ddpguard: rank {rank}: guard not started: the process group's store is "
+                      "not a TCPStore (init_method='file://...'?); the guard talks to its "
+                      "peers through a TCP store: use init_method='env://' or 'tcp://...'")
+        return
+    g = guard.start(GroupWorld(rank, size, *address))
+    if g is not None and os.environ.get(AUTOGUARD_ENV) == "1":
+        _install_exits()
+
+
+_exits_installed: list[bool] = []
+
+
+def _install_exits() -> None:
+    """Without the bootstrap around the script: stop the guard at a normal exit, report an
+    exception that reaches the top of the main thread."""
+    if _exits_installed:
+        return
+    _exits_installed.append(True)
+    from ddpguard import guard
+
+    atexit.register(guard.stop, "exited")
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if guard.active() is None or isinstance(exc, KeyboardInterrupt):
+            previous(kind, exc, tb)
+            return
+        # The crash path writes the traceback itself, through the guard's own descriptor.
+        os._exit(_report_crash(exc))
+
+    sys.excepthook = excepthook
+
+
+def _report_crash(exc: BaseException) -> int:
+    from .crash import handle_exception
+
+    try:
+        return handle_exception(exc)
+    except BaseException as inner:  # our own handling failed: say so in one line
+        channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
+                      f"{type(exc).__name__}: {exc} (and the guard could not report it: "
+                      f"{type(inner).__name__}: {inner})")
+        return 1
+
+
+def _hook_spawn(module: ModuleType) -> None:
+    """torch's mp.spawn runs each rank's function inside `_wrap`, which catches the rank's
+    exception and sends its traceback to the parent: report it first, and stop the guard when
+    the function returns (a spawned rank may leave through os._exit, skipping atexit)."""
+    orig = getattr(module, "_wrap", None)
+    if orig is None or getattr(orig, _MARK, False):
+        return
+
+    @functools.wraps(orig)
+    def _wrap(fn: Any, i: int, args: Any, *rest: Any, **kw: Any) -> Any:
+        @functools.wraps(fn)
+        def guarded(*a: Any, **k: Any) -> Any:
+            from ddpguard import guard
+
+            try:
+                out = fn(*a, **k)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                if guard.active() is not None:
+                    _report_crash(exc)
+                raise
+            guard.stop("exited")
+            return out
+
+        return orig(guarded, i, args, *rest, **kw)
+
+    setattr(_wrap, _MARK, True)
+    module._wrap = _wrap  # type: ignore[attr-defined]

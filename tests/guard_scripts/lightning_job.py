@@ -1,0 +1,37 @@
+"""A two-rank PyTorch Lightning job run with plain `python` (Lightning's own launcher re-runs
+this script for rank 1). With --bug, rank 0 alone all-reduces at its third batch."""
+
+import sys
+
+import lightning as L
+import torch
+import torch.distributed as dist
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.bug = bug
+
+    def training_step(self, batch, i):
+        if self.bug and self.global_rank == 0 and i == 2:
+            dist.barrier()  # the BUG: rank 0 only
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main() -> None:
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+                        limit_train_batches=6, enable_progress_bar=False, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False)
+    trainer.fit(Tiny("--bug" in sys.argv), loader)
+    print(f"JOB DONE rank {trainer.global_rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""`ddpguard run -- COMMAND`: the guard under every way of starting ranks, each with a real
+2-rank gloo job: healthy to the end (exit 0, nothing left running), and with a rank-0-only
+collective stopped within seconds, its line named, the stop block once, exit 17."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, child_env, run_cli
+
+from ddpguard.guard.procs import kill_tree
+from ddpguard.testing import free_port
+
+SCRIPTS = ROOT / "tests" / "guard_scripts"
+JOB = str(SCRIPTS / "launch_job.py")
+BUG = "launch_job.py:23"  # the line marked 'the BUG'
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2"]
+
+pytestmark = pytest.mark.slow
+
+
+def _needs(package: str) -> None:
+    # Looked up, not imported: importing lightning here would change this process's
+    # environment (the leak fixture's business), and the job runs in its own processes.
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed (a development extra: pip install -e '.[dev]')")
+
+
+def _run(*words: str, tmp_path: Path,
+         timeout: float = 100) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    res = run_cli("run", *words, timeout=timeout,
+                  env=child_env(DDPGUARD_REPORT_DIR=str(tmp_path / "reports")))
+    return res, time.monotonic() - t0
+
+
+def _healthy(res: subprocess.CompletedProcess[str]) -> None:
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "likely cause" not in res.stderr, res.stderr[-3000:]
+    assert "left behind" not in res.stderr, res.stderr[-3000:]
+
+
+def _stopped(res: subprocess.CompletedProcess[str], elapsed: float, line: str = BUG) -> None:
+    err = res.stderr
+    assert res.returncode == 17, err[-4000:]
+    assert err.count("likely cause:") == 1, err[-4000:]  # the block once, from the launcher
+    block = err[err.index("likely cause:"):]
+    assert line in block, block[:3000]
+    assert elapsed < 60, elapsed
+
+
+def test_spawn_inside_main(tmp_path: Path) -> None:
+    res, _ = _run("--", sys.executable, JOB, "--launch", "spawn", "--port", str(free_port()),
+                  tmp_path=tmp_path)
+    _healthy(res)
+    assert res.stdout.count("finished") == 2 and "JOB DONE" in res.stdout
+    res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
+                     str(free_port()), "--bug", tmp_path=tmp_path)
+    _stopped(res, took)
+
+
+def test_a_script_that_spawns_is_not_started_once_per_rank(tmp_path: Path) -> None:
+    """`ddpguard run script.py` on an mp.spawn script: run the right way, with a note (it used
+    to be started twice under torchrun, and the copies hung fighting over the port)."""
+    res, took = _run(JOB, "--launch", "spawn", "--port", str(free_port()), "--bug",
+                     tmp_path=tmp_path)
+    assert "starts its own ranks (torch.multiprocessing.spawn at line" in res.stderr
+    _stopped(res, took)
+    refused = run_cli("run", "--nproc-per-node", "2", JOB, "--launch", "spawn", timeout=60)
+    assert refused.returncode == 2
+    assert "ddpguard run -- python" in refused.stderr and "--nproc-per-node" in refused.stderr
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "legacy-launch"])
+def test_launchers_that_set_the_rank_variables(launcher: str, tmp_path: Path) -> None:
+    head = TORCHRUN if launcher == "torchrun" else [
+        sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node=2", "--standalone"]
+    res, _ = _run("--", *head, JOB, "--launch", "env", tmp_path=tmp_path)
+    _healthy(res)
+    assert res.stdout.count("JOB DONE") == 2
+    res, took = _run("--", *head, JOB, "--launch", "env", "--bug", tmp_path=tmp_path)
+    _stopped(res, took)
+
+
+def _srun_by_hand(tmp_path: Path, bug: bool) -> list[subprocess.CompletedProcess[str]]:
+    """Two tasks, each its own `ddpguard run`, with the variables srun sets."""
+    port = free_port()
+    procs = []
+    for task in range(2):
+        env = child_env(DDPGUARD_REPORT_DIR=str(tmp_path / "reports"), SLURM_PROCID=str(task),
+                        SLURM_NTASKS="2", SLURM_LOCALID=str(task), SLURM_JOB_ID="4242",
+                        SLURM_STEP_ID="0", SLURM_NODEID="0", SLURM_JOB_NAME="train")
+        cmd = [sys.executable, "-m", "ddpguard", "run", "--", sys.executable, JOB, "--launch",
+               "slurm", "--port", str(port), *(["--bug"] if bug else [])]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, env=env, cwd=ROOT))
+    out = []
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=100)
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid, include_self=True)
+                p.communicate()
+    return out
+
+
+def test_one_srun_task_per_rank(tmp_path: Path) -> None:
+    healthy = _srun_by_hand(tmp_path, bug=False)
+    for res in healthy:
+        _healthy(res)
+    t0 = time.monotonic()
+    broken = _srun_by_hand(tmp_path, bug=True)
+    took = time.monotonic() - t0
+    assert [r.returncode for r in broken] == [17, 17], [r.stderr[-2000:] for r in broken]
+    blocks = [r for r in broken if "likely cause:" in r.stderr]
+    assert len(blocks) == 1, [r.stderr[-2000:] for r in broken]  # once per job
+    _stopped(blocks[0], took)
+    other = next(r for r in broken if r is not blocks[0])
+    assert "another task's `ddpguard run` prints it" in other.stderr, other.stderr[-2000:]
+
+
+def test_accelerate_launch(tmp_path: Path) -> None:
+    _needs("accelerate")
+    head = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    res, took = _run("--", *head, JOB, "--launch", "env", "--bug", tmp_path=tmp_path)
+    _stopped(res, took)
+
+
+def test_lightning_script_with_plain_python(tmp_path: Path) -> None:
+    _needs("lightning")
+    script = str(SCRIPTS / "lightning_job.py")
+    res, _ = _run("--", sys.executable, script, tmp_path=tmp_path)
+    _healthy(res)
+    assert "JOB DONE rank 0" in res.stdout and "JOB DONE rank 1" in res.stdout
+    res, took = _run("--", sys.executable, script, "--bug", tmp_path=tmp_path)
+    _stopped(res, took, line="lightning_job.py:19")
