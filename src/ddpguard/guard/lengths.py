@@ -2,7 +2,8 @@
 
 The training thread, at each DataLoader pass's start, publishes the pass's length (one store
 write) and notes the ledger's position (so the rules can tell a collective issued during the
-pass from one issued before it). The guard thread compares the ranks' lengths at its own pace
+pass from one issued before it). Rank 0's guard thread compares the ranks' lengths at its own
+pace (one store round trip per open pass and tick: the traffic stays linear in the world size)
 and, when they differ, prints one line per loader for the whole job: which loader, the lengths,
 and the ways to make them equal. Unequal lengths are legal when the program handles them
 (torch's Join, a loop whose ranks agree on when to stop); the proof that one does not is
@@ -74,30 +75,31 @@ class LengthCheck:
         except Exception as exc:
             log.debug("loader length not published: %s", exc)
             return
-        self._new.append((st.key, st.site, st.at))
+        if self.rank == 0:
+            self._new.append((st.key, st.site, st.at))
 
     def check(self) -> None:
-        """Guard thread: compare the passes whose lengths every rank has published; print the
-        notice once per loader for the whole job."""
+        """Guard thread (rank 0): compare the passes whose lengths every rank has published;
+        print the notice once per loader."""
         while self._new:
             key, site, at = self._new.pop(0)
             self._open[key] = (site, at)
         while len(self._open) > KEPT:
             del self._open[next(iter(self._open))]
         for key, (site, at) in list(self._open.items()):
-            got = self.store.get_many([f"len/{key}/{r}" for r in range(self.world_size)])
+            # All or nothing: one round trip while some rank has not reached the pass yet.
+            got = self.store.get_many([f"len/{key}/{r}" for r in range(self.world_size)],
+                                      partial=False)
             if len(got) < self.world_size:
                 continue
             del self._open[key]
             lengths = [int(got[f"len/{key}/{r}"]) for r in range(self.world_size)]
             if len(set(lengths)) == 1:
                 continue
-            # One notice per loader (its creation chain), however many passes or re-creations:
-            # the first rank to claim it prints.
+            # One notice per loader (its creation chain), however many passes or re-creations.
             chain = key.split("#", 1)[0]
             if chain in self._told:
                 continue
             self._told.add(chain)
             self.mismatch = notice_text(site, at, lengths)
-            if self.store.first(f"notice/len/{chain}", self.rank) == self.rank:
-                channel.write(self.mismatch)
+            channel.write(self.mismatch)
