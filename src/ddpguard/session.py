@@ -60,6 +60,9 @@ def init(
         from . import guard as guard_mod
 
         guard_mod.start(world, guard_config)
+        from .guard.crash import install_excepthook
+
+        install_excepthook()  # nothing wraps this script: its crash path starts at the top
     return world
 
 

@@ -1,18 +1,46 @@
-"""What a rank whose own code raised can still tell (used by the bootstrap): which peer failed
-first, which collective this rank was in, and a wait that lets the waiting ranks write the
-report before this process exits."""
+"""A rank whose own code raised: `handle_exception(exc) -> exit code` says what happened and,
+where the guard can explain the end, stops the job with its report (exit 17).
+
+Callable from anywhere on the rank's main thread once the exception is caught: the bootstrap
+around `runpy` (`ddpguard run script.py`), a `sys.excepthook` (`ddpguard.init()`, and the
+launch of `ddpguard run -- COMMAND`), a wrapper around an `mp.spawn` rank's function.
+
+- a collective that failed on the process group's own timeout: the report names the timeout,
+  what each peer was doing then (alive and working at a line, or itself blocked) and the
+  setting to change;
+- a DataLoader worker that was killed: the line that iterates its loader, the signal, and
+  whether the cgroup's OOM killer struck;
+- a collective that failed because a peer died (gloo aborted it inside a collective the
+  others did not match, a segfault, the OOM killer): the peer's last words from its fault log
+  against this rank's collective and line;
+- anything else: the traceback and one line, and the peers that wait for this rank write
+  the report.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import runpy
+import sys
 import time
+import traceback
+from typing import Any
 
-from . import procs
+from . import channel, procs, workers
+from .config import EXIT_CODE
+from .ends import oom_words, peer_doing, timeout_ms, timeout_reason, worker_death, worker_reason
 from .fault import last_words
 from .handles import GuardHandle
 from .ledger import describe_entry, first_pending
+from .rules import Decision
+from .stacks import Frame, is_library_file, short_path
 
-__all__ = ["await_report", "waiting_on", "peer_failures"]
+__all__ = ["handle_exception", "install_excepthook", "await_report", "waiting_on",
+           "peer_failures", "peer_error"]
+
+_HOOK_MARK = "__ddpguard_crash_hook__"
 
 log = logging.getLogger("ddpguard.guard")
 
@@ -66,3 +94,186 @@ def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
         if found or now > deadline:
             return found
         time.sleep(0.1)
+
+
+def peer_error(exc: BaseException) -> bool:
+    """gloo/NCCL errors that mean 'the other side went away', not a bug on this rank."""
+    low = str(exc).lower()
+    return any(s in low for s in ("connection closed by peer", "connection reset by peer",
+                                  "remote worker", "broken pipe"))
+
+
+def _user_tb(exc: BaseException) -> Any:
+    """The traceback from the script's first frame on: the bootstrap's and runpy's frames are
+    ours, not the user's (Python run directly would not show them)."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename == runpy.__file__
+                              or "runpy" in tb.tb_frame.f_code.co_filename
+                              or tb.tb_frame.f_code.co_filename.endswith(
+                                  os.path.join("ddpguard", "guard", "bootstrap.py"))):
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
+def _frames(exc: BaseException) -> list[Frame]:
+    """The error's traceback as report frames, outermost first (as captured stacks are)."""
+    return [{"file": f.filename, "line": f.lineno or 0, "func": f.name,
+             "code": (f.line or "").strip()}
+            for f in traceback.extract_tb(_user_tb(exc))]
+
+
+def handle_exception(exc: BaseException) -> int:
+    """This rank's own code raised `exc` (caught on the main thread): say where, name the end
+    when the guard can explain it (then the job stops with the report and exit 17, and this
+    call does not return), else let the waiting ranks report. Returns the exit code."""
+    from ddpguard import guard
+
+    if isinstance(exc, guard.UnevenBatchesError):
+        return guard_raised(exc)
+    g: Any = guard.active()
+    if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
+        # The guard is stopping the job and this error is its echo (a peer left the
+        # collective): let the guard thread finish its report and exit.
+        time.sleep(30)
+    frames = _frames(exc)
+    user = next((f for f in reversed(frames) if not is_library_file(f["file"])),
+                frames[-1] if frames else None)
+    place = f"{short_path(user['file'])}:{user['line']} in {user['func']}" if user else ""
+    at = f" at {short_path(user['file'])}:{user['line']}" if user else ""
+    text = f"{type(exc).__name__}: {exc}{at}"
+    rank = os.environ.get("RANK", "?") if g is None else str(g.rank)
+    # The traceback Python would have printed, through our descriptor: the script's own
+    # sys.stderr may be /dev/null on this rank.
+    channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
+    waiting = waiting_on(g) if g is not None else ""
+    if g is not None:
+        ms = timeout_ms(str(exc))
+        if ms is not None:
+            return _timed_out(g, ms, waiting, place, text, frames)
+        death = worker_death(str(exc))
+        if death is not None:
+            return _worker_killed(g, death, place, text, frames)
+    others = peer_failures(g) if g is not None and peer_error(exc) else []
+    cause = g.exchange.on_crash() if g is not None and not others else None
+    if others:
+        text = f"{type(exc).__name__} because {'; '.join(others)}"
+        channel.write(f"ddpguard: rank {rank} stopped{at}{waiting}: a peer failed first: "
+                      f"{'; '.join(others)}")
+    elif cause:
+        text = f"{type(exc).__name__} after a desync: {cause}"
+        channel.write(f"ddpguard: rank {rank} crashed: {type(exc).__name__}: {exc}{at}\n"
+                      f"ddpguard: the real cause: {cause}")
+    else:
+        channel.write(f"ddpguard: rank {rank} crashed: {text}")
+    if g is not None and others:
+        # A peer died and took this rank's collective with it: the guard's proof ("a peer
+        # gone while this rank waits"), reported as such, with exit 17 and the JSON report.
+        culprits = tuple(sorted({int(m) for m in re.findall(r"rank (\d+)", "; ".join(others))}
+                                - {g.rank}))
+        line = f" issued at {place}" + (f" (`{user['code']}`)" if user and user["code"] else "")
+        g.failure.crashed(frames)
+        g.failure.fail(Decision("peer_gone", f"{'; '.join(others)}, while rank {g.rank} "
+                                f"waited{waiting or ' in a collective'}{line if user else ''}",
+                                culprits), g.read_peers())
+    guard.stop("crashed", text)
+    if g is not None and not others:
+        await_report(g, g.config.grace + 3.0)
+    return 1
+
+
+def install_excepthook() -> None:
+    """Where nothing wraps the script (`ddpguard.init()`): an exception that reaches the top
+    of the main thread goes through handle_exception while the guard runs. A plain crash
+    still ends as Python would (exit 1, atexit handlers run); an end the guard explains ends
+    with its report and exit 17. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, _HOOK_MARK, False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        from ddpguard import guard
+
+        if guard.active() is None or not isinstance(exc, Exception):
+            previous(kind, exc, tb)
+            return
+        try:
+            code = handle_exception(exc)
+        except BaseException as inner:  # our own handling failed: say so in one line
+            channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
+                          f"{type(exc).__name__}: {exc} (and the guard could not report it: "
+                          f"{type(inner).__name__}: {inner})")
+            return
+        if code != 1:
+            os._exit(code)
+
+    setattr(hook, _HOOK_MARK, True)
+    sys.excepthook = hook
+
+
+def _timed_out(g: Any, ms: int, waiting: str, place: str, text: str,
+               frames: list[Frame]) -> int:
+    """A collective of this rank ran out the process group's own timeout: report what every
+    peer was doing at that moment, and the setting."""
+    peers = g.read_peers()
+    now = time.monotonic()
+    doing: dict[int, str] = {}
+    working: list[int] = []
+    gone: list[int] = []
+    for r, hb in sorted(peers.items()):
+        if r == g.rank:
+            continue
+        is_gone, how = g.peer_gone(r, hb, now)
+        doing[r] = peer_doing(r, hb, how if is_gone else "")
+        if is_gone:
+            gone.append(r)
+        elif not (hb.get("blocked") or hb.get("pending")):
+            working.append(r)
+    blocked = bool(doing) and not working and not gone
+    reason = timeout_reason(g.rank, ms, waiting, place, doing, blocked)
+    channel.write(f"ddpguard: rank {g.rank}: its collective{waiting} failed on the process "
+                  f"group's timeout ({ms / 1000:g} s): {text}")
+    cause = "peer_gone" if gone else ("timeout_deadlock" if blocked else "collective_timeout")
+    g.failure.crashed(frames, text)
+    g.failure.fail(Decision(cause, reason, tuple(gone or working)), peers)
+    return EXIT_CODE  # not reached: the failure path ends the process
+
+
+def _worker_killed(g: Any, death: Any, place: str, text: str, frames: list[Frame]) -> int:
+    """A DataLoader worker of this rank died: name its loader's line and what killed it."""
+    site = workers.site_of(death.pid)
+    oom = oom_words(*workers.oom_counts()) if death.signal == "SIGKILL" else ""
+    loader_line = site.rsplit(" in ", 1)[0] if site else None
+    surfaced = place if place and loader_line != place.rsplit(" in ", 1)[0] else ""
+    if site and loader_line:
+        # Where the report shows this rank: the loop over the loader, not the line torch
+        # happened to raise on.
+        path, _, line = loader_line.rpartition(":")
+        frames = [{"file": path, "line": int(line), "func": site.rsplit(" in ", 1)[1],
+                   "code": _source_line(path, int(line))}]
+    reason = worker_reason(g.rank, death, site, surfaced, oom)
+    channel.write(f"ddpguard: rank {g.rank} crashed: {text}")
+    g.failure.crashed(frames, text)
+    g.failure.fail(Decision("loader_worker_killed", reason, (g.rank,)), g.read_peers())
+    return EXIT_CODE  # not reached: the failure path ends the process
+
+
+def _source_line(path: str, line: int) -> str:
+    import linecache
+
+    return linecache.getline(path, line).strip()
+
+
+def guard_raised(exc: BaseException) -> int:
+    """The guard itself stopped the training thread (loader lengths differ): the same report
+    and exit code as any other stop, never a traceback."""
+    from ddpguard import guard
+
+    channel.write(str(exc))
+    g: Any = guard.active()
+    try:
+        if g is not None:
+            # Ends the process (os._exit) once the report is written.
+            g.failure.fail(Decision("uneven_batches", g.mismatch or str(exc)), g.read_peers())
+    except Exception as inner:
+        channel.write(f"ddpguard: the report could not be written: {inner}")
+    return EXIT_CODE

@@ -76,6 +76,27 @@ CAUSES: dict[str, tuple[str, str]] = {
         "Raise --stall-timeout / DDPGUARD_STALL_TIMEOUT if the named rank's work is "
         "expected to take that long; otherwise look at its line.",
     ),
+    # Ends the crash path explains (crash.py, ends.py).
+    "collective_timeout": (
+        "a collective ran out the process group's timeout while a peer was still working",
+        "Raise the timeout= argument of init_process_group (ddpguard.init(timeout=...) when "
+        "ddpguard forms the group) above the longest step any rank takes alone (the "
+        "checkpoint or evaluation at the line shown); NCCL's watchdog and gloo both use it. "
+        "Or let the other ranks do that work too instead of waiting in a collective.",
+    ),
+    "timeout_deadlock": (
+        "a collective ran out the process group's timeout while every rank was blocked",
+        "The ranks wait in collectives the others are not in (the lines below): make every "
+        "rank issue the same collectives in the same order. Raising the timeout would only "
+        "make the job hang longer.",
+    ),
+    "loader_worker_killed": (
+        "a DataLoader worker was killed",
+        "Out of host memory (the OOM killer): fewer workers (num_workers), a smaller "
+        "prefetch_factor, a dataset that loads items lazily instead of holding copies in "
+        "every worker, or more memory for the job. Otherwise find who sent the signal (the "
+        "scheduler, a kill -9).",
+    ),
 }
 
 _BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",

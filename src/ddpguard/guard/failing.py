@@ -15,10 +15,11 @@ from typing import Any
 from . import channel, procs
 from .assemble import assemble
 from .ddpstate import ddp_training
+from .fault import fault_stacks
 from .handles import GuardHandle
 from .report import announce, report_path, write_json
 from .rules import Decision
-from .stacks import capture_all
+from .stacks import Frame, capture_all
 
 __all__ = ["Failure"]
 
@@ -33,10 +34,23 @@ class Failure:
         # connection error caused by the stop as a crash of its own.
         self.active = False
         self._answered: list[int] = []
+        # Set by the crash path (crash.py) before it stops the job from the training thread:
+        # the error's own stack (the live one is now inside the crash handling) and, when this
+        # rank's error ended the job, the error.
+        self._crash: tuple[list[Frame], str | None] | None = None
+
+    def crashed(self, frames: list[Frame], error: str | None = None) -> None:
+        """The training thread raised: report `frames` as its stack and, with `error`, this
+        rank as crashed of it."""
+        self._crash = (frames, error)
 
     def _dump(self) -> dict[str, Any]:
         g = self.g
         stacks = capture_all(skip_ident=threading.current_thread().ident)
+        if self._crash is not None and self._crash[0]:
+            main = threading.main_thread()
+            stacks.pop(f"{main.name} ({main.ident})", None)
+            stacks = {f"{main.name} ({main.ident}) at its error": self._crash[0], **stacks}
         return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat(),
                 "issued": self._issued(),
                 "ddp_training": ddp_training(threading.main_thread().ident)}
@@ -87,6 +101,7 @@ class Failure:
                 dumps = self._collect(peers)
                 peers = g.read_peers()
                 self._answered = sorted(dumps)
+                dumps.update(self._last_words(peers, dumps))
             except Exception as exc:
                 log.debug("store failed while collecting stacks: %s", exc)
         dumps[me] = mine if mine is not None else self._dump()
@@ -201,8 +216,26 @@ class Failure:
             time.sleep(0.05)
         return out
 
+    def _last_words(self, peers: dict[int, dict[str, Any]],
+                    dumps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """The stacks a dead rank on this host left in its fault log (native crash), in place
+        of the dump it can no longer send."""
+        g = self.g
+        out: dict[int, dict[str, Any]] = {}
+        for r, hb in peers.items():
+            if (r == g.rank or r in dumps or hb.get("host") != g.host or not hb.get("fault")
+                    or procs.pid_alive(int(hb.get("pid", 0) or 0))):
+                continue
+            stacks = fault_stacks(hb.get("fault"), hb.get("main"))
+            if stacks:
+                out[r] = {"stacks": stacks, "hb": hb}
+        return out
+
     def build(self, decision: Decision, peers: dict[int, dict[str, Any]],
               dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
         g = self.g
+        own = g.heartbeat()
+        if self._crash is not None and self._crash[1]:
+            own = {**own, "state": "crashed", "error": self._crash[1]}
         return assemble(decision, peers, dumps, rank=g.rank, world_size=g.world_size,
-                        own=g.heartbeat(), table=g.peers, run_id=g.run_id, config=g.config)
+                        own=own, table=g.peers, run_id=g.run_id, config=g.config)

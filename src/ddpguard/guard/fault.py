@@ -4,8 +4,11 @@ gloo aborts the process on a size mismatch ("Received data size doesn't match ex
 a CUDA or NCCL error can segfault it: the Python process never gets to say where it was. While
 the guard runs, `faulthandler` writes every thread's Python stack to a small per-rank file on
 SIGABRT, SIGSEGV, SIGFPE, SIGBUS and SIGILL; a surviving rank on the same host (or the report)
-reads the training thread's innermost user line from it. The file is removed when the rank
-leaves normally. A script that enabled faulthandler itself keeps its own setting.
+reads from it the thread that stood in a collective (the training thread, or a second thread
+whose collective the backend paired with another rank's) and its user line. The file is
+removed when the rank leaves normally. A script that enabled faulthandler itself keeps its own
+setting. The log also starts the note of which loader each DataLoader worker serves
+(workers.py): the other post-mortem a rank cannot write once the error has unwound its stack.
 """
 
 from __future__ import annotations
@@ -13,14 +16,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import linecache
 import os
 import re
 import tempfile
-from typing import IO
+from dataclasses import dataclass
+from typing import IO, Any
 
+from . import workers
 from .stacks import is_library_file
 
-__all__ = ["FaultLog", "last_words"]
+__all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks"]
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _COLLECTIVES = frozenset({
@@ -37,6 +43,7 @@ class FaultLog:
         self._fh: IO[str] | None = None
 
     def start(self, directory: str | None, run_id: str, rank: int) -> str | None:
+        workers.install()
         if faulthandler.is_enabled():
             return None  # the script's own choice
         try:
@@ -54,6 +61,7 @@ class FaultLog:
     def stop(self) -> None:
         """Stop listening and remove the file, unless a fatal signal already wrote into it
         (then it is the dead rank's last words, for the report)."""
+        workers.uninstall()
         if self._fh is None:
             return
         with contextlib.suppress(Exception):
@@ -66,51 +74,115 @@ class FaultLog:
         self._fh, self.path = None, None
 
 
-def last_words(path: str | None, main_ident: int | None) -> str:
-    """' (it died of a fatal signal: ...; its training thread was at f:l in g)', or '' when
-    there is nothing (no file, or the rank did not die of a fatal signal). When the training
-    thread was inside a torch.distributed collective and the process aborted, say that a
-    collective the other ranks did not match is the usual cause (gloo aborts on a size
-    mismatch)."""
+@dataclass(frozen=True)
+class FaultThread:
+    """One thread of a fault dump: its id, whether it is the training (main) thread, and its
+    frames innermost first (file, line, function), as faulthandler writes them."""
+
+    ident: str
+    main: bool
+    frames: tuple[tuple[str, int, str], ...]
+
+
+def parse_fault(text: str, main_ident: int | None) -> tuple[str, list[FaultThread]]:
+    """(first line, threads) of a faulthandler dump. Pure."""
+    lines = text.strip().splitlines()
+    head = lines[0].strip() if lines else ""
+    want = f"0x{main_ident:016x}" if main_ident else None
+    threads: list[FaultThread] = []
+    current: str | None = None
+    frames: list[tuple[str, int, str]] = []
+
+    def close() -> None:
+        if current is not None:
+            threads.append(FaultThread(current, current == want, tuple(frames)))
+
+    for line in lines:
+        m = _THREAD.match(line)
+        if m:
+            close()
+            current, frames = m.group(1).lower(), []
+            continue
+        f = _FRAME.match(line)
+        if f and current is not None:
+            frames.append((f.group(1), int(f.group(2)), f.group(3)))
+    close()
+    return head, threads
+
+
+def _collective(t: FaultThread) -> tuple[str, str] | None:
+    """(collective, 'file:line in func[, called from ...]') when the thread stands in a
+    torch.distributed collective called from the user's code."""
+    name = next((fn for path, _, fn in t.frames
+                 if "torch/distributed/" in path and fn in _COLLECTIVES), None)
+    users = [f"{path}:{line} in {fn}" for path, line, fn in t.frames
+             if not is_library_file(path)]
+    if name is None or not users:
+        return None
+    # A helper (an AverageMeter's all_reduce) is rarely the line to change: its caller, the
+    # one under the rank condition, is named too.
+    return name, users[0] + (f", called from {users[1]}" if len(users) > 1 else "")
+
+
+def _training_line(t: FaultThread | None) -> str | None:
+    if t is None:
+        return None
+    return next((f"{path}:{line} in {fn}" for path, line, fn in t.frames
+                 if not is_library_file(path)), None)
+
+
+def read_fault(path: str | None) -> str:
     if not path:
         return ""
     try:
         with open(path, errors="replace") as fh:
-            text = fh.read(65536)
+            return fh.read(65536)
     except OSError:
         return ""
-    if not text.strip():
+
+
+def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[dict[str, Any]]]:
+    """A dead rank's stacks from its fault log, in the report's format (outermost first,
+    'name (ident)' keys): the thread that stood in a collective first, since that is the
+    one the report must name, then the training thread, then the rest."""
+    head, threads = parse_fault(read_fault(path), main_ident)
+    if not threads:
+        return {}
+    order = sorted(threads, key=lambda t: (_collective(t) is None, not t.main))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for t in order:
+        name = "MainThread" if t.main else "thread"
+        out[f"{name} ({t.ident}) at {head}"] = [
+            {"file": p, "line": ln, "func": fn, "code": linecache.getline(p, ln).strip()}
+            for p, ln, fn in reversed(t.frames)]
+    return out
+
+
+def last_words(path: str | None, main_ident: int | None) -> str:
+    """' (it died of a fatal signal: ...; its training thread was at f:l in g)', or '' when
+    there is nothing (no file, or the rank did not die of a fatal signal). A thread inside a
+    torch.distributed collective is named with its line (the training thread's, or another
+    thread's, said so: a collective from a second thread is paired by the backend with
+    whatever the other ranks issue next); when the process aborted there, a collective the
+    other ranks did not match is the usual cause (gloo aborts on a size mismatch)."""
+    head, threads = parse_fault(read_fault(path), main_ident)
+    if not head:
         return ""
-    head = text.strip().splitlines()[0].strip()
-    want = f"0x{main_ident:016x}" if main_ident else None
-    where: str | None = None
-    caller: str | None = None
-    collective = None
-    current = None
-    for line in text.splitlines():
-        m = _THREAD.match(line)
-        if m:
-            current = m.group(1).lower()
-            continue
-        f = _FRAME.match(line)
-        if not f or (want is not None and current != want):
-            continue
-        if (collective is None and where is None and "torch/distributed/" in f.group(1)
-                and f.group(3) in _COLLECTIVES):
-            collective = f.group(3)
-        if not is_library_file(f.group(1)):
-            here = f"{f.group(1)}:{f.group(2)} in {f.group(3)}"
-            if where is None:
-                where = here
-            elif caller is None:
-                # A helper (an AverageMeter's all_reduce) is rarely the line to change: its
-                # caller, the one under the rank condition, is named too.
-                caller = here
-                where = f"{where}, called from {caller}"
-    if collective and where:
-        hint = (": a collective the other ranks did not match is the usual cause"
-                if "Abort" in head else "")
-        return (f" (it died of a fatal signal ({head}) inside torch.distributed.{collective} "
-                f"called at {where}{hint})")
-    at = f"; its training thread was at {where}" if where else ""
-    return f" (it died of a fatal signal: {head}{at})"
+    main = next((t for t in threads if t.main), None)
+    if main is None and main_ident is None and threads:
+        main = threads[-1]  # faulthandler lists the oldest thread (the main one) last
+    hint = (": a collective the other ranks did not match is the usual cause"
+            if "Abort" in head else "")
+    found = _collective(main) if main is not None else None
+    if found:
+        return (f" (it died of a fatal signal ({head}) inside torch.distributed.{found[0]} "
+                f"called at {found[1]}{hint})")
+    other = next(((t, c) for t in threads if t is not main
+                  for c in [_collective(t)] if c is not None), None)
+    at = _training_line(main)
+    train = f"; its training thread was at {at}" if at else ""
+    if other is not None:
+        return (f" (it died of a fatal signal ({head}) inside torch.distributed.{other[1][0]} "
+                f"called from a second thread (not the training thread) at {other[1][1]}"
+                f"{train}{hint})")
+    return f" (it died of a fatal signal: {head}{train})"

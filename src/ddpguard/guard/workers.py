@@ -1,0 +1,97 @@
+"""Which loader each DataLoader worker process serves, so that a killed worker is named by the
+script's line that iterates its loader.
+
+torch reports a dead worker from its SIGCHLD handler, wherever the training thread happens to
+be (an all_gather deep in the model), and by the time the error reaches the top of the rank
+the loader's iterator (and its workers) are gone. So while the guard runs, each
+multi-process iterator notes its workers' pids and the user line that started it (the `for`
+over the loader): once per pass, nothing per batch. The cgroup's OOM-kill count is read when
+the guard starts, so a SIGKILL can be told apart later.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import threading
+from typing import Any
+
+from . import procs
+from .stacks import is_library_file
+
+__all__ = ["install", "uninstall", "site_of", "oom_counts"]
+
+_lock = threading.Lock()
+_sites: collections.OrderedDict[int, str] = collections.OrderedDict()
+_saved: dict[str, Any] = {}
+_oom0: list[int | None] = []
+_KEEP = 256  # pids remembered (a few loaders x workers x passes)
+
+
+def _user_site(depth: int) -> str | None:
+    """'file:line in func' of the first frame outside torch, the standard library, installed
+    packages and ddpguard: the `for` that iterates the loader (or the call that builds the
+    iterator)."""
+    f: Any = sys._getframe(depth)
+    while f is not None:
+        if not is_library_file(f.f_code.co_filename):
+            return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back
+    return None
+
+
+def _note(pids: list[int], site: str) -> None:
+    with _lock:
+        for pid in pids:
+            _sites[pid] = site
+            _sites.move_to_end(pid)
+        while len(_sites) > _KEEP:
+            _sites.popitem(last=False)
+
+
+def install() -> None:
+    """Wrap torch's multi-process loader iterator (idempotent) and read the OOM-kill count."""
+    if not _oom0:
+        _oom0.append(procs.oom_kills())
+    if _saved:
+        return
+    try:
+        from torch.utils.data import dataloader as dl
+    except ImportError:
+        return
+    cls = dl._MultiProcessingDataLoaderIter
+    orig_init = cls.__init__
+
+    @functools.wraps(orig_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(self, *args, **kwargs)
+        try:
+            site = _user_site(2)
+            pids = [int(w.pid) for w in getattr(self, "_workers", ()) if w.pid]
+            if site and pids:
+                _note(pids, site)
+        except Exception:  # noqa: S110 (bookkeeping for a report must never break a loader)
+            pass
+
+    _saved["init"] = orig_init
+    cls.__init__ = init
+
+
+def uninstall() -> None:
+    if not _saved:
+        return
+    from torch.utils.data import dataloader as dl
+
+    dl._MultiProcessingDataLoaderIter.__init__ = _saved.pop("init")
+
+
+def site_of(pid: int) -> str | None:
+    """The line that iterated the loader whose worker had `pid`, if the guard saw it start."""
+    with _lock:
+        return _sites.get(pid)
+
+
+def oom_counts() -> tuple[int | None, int | None]:
+    """The cgroup's OOM-kill count when the guard started, and now (None: cannot tell)."""
+    return (_oom0[0] if _oom0 else None), procs.oom_kills()

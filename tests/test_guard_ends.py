@@ -1,0 +1,254 @@
+"""Ends of a job that are not hangs get a report, the stop block and exit 17: a collective that
+fails on the process group's own timeout, a rank aborted inside gloo (a collective from a
+second thread), a DataLoader worker killed by SIGKILL. Each on a real 2-rank gloo job
+(tests/guard_scripts/end_scenarios.py) under `ddpguard run` and with `ddpguard.init()` in
+ranks started by hand (as srun starts them: nothing wraps the script, no launcher prints the
+block); the wording in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, child_env, run_cli
+
+from ddpguard.guard.ends import (
+    WorkerDeath,
+    oom_words,
+    peer_doing,
+    timeout_ms,
+    timeout_reason,
+    worker_death,
+    worker_reason,
+)
+from ddpguard.guard.fault import fault_stacks, last_words, parse_fault
+from ddpguard.testing import free_port, loopback_env
+
+SCRIPT = "tests/guard_scripts/end_scenarios.py"
+LAUNCHES = ["ddpguard_run", "init_by_hand"]
+
+
+def line_of(snippet: str) -> str:
+    lines = (ROOT / SCRIPT).read_text().splitlines()
+    found = [i + 1 for i, text in enumerate(lines) if snippet in text]
+    assert len(found) == 1, f"{snippet!r} found at lines {found}"
+    return f"end_scenarios.py:{found[0]}"
+
+
+def lines_of_function(name: str) -> set[str]:
+    lines = (ROOT / SCRIPT).read_text().splitlines()
+    start = int(line_of(f"def {name}(").rsplit(":", 1)[1])
+    out = set()
+    for j in range(start, len(lines)):
+        if lines[j].strip() and not lines[j].startswith((" ", "\t")):
+            break
+        out.add(f"end_scenarios.py:{j + 1}")
+    return out
+
+
+def _launch(case: str, how: str, tmp_path: Path) -> tuple[dict[int, int] | int, str]:
+    """Run the case; returns (exit code(s), everything written to stderr)."""
+    env = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), DDPGUARD_DUMP_WAIT="3")
+    if how == "ddpguard_run":
+        res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, timeout=120,
+                      env=env)
+        return res.returncode, res.stderr
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "--case", case, "--init"], cwd=ROOT,
+                              env={**env, **loopback_env(r, 2, port)}, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for r in range(2)]
+    codes, err = {}, ""
+    deadline = time.monotonic() + 90
+    from ddpguard.guard.procs import kill_tree
+
+    for r, p in enumerate(procs):
+        try:
+            _, e = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:  # our own children and what they started, by pid
+                kill_tree(q.pid, include_self=True)
+            _, e = p.communicate()
+        codes[r] = p.returncode
+        err += f"\n[rank {r} stderr]\n{e}"
+    return codes, err
+
+
+def _report(tmp_path: Path) -> dict:
+    reports = sorted(tmp_path.glob("ddpguard-*.json"))
+    assert reports, "no JSON report written"
+    return json.loads(reports[0].read_text())
+
+
+def _block(err: str) -> str:
+    """The stop block, printed once (by the launcher, or by the reporting rank)."""
+    assert err.count("=============== ddpguard:") == 1, err[-5000:]
+    return err[err.index("=============== ddpguard:"):]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_timeout_names_the_timeout_the_working_peer_and_the_setting(how, tmp_path):
+    codes, err = _launch("pg_timeout", how, tmp_path)
+    assert codes in (17, {0: 17, 1: 17}), (codes, err[-5000:])
+    block = _block(err)
+    assert "likely cause: a collective ran out the process group's timeout while a peer was " \
+           "still working" in block, block
+    assert "process group's own timeout (3 s)" in block
+    assert "rank 1's collective in barrier #" in block and line_of("rank 1 times out") in block
+    # What the peer was doing at that moment: alive, working in the checkpoint, at its line.
+    assert "rank 0 was alive and working" in block
+    peer = block.split("rank 0 was alive and working", 1)[1].split("No rank was stuck", 1)[0]
+    assert " in checkpoint" in peer and any(
+        f"{where} in" in peer for where in lines_of_function("checkpoint")), block
+    assert "timeout= argument of init_process_group" in block
+    d = _report(tmp_path)["diagnosis"]
+    assert d["cause"] == "collective_timeout" and d["culprits"] == [0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_rank_aborted_by_gloo_gives_the_mismatch_with_both_lines(how, tmp_path):
+    # gloo aborts the rank whose collective is the smaller (rank 1's metrics thread: it
+    # receives more than it expects); rank 0 survives in DDP's gradient all-reduce.
+    codes, err = _launch("thread_collective", how, tmp_path)
+    assert codes == 17 or (isinstance(codes, dict) and codes[0] == 17), (codes, err[-5000:])
+    block = _block(err)
+    assert "likely cause: ranks wait in different collectives" in block, block
+    thread_line, ddp_line = line_of("dist.all_reduce(torch.ones(3))"), line_of("loss.backward()")
+    assert (f"inside torch.distributed.all_reduce called from a second thread (not the "
+            f"training thread) at tests/guard_scripts/{thread_line} in metrics_sync") in block
+    assert "rank 0 waited in all_reduce #" in block and f"issued at tests/guard_scripts/" \
+        f"{ddp_line}" in block
+    # The dead rank is shown where its fault log says it was: in the thread's collective.
+    pos = _report(tmp_path)["diagnosis"]["positions"]
+    assert thread_line in pos["1"]["user"] and ddp_line in pos["0"]["user"], pos
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_killed_loader_worker_names_the_loader_line_and_the_signal(how, tmp_path):
+    codes, err = _launch("worker_killed", how, tmp_path)
+    assert codes in (17, {0: 17, 1: 17}), (codes, err[-5000:])
+    block = _block(err)
+    loop = line_of("for step, (xb, yb) in enumerate(loader):")
+    assert "likely cause: a DataLoader worker was killed" in block, block
+    assert "was killed by SIGKILL, a worker of the loader iterated at " \
+           f"tests/guard_scripts/{loop}" in block
+    assert "OOM killer" in block  # what the cgroup says (or that it cannot tell)
+    d = _report(tmp_path)["diagnosis"]
+    assert d["cause"] == "loader_worker_killed" and d["culprits"] == [1]
+    # Rank 1 is shown at its loader's loop, not where torch happened to raise.
+    assert loop in d["positions"]["1"]["user"] and d["positions"]["1"]["doing"] == "crashed"
+
+
+# -- the wording, in one process ---------------------------------------------------------------
+
+def test_timeout_value_is_read_from_gloo_nccl_and_monitored_barrier_errors():
+    assert timeout_ms("[unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation "
+                      "to complete") == 10000
+    assert timeout_ms("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL("
+                      "SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+                      "ran for 600055 milliseconds before timing out.") == 600000
+    assert timeout_ms("Rank 1 failed to pass monitoredBarrier in 5000 ms") == 5000
+    # The store's own timeout is another setting: not a collective's timeout.
+    assert timeout_ms("Socket Timeout: wait timeout after 30000ms, keys: /ddp") is None
+    assert timeout_ms("Connection closed by peer") is None
+
+
+def test_worker_death_is_read_with_its_signal():
+    assert worker_death("RuntimeError: DataLoader worker (pid 4242) is killed by signal: "
+                        "Killed. ") == WorkerDeath(4242, "SIGKILL")
+    assert worker_death("DataLoader worker (pid 7) is killed by signal: Segmentation "
+                        "fault. ") == WorkerDeath(7, "SIGSEGV")
+    assert worker_death("DataLoader worker (pid(s) 12, 13) exited unexpectedly") == \
+        WorkerDeath(12, None)
+    assert worker_death("CUDA out of memory") is None
+    with pytest.raises(ValueError, match="-1"):
+        WorkerDeath(-1, None)
+
+
+def test_peer_doing_tells_working_from_blocked_from_gone():
+    working = {"where": "train.py:70 in save", "doing": "running Python code", "quiet": 0.1}
+    assert peer_doing(0, working) == \
+        "rank 0 was alive and working (running Python code) at train.py:70 in save"
+    blocked = {"where": "train.py:9 in <module>", "blocked": True,
+               "pending": [["0", 7, "barrier", [], [], False]]}
+    assert peer_doing(2, blocked) == \
+        "rank 2 was itself blocked in barrier #7 (group 0) at train.py:9 in <module>"
+    assert peer_doing(3, working, "exited (left the job)") == "rank 3 had exited (left the job)"
+    assert "not published" in peer_doing(4, None)
+
+
+def test_timeout_reason_names_the_setting_only_when_a_peer_worked():
+    peers = {0: "rank 0 was alive and working (saving) at t.py:3 in save"}
+    text = timeout_reason(1, 10000, " in barrier #4 (group 0)", "t.py:9 in <module>", peers,
+                          blocked=False)
+    assert text.startswith("rank 1's collective in barrier #4 (group 0) at t.py:9 in <module> "
+                           "failed on the process group's own timeout (10 s) while rank 0 "
+                           "was alive and working")
+    assert "timeout= argument of init_process_group" in text
+    dead = timeout_reason(1, 500, "", "", {0: "rank 0 was itself blocked in x"}, blocked=True)
+    assert "(0.5 s)" in dead and "deadlock" in dead and "timeout=" not in dead
+
+
+def test_oom_words_follow_the_cgroup_count():
+    assert "OOM killer ended 2 process(es)" in oom_words(3, 5)
+    assert "not this job's OOM killer" in oom_words(3, 3)
+    assert "does not say which" in oom_words(None, 3)
+    text = worker_reason(1, WorkerDeath(9, "SIGKILL"), "t.py:5 in <module>", "m.py:2 in f",
+                         oom_words(0, 1))
+    assert text.startswith("rank 1's DataLoader worker (pid 9) was killed by SIGKILL, a worker "
+                           "of the loader iterated at t.py:5 in <module>; the kernel's OOM")
+    assert "raised it where the training thread happened to be (m.py:2 in f)" in text
+    assert "OOM" not in worker_reason(1, WorkerDeath(9, None), None, "", "")
+
+
+# faulthandler's dump of a rank gloo aborted while a second thread stood in a collective.
+_C10D = "/".join([os.path.dirname(threading.__file__), "site-packages", "torch", "distributed"])
+_THREADING = threading.__file__
+FAULT = f"""Fatal Python error: Aborted
+
+Thread 0x00007f734106b6c0 (most recent call first):
+  File "{_C10D}/distributed_c10d.py", line 3252 in all_reduce
+  File "{_C10D}/c10d_logger.py", line 83 in wrapper
+  File "/work/job/train.py", line 78 in metrics_sync
+  File "{_THREADING}", line 982 in run
+
+Thread 0x00007f7348d266c0 (most recent call first):
+  File "{_THREADING}", line 331 in wait
+
+Thread 0x00007f7369e85b80 (most recent call first):
+  File "/work/job/train.py", line 85 in <module>
+"""
+MAIN = 0x00007F7369E85B80
+
+
+def test_fault_log_names_a_second_threads_collective_and_the_training_line(tmp_path):
+    head, threads = parse_fault(FAULT, MAIN)
+    assert head == "Fatal Python error: Aborted"
+    assert [t.main for t in threads] == [False, False, True]
+    path = tmp_path / "fault.txt"
+    path.write_text(FAULT)
+    words = last_words(str(path), MAIN)
+    assert ("inside torch.distributed.all_reduce called from a second thread (not the "
+            "training thread) at /work/job/train.py:78 in metrics_sync; its training thread "
+            "was at /work/job/train.py:85 in <module>: a collective the other ranks did not "
+            "match") in words, words
+    # The report shows the thread in the collective first, then the training thread.
+    stacks = fault_stacks(str(path), MAIN)
+    first, second = list(stacks.values())[:2]
+    assert first[-1]["func"] == "all_reduce" and second[-1]["line"] == 85
+    # The training thread's own collective, as before.
+    own = FAULT.replace('"/work/job/train.py", line 85 in <module>',
+                        f'"{_C10D}/distributed_c10d.py", line 9 in barrier\n'
+                        '  File "/work/job/train.py", line 85 in <module>')
+    path.write_text(own)
+    assert "inside torch.distributed.barrier called at /work/job/train.py:85" in \
+        last_words(str(path), MAIN)
