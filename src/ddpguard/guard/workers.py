@@ -75,7 +75,7 @@ def install() -> None:
             pass
 
     _saved["init"] = orig_init
-    cls.__init__ = init
+    cls.__init__ = init  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
@@ -83,7 +83,7 @@ def uninstall() -> None:
         return
     from torch.utils.data import dataloader as dl
 
-    dl._MultiProcessingDataLoaderIter.__init__ = _saved.pop("init")
+    dl._MultiProcessingDataLoaderIter.__init__ = _saved.pop("init")  # type: ignore[method-assign]
 
 
 def site_of(pid: int) -> str | None:
