@@ -46,6 +46,7 @@ def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
                         "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
                         "issued": dump.get("issued") or {},
                         "ddp_training": dump.get("ddp_training"),
+                        "sequence": dump.get("sequence") or [],
                         "lanes": dump.get("lanes") or []})
     sources: dict[str, list[str]] = {}
     for rec in records:
@@ -53,6 +54,11 @@ def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
         uf = user_frame(main)
         if uf is not None:
             sources[uf["file"]] = linecache.getlines(uf["file"])
+        # The loops each rank iterates a loader in (align.py: is a rank still inside it?).
+        for site in ((rec["hb"] or {}).get("loaders") or {}):
+            path = str(site).rpartition(":")[0]
+            if path and path not in sources:
+                sources[path] = linecache.getlines(path)
         for where in rec["issued"].values():
             path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
             sources.setdefault(path, linecache.getlines(path))

@@ -11,8 +11,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .align import Finding, explain, extra_before_death, second_thread
 from .ledger import describe_entry, first_pending
-from .stacks import activity, fmt_frame, innermost, is_library_file, user_frame
+from .stacks import (
+    activity,
+    blocked_call,
+    fmt_frame,
+    innermost,
+    is_library_file,
+    user_frame,
+)
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
 
@@ -33,6 +41,35 @@ CAUSES: dict[str, tuple[str, str]] = {
         "Call every collective (barrier, all_reduce, ...) on all ranks; move it out of the "
         "`if rank == 0:` block.",
     ),
+    # What the aligned sequences show (align.py).
+    "skipped_backward": (
+        "a rank skipped the backward of a step the others are in",
+        "Every rank must run the backward of every training forward through the DDP wrapper "
+        "(its gradient all-reduce is a collective). Decide to skip a batch on all ranks "
+        "together (all_reduce the 'bad batch' flag first), or run backward on a zero loss "
+        "(loss * 0) instead of `continue`.",
+    ),
+    "extra_collective": (
+        "a collective issued on some ranks only, where the others are in the DDP model's "
+        "forward or backward",
+        "Issue that collective on every rank at the same point of the loop (or not at all); "
+        "the line below is where the rank that waits issued it.",
+    ),
+    "second_thread": (
+        "a collective issued from a second thread, paired with another rank's training "
+        "collectives",
+        "Issue collectives from the training thread only, or give the other thread a process "
+        "group of its own (dist.new_group, created on every rank in the same order) and issue "
+        "its collectives on every rank.",
+    ),
+    "blocked_outside": (
+        "a rank is blocked outside torch (a lock, a queue, a pipe) while a peer waits for it "
+        "in a collective",
+        "The rank waits for something the waiting peer holds or should provide: release "
+        "locks before entering a collective (or take them on every rank in the same order), "
+        "and never make a rank wait for a peer through a file lock, queue or pipe while that "
+        "peer waits in a collective.",
+    ),
     "mismatch": (
         "ranks wait in different collectives at the same point of the sequence",
         "Make every rank issue the same collectives in the same order with the same shapes; "
@@ -48,7 +85,7 @@ CAUSES: dict[str, tuple[str, str]] = {
         "only, or a collective under `if rank == 0:`) and make every rank issue it.",
     ),
     "left_early": (
-        "a rank left (exited or destroyed its process group) while the others wait for it",
+        "a rank left its loop or the program early while the others wait for it",
         "Make every rank run the same number of iterations and collectives before leaving; "
         "break out of loops on all ranks together.",
     ),
@@ -99,6 +136,9 @@ CAUSES: dict[str, tuple[str, str]] = {
     ),
 }
 
+# Seconds without life that make a call outside torch "blocked in" rather than "computing".
+_STILL = 1.0
+
 _BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
                           "_distributed_broadcast_coalesced", "_sync_params_and_buffers"})
 _COND = re.compile(r"\bif\b.*\b(rank|is_main|is_local_main|local_rank|get_rank|"
@@ -124,6 +164,10 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
             uf = {"file": m.group(1), "line": int(m.group(2)), "func": m.group(3),
                   "code": (rec.get("issued_code") or {}).get(issued, "")}
             where = f"{fmt_frame(uf)} (waits for it at {where})"
+    # A training thread that sits in one call outside torch showing no life for a settle
+    # interval waits in it (a lock, a queue, a read): a call burning CPU counts as life.
+    blocked_in = (blocked_call(main) if main and first is None and kind == "running"
+                  and float(hb.get("quiet", 0.0)) >= _STILL else None)
     if rec.get("state") not in (None, "running"):
         doing = {"exited": "exited", "crashed": "crashed", "dead": "died",
                  "missing": "never answered"}.get(rec["state"], rec["state"])
@@ -131,6 +175,8 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
         doing = f"waiting in {describe_entry(first)}"
     elif hb.get("blocked"):
         doing = f"waiting {text}"
+    elif blocked_in:
+        doing = f"blocked in {blocked_in} (no CPU for {float(hb.get('quiet', 0.0)):.0f} s)"
     else:
         doing = f"computing ({text})" if kind == "running" else text
     # DDP's buffer broadcast (what a forward on some ranks only hangs in), as opposed to its
@@ -143,7 +189,7 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
     return {"kind": kind, "doing": doing, "user": where, "buffer_sync": buffer_sync,
             "user_line": (uf["file"], uf["line"]) if uf else None, "callers": callers,
             "innermost": fmt_frame(innermost(main)) if main else "?",
-            "pending": describe_entry(first) if first else None}
+            "pending": describe_entry(first) if first else None, "blocked_in": blocked_in}
 
 
 def _in_conditional(source: list[str] | None, line: int) -> bool:
@@ -166,45 +212,108 @@ def _in_conditional(source: list[str] | None, line: int) -> bool:
     return bool(_COND.search(target))
 
 
+def _conditional(records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+                 sources: dict[str, list[str]]) -> bool:
+    """A waiting rank's collective (or a call leading to it) sits under `if ...rank...:` and
+    not every rank stands at that line."""
+    for r in records:
+        p = pos[r["rank"]]
+        waits = p["pending"] or p["kind"].startswith("collective:")
+        if not waits:
+            continue
+        lines = [p["user_line"]] if p["user_line"] else []
+        lines += [c for c in p.get("callers", ()) if c not in lines]
+        for where in lines:
+            if _in_conditional(sources.get(where[0]), where[1]):
+                others = [o for o in records if where == pos[o["rank"]]["user_line"]
+                          or where in pos[o["rank"]].get("callers", ())]
+                if len(others) < len(records):
+                    return True
+    return False
+
+
+def _or_conditional(found: Finding, records: list[dict[str, Any]],
+                    pos: dict[int, dict[str, Any]], sources: dict[str, list[str]]) -> str:
+    """An extra collective whose line sits under `if ...rank...:` is the more specific
+    conditional collective."""
+    if found.cause != "extra_collective":
+        return found.cause
+    line = found.line
+    if (line and _in_conditional(sources.get(line[0]), line[1])) or _conditional(
+            records, pos, sources):
+        return "conditional_collective"
+    return found.cause
+
+
+def _blocked_outside(records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+                     culprits: list[int]) -> Finding | None:
+    """A rank others wait for sits in a call outside torch with no life (a lock, a queue, a
+    pipe) while a peer waits in a collective."""
+    waiting = [r["rank"] for r in records if pos[r["rank"]]["pending"]]
+    for c in culprits:
+        p = pos.get(c) or {}
+        if p.get("blocked_in") and waiting:
+            w = waiting[0]
+            return Finding("blocked_outside", (
+                f"rank {c} is {p['doing']} at {p['user']}, a call outside torch that uses no "
+                f"CPU, while rank {w} waits for it in {pos[w]['pending']} at {pos[w]['user']}"
+            ), (c,))
+    return None
+
+
 def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
-            culprits: list[int], sources: dict[str, list[str]]) -> str:
-    """A more specific cause, only where the evidence shows it."""
+            culprits: list[int], sources: dict[str, list[str]]) -> tuple[str, Finding | None]:
+    """A more specific cause, only where the evidence shows it: first what the ranks'
+    aligned collective sequences show (align.py), then the lines' own evidence."""
+    # Heartbeats that carry the loop counters can be aligned; older reports fall back to the
+    # evidence of the stacks alone.
+    aligned = any("backwards" in (r.get("hb") or {}) for r in records)
+    if cause in ("no_life", "hard_limit"):
+        found = _blocked_outside(records, pos, culprits)
+        if found:
+            return found.cause, found
     if cause == "peer_gone":
-        # A peer that left or died is the strongest evidence: it outranks guesses from what
-        # the waiting ranks were doing. One exception is itself evidence: a waiting rank in
-        # DDP's buffer broadcast with the module in eval mode is evaluating through the
-        # wrapper on its own, and the peer that left had simply finished.
-        for r in records:
-            p = pos[r["rank"]]
-            if (r["state"] == "running" and p["buffer_sync"]
-                    and r.get("ddp_training") is False):
-                return "forward_on_some_ranks"
         states = {r["state"] for r in records if r["rank"] in culprits}
-        return "left_early" if states <= {"exited"} else "crashed_rank"
-    if cause in ("mismatch", "deadlock", "desync", "no_life", "hard_limit"):
-        for r in records:
-            p = pos[r["rank"]]
-            pend = p.get("pending") or ""
-            if pend.startswith("broadcast") and p["kind"] == "ddp_forward" \
-                    and p["buffer_sync"]:
-                return "forward_on_some_ranks"
-        if cause != "desync":
+        # A peer that left or died is the strongest evidence: it outranks guesses from what
+        # the waiting ranks were doing; the alignment may still say why it left.
+        if aligned and states <= {"exited"}:
+            found = explain(records, pos, sources)
+            if found and found.cause in ("skipped_backward", "forward_on_some_ranks",
+                                         "left_early"):
+                return found.cause, found
+        if aligned and states & {"dead", "crashed"}:
+            found = extra_before_death(records, pos)
+            if found:
+                return _or_conditional(found, records, pos, sources), found
+        if not aligned:
+            # A waiting rank in DDP's buffer broadcast with the module in eval mode is
+            # evaluating through the wrapper on its own; the peer that left had finished.
             for r in records:
                 p = pos[r["rank"]]
-                waits = p["pending"] or p["kind"].startswith("collective:")
-                if not waits:
-                    continue
-                lines = [p["user_line"]] if p["user_line"] else []
-                lines += [c for c in p.get("callers", ()) if c not in lines]
-                for where in lines:
-                    if _in_conditional(sources.get(where[0]), where[1]):
-                        others = [o for o in records if where == pos[o["rank"]]["user_line"]
-                                  or where in pos[o["rank"]].get("callers", ())]
-                        if len(others) < len(records):
-                            return "conditional_collective"
+                if (r["state"] == "running" and p["buffer_sync"]
+                        and r.get("ddp_training") is False):
+                    return "forward_on_some_ranks", None
+        return ("left_early" if states <= {"exited"} else "crashed_rank"), None
+    if cause == "desync":
+        found = second_thread(records)
+        return (found.cause, found) if found else (cause, None)
+    if cause in ("mismatch", "deadlock", "no_life", "hard_limit"):
+        if aligned and cause in ("mismatch", "deadlock"):
+            found = explain(records, pos, sources)
+            if found is not None:
+                return _or_conditional(found, records, pos, sources), found
+        if not aligned:
+            for r in records:
+                p = pos[r["rank"]]
+                pend = p.get("pending") or ""
+                if pend.startswith("broadcast") and p["kind"] == "ddp_forward" \
+                        and p["buffer_sync"]:
+                    return "forward_on_some_ranks", None
+        if _conditional(records, pos, sources):
+            return "conditional_collective", None
     if cause == "no_life" and any(pos[r]["kind"] == "dataloader" for r in culprits if r in pos):
-        return "loader_stall"
-    return cause
+        return "loader_stall", None
+    return cause, None
 
 
 def uneven_loaders(records: list[dict[str, Any]]) -> str | None:
@@ -234,8 +343,12 @@ def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None
         # The peer was aborted by the transport inside a collective (gloo's size check):
         # the mismatch is the cause, its death only the consequence.
         cause = "mismatch"
-    final = _refine(cause, records, pos, culprits, sources)
+    final, found = _refine(cause, records, pos, culprits, sources)
     explanation = f"{reason}." if reason and not reason.endswith(".") else reason
+    if found is not None:
+        # What the alignment shows comes first; the guard's own decision follows.
+        explanation = f"{found.text[0].upper()}{found.text[1:]}. {explanation}"
+        culprits = list(found.culprits)
     uneven = uneven_loaders(records) if final in ("left_early", "peer_gone", "mismatch",
                                                    "deadlock", "desync") else None
     if uneven:

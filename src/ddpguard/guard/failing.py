@@ -19,6 +19,7 @@ from .fault import fault_stacks
 from .handles import GuardHandle
 from .report import announce, report_path, write_json
 from .rules import Decision
+from .sequence import recent
 from .stacks import Frame, capture_all
 
 __all__ = ["Failure"]
@@ -53,7 +54,9 @@ class Failure:
             stacks = {f"{main.name} ({main.ident}) at its error": self._crash[0], **stacks}
         return {"stacks": stacks, "lanes": g.lanes.export(), "hb": g.heartbeat(),
                 "issued": self._issued(),
-                "ddp_training": ddp_training(threading.main_thread().ident)}
+                "ddp_training": ddp_training(threading.main_thread().ident),
+                # This rank's recent collectives placed in its loop, for the alignment.
+                "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them

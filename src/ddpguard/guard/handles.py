@@ -12,6 +12,7 @@ from .issued import IssueSites
 from .lanes import Lanes
 from .ledger import Ledger
 from .peers import PeerTable
+from .progress import Progress
 
 __all__ = ["GuardHandle"]
 
@@ -27,6 +28,7 @@ class GuardHandle(Protocol):
     peers: PeerTable
     issue_sites: IssueSites
     fault_log: FaultLog
+    progress: Progress
 
     def heartbeat(self) -> dict[str, Any]: ...
     def read_peers(self) -> dict[int, dict[str, Any]]: ...

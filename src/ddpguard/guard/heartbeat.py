@@ -28,6 +28,8 @@ class Heartbeat(TypedDict, total=False):
     steps_epoch: int
     batches: int
     forwards: int
+    train_forwards: int         # forwards in training mode with gradients on
+    backwards: int              # calls of torch.autograd.backward
     epoch_batches: int
     epoch_len: int | None
     loaders: dict[str, LoaderInfo]

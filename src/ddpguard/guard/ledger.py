@@ -175,6 +175,20 @@ class Ledger:
                 out[(e[0], e[1])] = int(raw["time_created_ns"])
         return out
 
+    def origins(self) -> list[tuple[Entry, int, int]]:
+        """Every collective entry still in the ring, oldest first, with when it was created
+        (wall-clock ns) and the ident of the thread that issued it (0 where not recorded)."""
+        out = []
+        for raw in self._read(True).get("entries") or []:
+            e = compact(raw)
+            if e is not None:
+                try:
+                    tid = int(raw.get("thread_id") or 0)
+                except (TypeError, ValueError):
+                    tid = 0
+                out.append((e, int(raw.get("time_created_ns") or 0), tid))
+        return out
+
     def entries(self) -> list[Entry]:
         """Every collective entry still in the ring, oldest first (p2p left out)."""
         data = self._read(True)

@@ -40,6 +40,7 @@ from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide
 from .stacks import (
     activity,
+    blocked_call,
     capture_thread,
     fmt_frame,
     is_blocked,
@@ -272,6 +273,12 @@ class Guard:
         self._frames = frames
         self._doing = activity(frames) if frames else ("running", "not started")
         self._where = fmt_frame(user_frame(frames)) if frames else "?"
+        if self._doing[0] == "running" and self.life.quiet_for(now) >= self.config.settle:
+            # Sitting in one call outside torch with no life (a lock, a queue, a read) is not
+            # computing: say where it is blocked (notices and reports quote this text).
+            call = blocked_call(frames)
+            if call is not None:
+                self._doing = ("running", f"blocked in {call}")
         completed = 0
         if self.ledger.available:
             try:

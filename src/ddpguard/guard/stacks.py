@@ -7,6 +7,7 @@ tested on recorded stacks without processes.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 import threading
@@ -22,6 +23,7 @@ __all__ = [
     "innermost",
     "activity",
     "is_blocked",
+    "blocked_call",
     "fmt_frame",
     "short_path",
     "short_text",
@@ -194,6 +196,44 @@ def activity(frames: list[Frame]) -> tuple[str, str]:
     if inner is not None and inner["func"] == "sleep":
         return "sleep", "sleeping"
     return "running", "running Python code"
+
+
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_WITH = re.compile(r"^(?:async\s+)?with\s+([^:]+?)(?:\s+as\s+\w+)?\s*:")
+
+
+def _call_in(code: str) -> str | None:
+    """The call a line of code makes ('fcntl.flock' in `fcntl.flock(fh, LOCK_EX)`); a `with X:`
+    line enters X ('lock.__enter__')."""
+    m = _WITH.match(code.strip())
+    if m:
+        return f"{m.group(1).strip()}.__enter__"
+    for m in _CALL.finditer(code):
+        name = m.group(1)
+        if name not in ("if", "while", "elif", "return", "not", "and", "or", "assert", "await"):
+            return name
+    return None
+
+
+def blocked_call(frames: list[Frame]) -> str | None:
+    """The call outside torch a training thread sits in, as the user wrote it: the callee of
+    its innermost frame's line when that frame is the user's own (a C function: a Python one
+    would have a frame of its own), else the user's call into the library and the library's
+    innermost call ('q.get -> waiter.acquire'). None inside torch, in time.sleep, and on a line
+    that calls nothing (a loop spinning in its own bytecode is not blocked in a call)."""
+    if not frames or any(_in(f, "torch/") for f in frames):
+        return None
+    inner = frames[-1]
+    if inner["func"] == "sleep" or not inner.get("code"):
+        return None
+    own = _call_in(inner["code"])
+    if own is None or own.endswith("sleep"):
+        return None
+    if not is_library_file(inner["file"]):
+        return own
+    uf = user_frame(frames)
+    theirs = _call_in(uf["code"]) if uf is not None and uf.get("code") else None
+    return f"{theirs} -> {own}" if theirs else own
 
 
 def is_blocked(frames: list[Frame]) -> bool:

@@ -1,0 +1,364 @@
+"""The ranks' collective sequences side by side, and what they show. Pure.
+
+Each rank's report record carries its recent collectives (sequence.py), each placed in its
+training loop: the batch, the DDP forwards (all, and those in training mode with gradients on)
+and backwards and the optimizer steps counted when it was issued, whether it was issued inside
+a forward through the DDP wrapper, inside a backward or by the loop's own code, and the thread
+that issued it. A rank that waits in a collective is placed at that collective; a rank that
+does not (computing, blocked elsewhere, gone) at its last counters. Comparing those places
+across ranks names the cause, each with the facts that prove it:
+
+- a collective issued from a second thread (paired with another rank's training thread);
+- a step whose backward some ranks skipped (as many training forwards, fewer backwards);
+- a forward through the wrapper on some ranks only (more evaluation forwards, waiting in one);
+- a rank that left its loop early (its pass over the loader unfinished, its stack out of the
+  loop, or gone, while others went on to later batches);
+- an extra collective on some ranks (issued by the loop's own code where the others are in
+  DDP's forward or backward).
+Nothing is named where the places do not show it: the caller keeps the guard's decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+__all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death",
+           "left_at", "inside_loop"]
+
+
+class SeqEntry(TypedDict):
+    g: str            # process group
+    seq: int          # its sequence number in that group
+    op: str
+    sig: str          # what must agree across ranks (ledger.signature), as text
+    desc: str         # 'all_reduce #57 (group 0) 65 Float'
+    done: bool
+    phase: str        # forward | backward | loop (timeline.py)
+    epoch: int
+    batches: int
+    fwd: int
+    tfwd: int
+    bwd: int
+    steps: int
+    thread: str       # '' for the training thread, else the issuing Python thread's name
+    line: str | None  # where the rank's own code issued it, when known
+
+
+@dataclasses.dataclass(frozen=True)
+class Spot:
+    """Where one rank stands in the aligned sequences."""
+
+    rank: int
+    state: str                 # running | exited | crashed | dead | missing
+    waits: SeqEntry | None     # the collective it waits in, placed in its loop
+    phase: str                 # forward | backward | loop | gone
+    batches: int
+    fwd: int
+    tfwd: int
+    bwd: int
+    user_line: tuple[str, int] | None
+
+    @property
+    def evals(self) -> int:
+        return self.fwd - self.tfwd
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    cause: str
+    text: str
+    culprits: tuple[int, ...]
+    line: tuple[str, int] | None = None  # the line that issued the collective named
+
+
+_PHASE_OF_KIND = {"ddp_forward": "forward", "backward": "backward"}
+
+
+def spots(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mapping[str, Any]]
+          ) -> dict[int, Spot]:
+    """Each rank's place; ranks whose heartbeat predates the counters are left out."""
+    out: dict[int, Spot] = {}
+    for rec in records:
+        hb = rec.get("hb") or {}
+        if "backwards" not in hb:
+            continue
+        r = int(rec["rank"])
+        pos = positions.get(r) or {}
+        seq: list[SeqEntry] = list(rec.get("sequence") or [])
+        pend = [e for e in hb.get("pending") or [] if int(e[1]) >= 0]
+        # The recorder's status can lag its entries: one it lists as pending may be retired
+        # already (done, here or in this rank's dump); the rank waits in the first that is not.
+        done = {(e["g"], e["seq"]) for e in seq if e["done"]}
+        pend = [e for e in pend if not (len(e) > 5 and e[5])
+                and (str(e[0]), int(e[1])) not in done] or pend
+        waits: SeqEntry | None = None
+        if pend and rec.get("state") == "running":
+            first = min(pend, key=lambda e: (int(e[1]), str(e[0])))
+            waits = next((e for e in seq if (e["g"], e["seq"]) == (str(first[0]),
+                                                                    int(first[1]))), None)
+            if waits is None:  # no dump from this rank: its counters stood still since
+                waits = {"g": str(first[0]), "seq": int(first[1]), "op": str(first[2]),
+                         "sig": "", "desc": pos.get("pending") or str(first[2]), "done": False,
+                         "phase": _PHASE_OF_KIND.get(str(pos.get("kind")), "loop"),
+                         "epoch": int(hb.get("epoch", 0)), "batches": int(hb.get("batches", 0)),
+                         "fwd": int(hb.get("forwards", 0)),
+                         "tfwd": int(hb.get("train_forwards", 0)),
+                         "bwd": int(hb.get("backwards", 0)), "steps": int(hb.get("steps", 0)),
+                         "thread": "", "line": None}
+        gone = rec.get("state") not in (None, "running")
+        if waits is not None:
+            out[r] = Spot(r, str(rec.get("state")), waits, waits["phase"], waits["batches"],
+                          waits["fwd"], waits["tfwd"], waits["bwd"], pos.get("user_line"))
+        else:
+            phase = "gone" if gone else _PHASE_OF_KIND.get(str(pos.get("kind")), "loop")
+            out[r] = Spot(r, str(rec.get("state")), None, phase, int(hb.get("batches", 0)),
+                          int(hb.get("forwards", 0)), int(hb.get("train_forwards", 0)),
+                          int(hb.get("backwards", 0)), pos.get("user_line"))
+    return out
+
+
+def _where(s: Spot, pos: Mapping[str, Any]) -> str:
+    return str(pos.get("user") or (s.waits["line"] if s.waits else None) or "?")
+
+
+def second_thread(records: Sequence[Mapping[str, Any]]) -> Finding | None:
+    """An entry issued by a thread other than the training thread, where another rank's
+    training thread issued the entry of the same number: the group numbers collectives in the
+    order a rank issues them, whatever the thread, so they pair across threads."""
+    by_key: dict[tuple[str, int], list[tuple[int, SeqEntry]]] = {}
+    for rec in records:
+        for e in rec.get("sequence") or []:
+            by_key.setdefault((e["g"], e["seq"]), []).append((int(rec["rank"]), e))
+    for key in sorted(by_key, key=lambda k: (k[1], k[0])):
+        items = by_key[key]
+        side = [(r, e) for r, e in items if e["thread"]]
+        main = [(r, e) for r, e in items if not e["thread"]]
+        if side and main:
+            (r, e), (o, f) = side[0], main[0]
+            at = f" at {e['line']}" if e.get("line") else ""
+            return Finding("second_thread", (
+                f"rank {r}'s thread '{e['thread']}' issued {e['desc']}{at}, while rank {o}'s "
+                f"training thread issued {f['desc']} under the same number (batch "
+                f"{f['batches']}, {_phase_words(f['phase'])}): collectives are numbered in the "
+                "order a rank issues them, whatever the thread, so the two threads' "
+                "collectives pair with the wrong ones on the other ranks"), (r,))
+    return None
+
+
+def _file_line(where: str | None) -> tuple[str, int] | None:
+    """('f.py', 12) from 'f.py:12 in main'."""
+    m = re.match(r"(.+):(\d+)(?: in .*)?$", where or "")
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def _phase_words(phase: str) -> str:
+    return {"forward": "inside the DDP forward", "backward": "inside the backward",
+            "loop": "in the loop's own code"}.get(phase, phase)
+
+
+def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Mapping[str, Any]],
+                     sources: Mapping[str, list[str]]) -> Finding | None:
+    """Rank b ran as many training forwards as rank a but fewer backwards, and a waits in a
+    collective (or b left): b skipped the backward of a step that a is in."""
+    for a in sorted(sp):
+        for b in sorted(sp):
+            sa, sb = sp[a], sp[b]
+            if a == b or not (sb.tfwd >= sa.tfwd and sb.bwd < sa.bwd):
+                continue
+            if sa.waits is None:
+                continue
+            batch = sa.batches
+            now = (f"already in {sb.waits['desc']} ({_phase_words(sb.phase)}, batch "
+                   f"{sb.batches})" if sb.waits else
+                   ("gone" if sb.phase == "gone" else f"at batch {sb.batches}"))
+            text = (f"rank {b} skipped the backward of batch {batch}: it ran {sb.tfwd} training "
+                    f"forwards and {sb.bwd} backwards, rank {a} {sa.tfwd} and {sa.bwd}; rank "
+                    f"{a} waits in {sa.waits['desc']} ({_phase_words(sa.phase)} of batch "
+                    f"{batch}) while rank {b} is {now}")
+            left = None
+            if sb.phase == "forward" and sa.phase == "backward":
+                left = left_at(sources, sb.user_line, sa.user_line)
+            if left:
+                text += f". Between the forward and the backward, rank {b} left the step at {left}"
+            return Finding("skipped_backward", text, (b,))
+    return None
+
+
+_LEAVE = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(continue|break|return|raise)\b")
+
+
+def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
+            backward: tuple[str, int] | None) -> str | None:
+    """'file:line `continue`': the first statement between a forward's line and a backward's
+    line (same file) that leaves the step."""
+    if not forward or not backward or forward[0] != backward[0] or forward[1] >= backward[1]:
+        return None
+    src = sources.get(forward[0]) or []
+    for n in range(forward[1] + 1, min(backward[1], len(src) + 1)):
+        if _LEAVE.match(src[n - 1]):
+            return f"{forward[0]}:{n} `{src[n - 1].strip()}`"
+    return None
+
+
+def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
+    """Rank a waits in a collective inside a forward through the wrapper and has run more
+    forwards outside training (evaluation) than rank b, which is not in that forward."""
+    for a in sorted(sp):
+        sa = sp[a]
+        if sa.waits is None or sa.phase != "forward":
+            continue
+        for b in sorted(sp):
+            sb = sp[b]
+            if b == a or sb.evals >= sa.evals:
+                continue
+            if sb.waits is not None and sb.phase == "forward" and sb.evals == sa.evals:
+                continue
+            where = (f"in {sb.waits['desc']} ({_phase_words(sb.phase)})" if sb.waits else
+                     ("gone" if sb.phase == "gone" else "not in a collective"))
+            return Finding("forward_on_some_ranks", (
+                f"rank {a} waits in {sa.waits['desc']}, DDP's buffer broadcast inside a "
+                f"forward through the wrapper that is not a training step ({sa.evals} such "
+                f"forwards on rank {a}, {sb.evals} on rank {b}); rank {b} is {where}"), (a,))
+    return None
+
+
+def inside_loop(source: list[str], for_line: int, line: int) -> bool:
+    """Is `line` inside the body of the `for` at `for_line` (1-based, same file)?"""
+    if not 0 < for_line < line <= len(source):
+        return False
+    text = source[for_line - 1]
+    indent = len(text) - len(text.lstrip())
+    for n in range(for_line + 1, line + 1):
+        s = source[n - 1]
+        if s.strip() and not s.strip().startswith("#") and len(s) - len(s.lstrip()) <= indent:
+            return False
+    return True
+
+
+def _unfinished_pass(rec: Mapping[str, Any], positions: Mapping[int, Mapping[str, Any]],
+                     sources: Mapping[str, list[str]]) -> str | None:
+    """'its pass over the DataLoader at f:l ended after 6 of 32 batches' when the rank
+    stopped iterating a loader before its end and is no longer inside that loop."""
+    hb = rec.get("hb") or {}
+    pos = positions.get(int(rec["rank"])) or {}
+    callers = [tuple(c) for c in pos.get("callers") or []]
+    for site, st in (hb.get("loaders") or {}).items():
+        n, total = st.get("batches"), st.get("len")
+        if total is None or n is None or n >= total or st.get("end") == "stop":
+            continue
+        path, _, num = str(site).rpartition(":")
+        if not num.isdigit():
+            continue
+        src = sources.get(path)
+        if rec.get("state") == "running":
+            if src is None:
+                continue
+            if any(f == path and inside_loop(src, int(num), ln) for f, ln in callers):
+                continue
+        return f"its pass over the DataLoader iterated at {site} ended after {n} of {total} batches"
+    return None
+
+
+def left_early(records: Sequence[Mapping[str, Any]], sp: Mapping[int, Spot],
+               positions: Mapping[int, Mapping[str, Any]],
+               sources: Mapping[str, list[str]]) -> Finding | None:
+    """Rank b stopped its pass over a loader before its end and is out of that loop (or
+    gone), while rank a went on to a later batch and waits."""
+    recs = {int(r["rank"]): r for r in records}
+    for b in sorted(sp):
+        sb = sp[b]
+        if sb.phase not in ("loop", "gone"):
+            continue
+        # Ahead: a later batch, or the same batch drawn and its forward begun (a `break`
+        # right after the batch was drawn).
+        ahead = [a for a in sorted(sp) if a != b and sp[a].waits is not None
+                 and (sp[a].batches, sp[a].tfwd) > (sb.batches, sb.tfwd)]
+        if not ahead:
+            continue
+        why = _unfinished_pass(recs[b], positions, sources)
+        if why is None:
+            continue
+        a = ahead[0]
+        now = (f"waits in {sb.waits['desc']} at {_where(sb, positions.get(b) or {})}"
+               if sb.waits else f"{sb.state}" if sb.phase == "gone" else "is out of the loop")
+        return Finding("left_early", (
+            f"rank {b} left its training loop early: {why}; it {now}, while rank {a} went on "
+            f"to batch {sp[a].batches} and waits in {sp[a].waits['desc']}"  # type: ignore[index]
+        ), (b,))
+    return None
+
+
+def extra_collective(sp: Mapping[int, Spot], positions: Mapping[int, Mapping[str, Any]]
+                     ) -> Finding | None:
+    """Rank a waits in a collective its loop's own code issued where rank b, at the same
+    number, is in a collective of DDP's forward or backward: a collective b does not issue
+    there."""
+    for a in sorted(sp):
+        sa = sp[a]
+        if sa.waits is None or sa.phase != "loop" or sa.waits["thread"]:
+            continue
+        for b in sorted(sp):
+            sb = sp[b]
+            if b == a or sb.waits is None or sb.phase not in ("forward", "backward"):
+                continue
+            if (sb.waits["g"], sb.waits["seq"]) != (sa.waits["g"], sa.waits["seq"]):
+                continue
+            return Finding("extra_collective", (
+                f"rank {a} issued {sa.waits['desc']} at {_where(sa, positions.get(a) or {})} "
+                f"from its loop's own code (batch {sa.batches}); at that number rank {b} is "
+                f"in {sb.waits['desc']} {_phase_words(sb.phase)} (batch {sb.batches}): rank "
+                f"{b} does not issue that collective there"), (a,),
+                sa.user_line or _file_line(sa.waits.get("line")))
+    return None
+
+
+def extra_before_death(records: Sequence[Mapping[str, Any]],
+                       positions: Mapping[int, Mapping[str, Any]]) -> Finding | None:
+    """A rank died inside a collective (its fault log puts it in one: the transport aborted
+    it) just after a survivor's loop issued a collective its earlier batches never issued:
+    the ranks had run the same collectives batch after batch, so the dead rank's collective
+    of that number was its usual one, and the survivor's was extra."""
+    dead = [int(r["rank"]) for r in records if r.get("state") in ("dead", "crashed")
+            and (str((positions.get(int(r["rank"])) or {}).get("kind", "")) in
+                 ("ddp_forward", "backward")
+                 or str((positions.get(int(r["rank"])) or {}).get("kind", ""))
+                 .startswith("collective:"))]
+    if not dead:
+        return None
+    for rec in records:
+        seq = [e for e in rec.get("sequence") or [] if not e["thread"]]
+        if rec.get("state") != "running" or len(seq) < 4:
+            continue
+        last = seq[-1]["batches"]
+        for e in seq:  # the first odd one of the last two batches
+            if e["batches"] < last - 1 or e["phase"] != "loop":
+                continue
+            before = [f for f in seq if f["batches"] < e["batches"]]
+            if (any(f["phase"] != "loop" for f in before)
+                    and (e["phase"], e["sig"]) not in {(f["phase"], f["sig"]) for f in before}):
+                r, d = int(rec["rank"]), dead[0]
+                dpos = positions.get(d) or {}
+                at = f" at {e['line']}" if e.get("line") else ""
+                return Finding("extra_collective", (
+                    f"rank {r} issued {e['desc']}{at} from its loop's own code in batch "
+                    f"{e['batches']}, a collective none of its earlier batches issued; rank "
+                    f"{d} died inside its own collective of that point ({dpos.get('doing', '?')} "
+                    f"at {dpos.get('user', '?')}): the two were paired, and the transport "
+                    "aborted on the difference"), (r,), _file_line(e.get("line")))
+    return None
+
+
+def explain(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mapping[str, Any]],
+            sources: Mapping[str, list[str]]) -> Finding | None:
+    """The strongest cause the aligned sequences show, or None."""
+    found = second_thread(records)
+    if found:
+        return found
+    sp = spots(records, positions)
+    if len(sp) < 2:
+        return None
+    return (skipped_backward(sp, positions, sources) or forward_on_some_ranks(sp)
+            or left_early(records, sp, positions, sources) or extra_collective(sp, positions))

@@ -1,0 +1,282 @@
+"""The report's title from the ranks' aligned collective sequences (guard/align.py), on
+made-up records: each title with its near twin, the same facts but one, that must get another
+title. The real 2-rank jobs of the four cases found on real code are in
+tests/test_guard_align_jobs.py."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from ddpguard.guard.align import inside_loop, left_at
+from ddpguard.guard.diagnose import diagnose
+from ddpguard.guard.report import format_text
+from ddpguard.guard.stacks import blocked_call
+
+TORCH = "/x/site-packages/torch/"
+SCRIPT = "/u/train.py"
+# A training script: the loop at line 3, forward at 6, a local skip at 8, backward at 9.
+SOURCE = [
+    "import torch",                                        # 1
+    "for epoch in range(3):",                              # 2
+    "    for i, (xb, yb) in enumerate(loader):",           # 3
+    "        if i % 100 == 0:",                            # 4
+    "            dist.all_reduce(stats)",                  # 5
+    "        out = model(xb)",                             # 6
+    "        loss = loss_fn(out, yb)",                     # 7
+    "        if not torch.isfinite(loss): continue",       # 8
+    "        loss.backward()",                             # 9
+    "        opt.step()",                                  # 10
+    "    dist.barrier()",                                  # 11
+    "    if rank == 0:",                                   # 12
+    "        dist.all_reduce(stats)",                      # 13
+]
+SOURCES = {SCRIPT: SOURCE}
+
+FWD = [(SCRIPT, 6, "<module>"), (f"{TORCH}nn/parallel/distributed.py", 1, "forward"),
+       (f"{TORCH}nn/parallel/distributed.py", 2, "_sync_buffers"),
+       (f"{TORCH}nn/parallel/distributed.py", 3, "_distributed_broadcast_coalesced")]
+BWD = [(SCRIPT, 9, "<module>"), (f"{TORCH}autograd/graph.py", 5, "_engine_run_backward")]
+
+
+def coll(line, name):
+    return [(SCRIPT, line, "<module>"), (f"{TORCH}distributed/distributed_c10d.py", 1, name)]
+
+
+def entry(seq, op="all_reduce", sizes=((65,),), dtype="Float"):
+    return ["0", seq, op, [list(s) for s in sizes], [dtype] * len(sizes), False]
+
+
+def seq_entry(seq, op, phase, batches, fwd, tfwd, bwd, thread="", sig=None, line=None):
+    return {"g": "0", "seq": seq, "op": op, "sig": sig or op, "desc": f"{op} #{seq} (group 0)",
+            "done": False, "phase": phase, "epoch": 0, "batches": batches, "fwd": fwd,
+            "tfwd": tfwd, "bwd": bwd, "steps": bwd, "thread": thread, "line": line}
+
+
+def rec(rank, frames, *, pending=(), batches=0, fwd=0, tfwd=None, bwd=0, state="running",
+        quiet=0.0, sequence=(), loaders=None, codes=None):
+    codes = codes or {}
+    hb = {"pending": list(pending), "blocked": bool(pending), "batches": batches,
+          "forwards": fwd, "train_forwards": fwd if tfwd is None else tfwd, "backwards": bwd,
+          "steps": bwd, "epoch": 0, "quiet": quiet,
+          "loaders": loaders if loaders is not None else
+          {f"{SCRIPT}:3": {"epoch": 0, "batches": batches, "len": 32, "key": "k/0"}}}
+    return {"rank": rank, "state": state, "error": None, "hb": hb, "sequence": list(sequence),
+            "stacks": {"main": [{"file": f, "line": ln, "func": fn,
+                                 "code": codes.get(ln, SOURCE[ln - 1].strip()
+                                                   if f == SCRIPT and ln <= len(SOURCE) else "")}
+                                for f, ln, fn in frames]} if frames else None}
+
+
+def diag(recs, cause="mismatch", culprits=(0, 1)):
+    return diagnose(recs, SOURCES, cause=cause, reason="r", culprits=list(culprits))
+
+
+def said(text, d):
+    """The explanation holds `text` (its first word is capitalised)."""
+    return text.lower() in d["explanation"].lower()
+
+
+# -- a step whose backward some ranks skipped ---------------------------------------------
+
+
+def skipped(rank1_bwd):
+    # Rank 0 waits in batch 11's gradient all-reduce; rank 1 is in batch 12's forward.
+    return [rec(0, BWD, pending=[entry(39)], batches=11, fwd=11, bwd=11),
+            rec(1, FWD, pending=[entry(39, "broadcast", ((16,),))], batches=12, fwd=12,
+                bwd=rank1_bwd)]
+
+
+def test_skipped_backward_names_the_rank_the_batch_and_the_line_it_left_at():
+    d = diag(skipped(rank1_bwd=10))
+    assert d["cause"] == "skipped_backward", d
+    assert d["culprits"] == [1]
+    assert said("rank 1 skipped the backward of batch 11", d)
+    assert said(f"left the step at {SCRIPT}:8 `if not torch.isfinite(loss): continue`", d)
+    assert "loss * 0" in d["fix"]
+
+
+def test_twin_every_backward_run_is_not_a_skipped_backward():
+    # The same two waits, but rank 1 ran every backward: the counters show no skip, and the
+    # old guess from the buffer broadcast ("forward on some ranks") is not made either.
+    d = diag(skipped(rank1_bwd=11))
+    assert d["cause"] == "mismatch", d["cause"]
+
+
+def test_left_at_needs_forward_before_backward_in_one_file():
+    assert left_at(SOURCES, (SCRIPT, 6), (SCRIPT, 9)) == \
+        f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"
+    assert left_at(SOURCES, (SCRIPT, 9), (SCRIPT, 6)) is None
+    assert left_at(SOURCES, (SCRIPT, 6), ("/u/other.py", 9)) is None
+
+
+# -- a forward through the wrapper on some ranks only ------------------------------------
+
+
+def test_forward_on_some_ranks_needs_an_evaluation_forward_on_the_waiting_rank():
+    # Rank 0 evaluates through the wrapper (2 forwards not in training) and waits in the
+    # forward's buffer broadcast; rank 1 trained on and waits in its backward.
+    recs = [rec(0, FWD, pending=[entry(40, "broadcast", ((16,),))], batches=10, fwd=12,
+                tfwd=10, bwd=10),
+            rec(1, BWD, pending=[entry(40)], batches=11, fwd=11, tfwd=11, bwd=11)]
+    d = diag(recs)
+    assert d["cause"] == "forward_on_some_ranks", d
+    assert d["culprits"] == [0]
+
+
+def test_twin_a_training_forward_while_a_peer_left_its_loop_is_a_rank_that_left():
+    # The issue's case: rank 0 in its training forward's buffer broadcast (batch 7), rank 1
+    # out of the loop after 7 of 32 batches, waiting in the barrier after it.
+    recs = [rec(0, FWD, pending=[entry(25, "broadcast", ((16,),))], batches=7, fwd=7, bwd=6),
+            rec(1, coll(11, "barrier"), pending=[entry(25, "barrier", ())], batches=7, fwd=6,
+                bwd=6)]
+    d = diag(recs)
+    assert d["cause"] == "left_early", d
+    assert d["culprits"] == [1]
+    assert f"iterated at {SCRIPT}:3 ended after 7 of 32 batches" in d["explanation"]
+    # The same rank still inside its loop (a collective at line 5) issued an extra one.
+    recs[1] = rec(1, coll(5, "all_reduce"), pending=[entry(25, sizes=((4,),))], batches=7,
+                  fwd=6, bwd=6)
+    d = diag(recs)
+    assert d["cause"] == "extra_collective", d
+    assert f"{SCRIPT}:5" in d["explanation"] and d["culprits"] == [1]
+
+
+def test_a_rank_that_exited_before_the_end_of_its_pass_left_early():
+    recs = [rec(0, FWD, pending=[entry(25, "broadcast", ((16,),))], batches=7, fwd=7, bwd=6),
+            rec(1, None, batches=6, fwd=6, bwd=6, state="exited")]
+    d = diag(recs, cause="peer_gone", culprits=[1])
+    assert d["cause"] == "left_early" and "ended after 6 of 32 batches" in d["explanation"]
+    # It had finished its pass: nothing says it left early, the decision's title stays
+    # (and the alignment adds nothing).
+    recs[1]["hb"]["loaders"][f"{SCRIPT}:3"]["batches"] = 32
+    d = diag(recs, cause="peer_gone", culprits=[1])
+    assert d["cause"] == "left_early" and "ended after" not in d["explanation"]
+
+
+# -- an extra collective on some ranks ---------------------------------------------------
+
+
+def test_extra_collective_names_its_line_and_its_conditional_twin():
+    # Rank 0 all-reduces statistics (line 5, a condition every rank computes alike but
+    # rank 1 did not reach) while rank 1 is in the forward's buffer broadcast.
+    recs = [rec(0, coll(5, "all_reduce"), pending=[entry(9, sizes=((4,),))], batches=5,
+                fwd=4, bwd=4),
+            rec(1, FWD, pending=[entry(9, "broadcast", ((16,),))], batches=5, fwd=5, bwd=4)]
+    d = diag(recs)
+    assert d["cause"] == "extra_collective", d
+    assert said(f"rank 0 issued all_reduce #9 (group 0) 4 Float at {SCRIPT}:5", d)
+    assert d["culprits"] == [0]
+    # The same collective under `if rank == 0:` is the more specific title.
+    recs[0] = rec(0, coll(13, "all_reduce"), pending=[entry(9, sizes=((4,),))], batches=5,
+                  fwd=4, bwd=4, loaders={})
+    assert diag(recs)["cause"] == "conditional_collective"
+
+
+def test_twin_two_collectives_of_the_loop_itself_are_a_plain_mismatch():
+    # Both ranks wait in collectives their loops issued: nothing shows which one is extra.
+    recs = [rec(0, coll(5, "all_reduce"), pending=[entry(9, sizes=((4,),))], batches=5,
+                fwd=4, bwd=4),
+            rec(1, coll(11, "barrier"), pending=[entry(9, "barrier", ())], batches=5, fwd=4,
+                bwd=4, loaders={})]
+    assert diag(recs)["cause"] == "mismatch"
+
+
+def test_extra_collective_before_a_peer_died_in_the_transport():
+    # Rank 0 broadcast an object on its own in batch 6 (line 13, under `if rank == 0:`);
+    # gloo aborted rank 1 inside its forward's buffer broadcast of that number.
+    steady = [seq_entry(s, op, ph, b, b, b, b - (ph != "backward"), sig=f"{op}-{ph}")
+              for b in (4, 5) for s, op, ph in ((3 * b, "broadcast", "forward"),
+                                                (3 * b + 1, "all_reduce", "backward"))]
+    odd = seq_entry(22, "broadcast", "loop", 6, 5, 5, 5, sig="broadcast-1-Long",
+                    line=f"{SCRIPT}:13 in <module>")
+    recs = [rec(0, FWD, batches=6, fwd=6, bwd=5, sequence=[*steady, odd]),
+            rec(1, FWD, batches=0, state="dead")]
+    d = diag(recs, cause="peer_gone", culprits=[1])
+    assert d["cause"] == "conditional_collective", d
+    assert said(f"rank 0 issued broadcast #22 (group 0) at {SCRIPT}:13", d)
+    # Twin: the same broadcast was issued at every batch (its loop's usual collective): the
+    # survivor's sequence shows nothing extra, and the death is the title.
+    usual = [*steady, *(seq_entry(3 * b + 2, "broadcast", "loop", b, b, b, b,
+                                  sig="broadcast-1-Long") for b in (4, 5)), odd]
+    recs[0]["sequence"] = sorted(usual, key=lambda e: e["seq"])
+    assert diag(recs, cause="peer_gone", culprits=[1])["cause"] == "crashed_rank"
+
+
+# -- a collective from a second thread ---------------------------------------------------
+
+
+def test_second_thread_is_named_and_its_twin_from_the_training_thread_is_not():
+    def recs(thread):
+        return [rec(0, BWD, pending=[entry(8)], batches=3, fwd=3, bwd=3,
+                    sequence=[seq_entry(7, "all_reduce", "backward", 3, 3, 3, 3, sig="a-65")]),
+                rec(1, BWD, pending=[entry(8)], batches=3, fwd=3, bwd=3,
+                    sequence=[seq_entry(7, "all_reduce", "loop", 3, 3, 3, 2, thread=thread,
+                                        sig="a-1")])]
+
+    d = diag(recs("metrics-logger"), cause="desync")
+    assert d["cause"] == "second_thread", d
+    assert said("rank 1's thread 'metrics-logger' issued all_reduce #7", d)
+    assert d["culprits"] == [1]
+    assert diag(recs(""), cause="desync")["cause"] == "desync"
+
+
+# -- a rank blocked outside torch --------------------------------------------------------
+
+FLOCK = {3: "fcntl.flock(fh, fcntl.LOCK_EX)"}
+
+
+def blocked(quiet, line=3, code=FLOCK):
+    return [rec(0, coll(11, "barrier"), pending=[entry(4, "barrier", ())], loaders={}),
+            rec(1, [(SCRIPT, line, "<module>")], quiet=quiet, loaders={}, codes=code)]
+
+
+def test_blocked_outside_torch_is_said_and_shown_as_blocked_not_computing():
+    d = diag(blocked(quiet=4.0), cause="no_life", culprits=[1])
+    assert d["cause"] == "blocked_outside", d
+    assert d["positions"]["1"]["doing"] == "blocked in fcntl.flock (no CPU for 4 s)"
+    assert "rank 0 waits for it in barrier #4" in d["explanation"]
+    text = format_text({"diagnosis": d, "reporter_rank": 0, "world_size": 2,
+                        "event": "training stalled", "ranks": blocked(4.0)}, None)
+    assert "rank 1: blocked in fcntl.flock" in text and "computing" not in text
+
+
+def test_twins_a_spinning_loop_and_a_call_burning_cpu_are_not_blocked():
+    # `while True:` calls nothing: a stall with no sign of life, shown as running code.
+    d = diag(blocked(quiet=4.0, code={3: "while True:"}), cause="no_life", culprits=[1])
+    assert d["cause"] == "no_life"
+    assert d["positions"]["1"]["doing"].startswith("computing")
+    # The same call, with life a moment ago (CPU inside it): computing, not blocked.
+    d = diag(blocked(quiet=0.2), cause="no_life", culprits=[1])
+    assert d["cause"] == "no_life" and d["positions"]["1"]["doing"].startswith("computing")
+
+
+def test_blocked_call_names_library_waits_from_the_users_line():
+    q_file, t_file = queue.__file__, threading.__file__
+    frames = [{"file": SCRIPT, "line": 3, "func": "<module>", "code": "item = q.get()"},
+              {"file": q_file, "line": 171, "func": "get", "code": "self.not_empty.wait()"},
+              {"file": t_file, "line": 327, "func": "wait", "code": "waiter.acquire()"}]
+    assert blocked_call(frames) == "q.get -> waiter.acquire"
+    assert blocked_call([{"file": SCRIPT, "line": 3, "func": "f", "code": "with lock:"}]) \
+        == "lock.__enter__"
+    assert blocked_call([{"file": SCRIPT, "line": 3, "func": "f", "code": "os.read(r, 1)"}]) \
+        == "os.read"
+    assert blocked_call([{"file": SCRIPT, "line": 3, "func": "f", "code": "n += 1"}]) is None
+    sleep = [{"file": SCRIPT, "line": 3, "func": "f", "code": "time.sleep(5)"}]
+    assert blocked_call(sleep) is None
+
+
+def test_inside_loop_by_indentation():
+    assert inside_loop(SOURCE, 3, 9)
+    assert not inside_loop(SOURCE, 3, 11)
+    assert not inside_loop(SOURCE, 3, 2)
+
+
+def test_a_pending_entry_the_recorder_has_retired_is_not_where_a_rank_waits():
+    # The recorder's status lags its entries: both ranks still list #38 (the forward's last
+    # broadcast of batch 11, retired) before the collectives they really wait in.
+    retired = ["0", 38, "broadcast", [[1]], ["Long"], True]
+    recs = skipped(rank1_bwd=10)
+    for r in recs:
+        r["hb"]["pending"].insert(0, retired)
+    assert diag(recs)["cause"] == "skipped_backward"
