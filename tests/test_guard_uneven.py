@@ -146,6 +146,11 @@ def test_without_the_ledger_or_a_length():
     assert uneven_proof(views, 2, grace=1.0) is not None
     views[0]["loaders"][FOR]["batches"] = 0
     assert uneven_proof(views, 2, grace=1.0) is None
+    # Without the ledger nothing says what a blocked rank waits in: only a gone one is proof
+    # (the stack fallback's own deadlock rule takes its time).
+    views = {0: in_pass(0, pending=(), seq0=None), 1: ran_out(1, gone=False)}
+    views[1].update(blocked=True, blocked_for=60.0)
+    assert uneven_proof(views, 2, grace=1.0) is None
     # A loader without a length (an IterableDataset): the batches drawn decide.
     views = {0: in_pass(0, length=None, batches=5), 1: ran_out(1, length=None, batches=4)}
     assert uneven_proof(views, 2, grace=1.0) is not None

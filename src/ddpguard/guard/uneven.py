@@ -95,13 +95,15 @@ def _open_passes(v: View) -> list[tuple[str, Mapping[str, Any]]]:
             if info.get("key") and not info.get("end")]
 
 
+def _all_ended(v: View) -> list[tuple[str, _Ended]]:
+    """The passes rank v ended by running out (StopIteration), by key."""
+    return [(str(done[0]), _Ended(done[1], int(done[2]), site, info.get("at")))
+            for site, info in (v.get("loaders") or {}).items()
+            for done in info.get("done") or []]
+
+
 def _ended(v: View, key: str) -> _Ended | None:
-    """The pass `key` as rank v ended it by running out (StopIteration), if it did."""
-    for site, info in (v.get("loaders") or {}).items():
-        for done in info.get("done") or []:
-            if done[0] == key:
-                return _Ended(done[1], int(done[2]), site, info.get("at"))
-    return None
+    return next((e for k, e in _all_ended(v) if k == key), None)
 
 
 def _issued_in_pass(info: Mapping[str, Any], first: Entry | None) -> bool:
@@ -124,8 +126,8 @@ def _wont_join(f: View, first: Entry | None, w: int, w_pending: Sequence[Entry],
     """Rank f can never join the collective `first` that rank w waits in."""
     if f.get("gone"):
         return True
-    if not f.get("blocked") or first is None:
-        return False  # still working: it may yet join (Join's shadows, an agreement)
+    if first is None:
+        return False  # without the ledger only a rank that is gone is proof
     mine = [e for e in f.get("pending") or [] if e[1] >= 0]
     for e in mine:
         if (e[0], e[1]) == (first[0], first[1]):
@@ -152,8 +154,19 @@ def _how(f: View) -> str:
 def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
                  members: Mapping[str, Sequence[int]] | None = None) -> UnevenProof | None:
     """The first waiting rank (lowest) for which the proof holds, with every rank that ran out
-    and will not join; None means no proof."""
+    and will not join; None means no proof. Linear in the ranks until a proof is near: only
+    ranks that ran out and are gone or blocked are compared with the waiting ones."""
     members = members or {}
+    out_of: dict[str, list[tuple[int, _Ended]]] = {}
+    for f in sorted(views):
+        vf = views[f]
+        # A rank that ran out and is still working may yet join (Join's shadow loop between
+        # two collectives, a rank closing its files before its agreement all_reduce).
+        if vf.get("gone") or vf.get("blocked"):
+            for key, ended in _all_ended(vf):
+                out_of.setdefault(key, []).append((f, ended))
+    if not out_of:
+        return None
     for w in sorted(views):
         vw = views[w]
         if vw.get("gone") or not vw.get("blocked") or vw.get("blocked_for", 0.0) < grace:
@@ -161,17 +174,12 @@ def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
         pending = list(vw.get("pending") or [])
         first = first_pending(pending)
         for site, info in _open_passes(vw):
-            if not _issued_in_pass(info, first):
-                continue
             key = str(info["key"])
-            finished: list[tuple[int, _Ended]] = []
-            for f in sorted(views):
-                if f == w:
-                    continue
-                ended = _ended(views[f], key)
-                if (ended is not None and _longer(info, ended)
-                        and _wont_join(views[f], first, w, pending, members, world_size)):
-                    finished.append((f, ended))
+            if key not in out_of or not _issued_in_pass(info, first):
+                continue
+            finished = [(f, ended) for f, ended in out_of[key]
+                        if f != w and _longer(info, ended)
+                        and _wont_join(views[f], first, w, pending, members, world_size)]
             if finished:
                 return UnevenProof(_reason(views, w, site, info, first, finished), w,
                                    tuple(f for f, _ in finished), key)
