@@ -28,6 +28,7 @@ from ddpguard.guard.ends import (
     worker_reason,
 )
 from ddpguard.guard.fault import fault_stacks, last_words, parse_fault
+from ddpguard.guard.verdict import signal_text
 from ddpguard.testing import free_port, loopback_env
 
 SCRIPT = "tests/guard_scripts/end_scenarios.py"
@@ -252,3 +253,15 @@ def test_fault_log_names_a_second_threads_collective_and_the_training_line(tmp_p
     path.write_text(own)
     assert "inside torch.distributed.barrier called at /work/job/train.py:85" in \
         last_words(str(path), MAIN)
+
+
+def test_an_nccl_watchdog_abort_is_told_as_the_timeout_not_a_native_crash():
+    tail = ["[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=9, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=10000) ran for 10043 milliseconds before timing out."]
+    text = signal_text(1, 77, "SIGABRT", None, None, tail)
+    assert "NCCL's watchdog ended it: a collective ran out the process group's timeout (10 s)" \
+        in text and "timeout= argument of init_process_group" in text
+    assert "native code" not in text and "Timeout(ms)=10000" in text
+    other = signal_text(1, 77, "SIGABRT", None, None, ["Received data size doesn't match"])
+    assert "a crash inside native code" in other

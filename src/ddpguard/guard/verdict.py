@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from . import channel
+from .ends import TIMEOUT_SETTING, timeout_ms
 from .report import format_text, write_json
 
 __all__ = ["RankLogs", "find_reports", "finish_partial", "signal_text", "NATIVE_SIGNALS"]
@@ -136,6 +137,14 @@ def signal_text(rank: int, pid: int, sig: str, oom_before: int | None,
             why = ("the kernel's OOM killer or an operator / the scheduler (kill -9); this "
                    "machine does not say which")
         return f"{head}: {why}; the other ranks were stopped."
+    ms = timeout_ms("\n".join(tail)) if sig == "SIGABRT" else None
+    if ms is not None:
+        # NCCL's watchdog aborts the process when a collective runs out the group's timeout
+        # (TORCH_NCCL_ASYNC_ERROR_HANDLING): that is no crash in native code.
+        text = (f"{head}: NCCL's watchdog ended it: a collective ran out the process group's "
+                f"timeout ({ms / 1000:g} s); if a peer was still working (a long checkpoint "
+                f"or evaluation), raise {TIMEOUT_SETTING}")
+        return text + "; its last error output:\n" + "\n".join(f"    | {ln}" for ln in tail)
     if sig in NATIVE_SIGNALS:
         text = (f"{head}: a crash inside native code (a C/C++ library such as gloo, NCCL, "
                 "CUDA or an extension), not in Python")
