@@ -67,6 +67,14 @@ def test_a_rank_that_ran_out_and_left_is_proof(world):
     counts = (f"rank {world - 2}: 8, rank {world - 1}: 7" if world <= 8
               else f"8 on ranks 0-{world - 2}; 7 on rank {world - 1}")
     assert counts in d.reason, d.reason
+    if world > 8:
+        # Half the ranks ran out and left: all culprits, the reason stays one line.
+        for r in range(world // 2, world):
+            views[r] = ran_out(r)
+        d = decide(views, world, **KW)
+        assert d is not None and d.culprits == tuple(range(world // 2, world))
+        assert f"(so did ranks {world // 2 + 1}-{world - 1})" in d.reason, d.reason
+        assert f"7 on ranks {world // 2}-{world - 1}" in d.reason and len(d.reason) < 800
     # Not before the grace period: a rank that just left may be a peer seen late.
     for r in range(world - 1):
         views[r]["blocked_for"] = 0.5

@@ -40,9 +40,7 @@ View = Mapping[str, Any]
 @dataclasses.dataclass(frozen=True)
 class UnevenProof:
     reason: str
-    waiting: int
-    finished: tuple[int, ...]
-    key: str
+    finished: tuple[int, ...]  # the ranks that ran out and will not join
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,8 +179,8 @@ def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
                         if f != w and _longer(info, ended)
                         and _wont_join(views[f], first, w, pending, members, world_size)]
             if finished:
-                return UnevenProof(_reason(views, w, site, info, first, finished), w,
-                                   tuple(f for f, _ in finished), key)
+                return UnevenProof(_reason(views, w, site, info, first, finished),
+                                   tuple(f for f, _ in finished))
     return None
 
 
@@ -193,8 +191,7 @@ def _reason(views: Mapping[int, View], w: int, site: str, info: Mapping[str, Any
     loader = (f"the DataLoader created at {_site(at)} (`for` at {_site(site)})" if at
               else f"the DataLoader iterated at {_site(site)}")
     others = [r for r, _ in finished[1:]]
-    also = f" (so did rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))})" \
-        if others else ""
+    also = f" (so did {_ranges(others)})" if others else ""
     what = f"{describe_entry(first)}" if first else "a collective"
     of = f" of {info['len']}" if info.get("len") is not None else ""
     key = str(info["key"])
