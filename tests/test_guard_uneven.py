@@ -125,6 +125,20 @@ def test_what_the_proof_needs_besides_a_rank_that_ran_out():
     v0 = in_pass(0)
     v0["loaders"][FOR]["end"] = "drop"
     assert cause({0: v0, 1: ran_out(1)}) == "peer_gone"
+    # Rank 1 ran out, then crashed or died: its own end is the cause, not the lengths.
+    v1 = ran_out(1)
+    v1.update(state="crashed", state_text="crashed (ValueError: bad record)")
+    assert cause({0: in_pass(0), 1: v1}) == "peer_gone"
+    v1.update(state="running", state_text="died (process 7 is gone)")
+    assert cause({0: in_pass(0), 1: v1}) == "peer_gone"
+    # ... but one that died in a barrier which could never pair with rank 0's all_reduce (gloo
+    # aborts it) still shows that it ran out and could not join; one that crashed there does
+    # not (its error is the cause to name).
+    v1 = ran_out(1, gone=False, pending=[entry(25, "barrier", ())])
+    v1.update(gone=True, state_text="died (process 7 is gone)")
+    assert cause({0: in_pass(0), 1: v1}) == "uneven_batches"
+    v1.update(state="crashed", state_text="crashed (RuntimeError: size mismatch)")
+    assert cause({0: in_pass(0), 1: v1}) == "peer_gone"
     # Another loader's pass (another creation or pass number): nothing to compare.
     v1 = ran_out(1)
     v1["loaders"][FOR]["done"] = [["ffff#0/1", 7, 7]]

@@ -12,9 +12,11 @@ nobody stays blocked. The proof therefore needs all of:
 - a rank F whose pass over the same loader (same creation, same pass number) ended with
   StopIteration and was shorter than W's (fewer batches by length, or by count where the
   loader has no length);
-- F will not join W's collective: F is gone (exited, crashed, dead), or F is blocked itself in
-  a collective that cannot pair with W's: the same number with a different operation or size,
-  or one of a group W belongs to that W is not in.
+- F will not join W's collective: F left (exited, or destroyed its process group), or F is
+  blocked itself in a collective that cannot pair with W's: the same number with a different
+  operation or size, or one of a group W belongs to that W is not in (also if it died there).
+  A rank that crashed, or died while working, is left to the other rules: its own end is the
+  cause to name.
 
 A rank that ran out and is still working (a slow step before its agreement all_reduce, Join's
 shadow loop between two collectives) is never proof: it may yet join.
@@ -119,10 +121,16 @@ def _longer(info: Mapping[str, Any], ended: _Ended) -> bool:
     return int(info.get("batches") or 0) > ended.batches
 
 
+def _left(f: View) -> bool:
+    """Rank f left the job on purpose (exited, destroyed its process group). One that crashed
+    or died is not counted: its own end is the cause the report must name."""
+    return bool(f.get("gone")) and f.get("state") == "exited"
+
+
 def _wont_join(f: View, first: Entry | None, w: int, w_pending: Sequence[Entry],
                members: Mapping[str, Sequence[int]], world_size: int) -> bool:
     """Rank f can never join the collective `first` that rank w waits in."""
-    if f.get("gone"):
+    if _left(f):
         return True
     if first is None:
         return False  # without the ledger only a rank that is gone is proof
@@ -142,8 +150,8 @@ def _wont_join(f: View, first: Entry | None, w: int, w_pending: Sequence[Entry],
 
 
 def _how(f: View) -> str:
-    if f.get("gone"):
-        return str(f.get("state_text") or f.get("state") or "is gone")
+    if _left(f):
+        return str(f.get("state_text") or "exited")
     first = first_pending(f.get("pending") or [])
     what = describe_entry(first) if first else "a collective"
     return f"waits in {what} at {f.get('where', '?')}"
@@ -160,7 +168,9 @@ def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
         vf = views[f]
         # A rank that ran out and is still working may yet join (Join's shadow loop between
         # two collectives, a rank closing its files before its agreement all_reduce).
-        if vf.get("gone") or vf.get("blocked"):
+        # One that died while blocked still shows where it could not pair (gloo aborts a
+        # rank whose barrier meets a peer's all_reduce); one that crashed has its own cause.
+        if _left(vf) or (vf.get("blocked") and vf.get("state") != "crashed"):
             for key, ended in _all_ended(vf):
                 out_of.setdefault(key, []).append((f, ended))
     if not out_of:
