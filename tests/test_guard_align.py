@@ -103,6 +103,19 @@ def test_twin_every_backward_run_is_not_a_skipped_backward():
     assert d["cause"] == "mismatch", d["cause"]
 
 
+def test_twin_an_evaluation_forward_that_shifted_the_numbers_is_not_a_skipped_backward():
+    # Rank 0 evaluated once through the wrapper (its buffer broadcast paired with rank 1's
+    # next training forward); now rank 0's training forward of batch 3 meets rank 1's
+    # backward of batch 3. The counters read "fewer backwards" on rank 0, but it is the
+    # evaluation forward that took the numbers.
+    recs = [rec(0, FWD, pending=[entry(12, "broadcast", ((16,),))], batches=3, fwd=4, tfwd=3,
+                bwd=2),
+            rec(1, BWD, pending=[entry(12)], batches=3, fwd=3, tfwd=3, bwd=3)]
+    d = diag(recs)
+    assert d["cause"] == "forward_on_some_ranks", d
+    assert d["culprits"] == [0]
+
+
 def test_left_at_needs_forward_before_backward_in_one_file():
     assert left_at(SOURCES, (SCRIPT, 6), (SCRIPT, 9)) == \
         f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"
@@ -277,6 +290,11 @@ def test_a_pending_entry_the_recorder_has_retired_is_not_where_a_rank_waits():
     # broadcast of batch 11, retired) before the collectives they really wait in.
     retired = ["0", 38, "broadcast", [[1]], ["Long"], True]
     recs = skipped(rank1_bwd=10)
+    last = seq_entry(38, "broadcast", "forward", 11, 11, 11, 10)
+    recs[0]["sequence"] = [{**last, "done": True}, seq_entry(39, "all_reduce", "backward", 11,
+                                                             11, 11, 11)]
+    recs[1]["sequence"] = [{**last, "done": True}, seq_entry(39, "broadcast", "forward", 12,
+                                                             12, 12, 10)]
     for r in recs:
         r["hb"]["pending"].insert(0, retired)
     assert diag(recs)["cause"] == "skipped_backward"

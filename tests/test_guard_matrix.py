@@ -112,7 +112,7 @@ BROKEN = [
     ("early_exit", "left_early", ["rank 1 exited", "rank 0 waits in all_reduce #"], [1]),
     ("infinite_loop", "no_life", ["rank 1 has shown no sign of life",
                                   line_of("while True:")], [1]),
-    ("blocked_read", "no_life", ["rank 1 has shown no sign of life",
+    ("blocked_read", "blocked_outside", ["rank 1 has shown no sign of life",
                                  line_of("os.read(r, 1)")], [1]),
     ("loader_worker_deadlock", "loader_stall", ["rank 1 has shown no sign of life"], [1]),
 ]

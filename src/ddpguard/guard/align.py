@@ -360,5 +360,9 @@ def explain(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mappin
     sp = spots(records, positions)
     if len(sp) < 2:
         return None
-    return (skipped_backward(sp, positions, sources) or forward_on_some_ranks(sp)
+    # A forward through the wrapper that is not a training step takes a collective number the
+    # others give to their next training collective: from there on, a training forward can
+    # meet a peer's backward, and the counters would read like a skipped backward. So the
+    # evaluation forwards are compared first.
+    return (forward_on_some_ranks(sp) or skipped_backward(sp, positions, sources)
             or left_early(records, sp, positions, sources) or extra_collective(sp, positions))
