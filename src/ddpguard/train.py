@@ -4,10 +4,9 @@ worked example of doing so correctly."""
 
 from __future__ import annotations
 
-import csv
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ from .fit_config import FitConfig, FitResult
 from .metrics import LossWatch, evaluate, split_loss
 from .model import accumulate, prepare_model, to_device, unwrap
 from .precision import Precision
-from .readback import Readback, scalars
+from .train_log import CsvLog, LossLog
 from .world import World
 
 __all__ = ["FitConfig", "FitResult", "fit"]
@@ -69,26 +68,6 @@ def _loader(cfg: FitConfig, dataset: Any, sampler: Any, batched: bool, batch_siz
                        num_workers=cfg.num_workers, collate_fn=collate_fn, seed=cfg.seed)
 
 
-class _CsvLog:
-    def __init__(self, path: str | None, world: World) -> None:
-        self.f: Any = None
-        if path is not None and world.is_main:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fresh = not Path(path).exists()
-            self.f = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
-            self.w = csv.writer(self.f)
-            if fresh:
-                self.w.writerow(["kind", "epoch", "step", "loss", "lr", "seconds"])
-
-    def row(self, *values: Any) -> None:
-        if self.f is not None:
-            self.w.writerow(values)
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-
-
 def _progress(cfg: FitConfig, world: World, total: int | None) -> Any:
     if not (cfg.progress and world.is_main):
         return None
@@ -117,6 +96,24 @@ def _batch_plan(cfg: FitConfig, world: World, ddp: nn.Module, data: Any, loss_fn
         world.print(rescale_lr(opt, cfg.baseline_batch_size, cfg.global_batch_size, cfg.lr_rule,
                                scheduler))
     return plan
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """What `fit()` was given, in one object (the loop's functions take it instead of a dozen
+    arguments)."""
+
+    model: nn.Module
+    train_data: Any
+    loss_fn: LossFn
+    optimizer: Any   # an optimizer, or a factory taking the parameters
+    cfg: FitConfig
+    world: World
+    eval_data: Any = None
+    scheduler: Any = None
+    collate_fn: Any = None
+    on_batch: Callable[[int, int, Any], None] | None = None
+    oom_probe: Callable[[int], object] | None = None
 
 
 def fit(
@@ -152,45 +149,83 @@ def fit(
     own_group = world is None
     world = init() if world is None else world
     try:
-        return _fit(model, train_data, loss_fn, optimizer, cfg, eval_data, scheduler,
-                    collate_fn, world, on_batch, oom_probe)
+        return _fit(FitInputs(model, train_data, loss_fn, optimizer, cfg, world, eval_data,
+                              scheduler, collate_fn, on_batch, oom_probe))
     finally:
         if own_group:
             shutdown(world)
 
 
-def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg: FitConfig,
-         eval_data: Any, scheduler: Any, collate_fn: Any, world: World,
-         on_batch: Callable[[int, int, Any], None] | None,
-         oom_probe: Callable[[int], object] | None) -> FitResult:
-    ddp = prepare_model(model, world)
-    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer(
+@dataclass
+class _Trainer:
+    """The parts `_fit` assembles once, and the loop's running state."""
+
+    inputs: FitInputs
+    ddp: nn.Module
+    opt: Any
+    prec: Precision
+    every: int
+    sampler: Any
+    batched: bool
+    loader: Any
+    eval_loader: Any
+    per_batch: int
+    log: CsvLog
+    watch: LossWatch
+    bar: Any
+    result: FitResult
+    losses: LossLog
+    step: int
+    t0: float
+    done: bool
+    weight_sum: Any = 0  # the token weights of batched passes, still on the device
+
+    def checkpoint(self, epoch: int, consumed: int | None) -> None:
+        cfg, world = self.inputs.cfg, self.inputs.world
+        if cfg.checkpoint_dir is None:
+            return
+        sampler = self.sampler
+        state = sampler.state_dict(consumed=consumed) if consumed is not None else None
+        if consumed is None:  # pass finished: the sampler's state points at the next epoch
+            state = sampler.state_dict(consumed=len(sampler))
+        save_checkpoint(cfg.checkpoint_dir, world, model=self.ddp, optimizer=self.opt,
+                        scheduler=self.inputs.scheduler, scaler=self.prec.scaler,
+                        sampler_state=state,
+                        epoch=epoch if consumed is not None else epoch + 1, step=self.step,
+                        keep_last=cfg.keep_last, timeout=cfg.checkpoint_timeout)
+
+
+def _build(job: FitInputs) -> _Trainer:
+    """Wrap the model, make the optimizer, plan the batches, build the loaders, resume."""
+    cfg, world = job.cfg, job.world
+    ddp = prepare_model(job.model, world)
+    opt = job.optimizer if isinstance(job.optimizer, torch.optim.Optimizer) else job.optimizer(
         ddp.parameters())
     prec = Precision(cfg.precision, world.device)
-    plan = _batch_plan(cfg, world, ddp, train_data, loss_fn, collate_fn, oom_probe, opt,
-                       scheduler)
+    plan = _batch_plan(cfg, world, ddp, job.train_data, job.loss_fn, job.collate_fn,
+                       job.oom_probe, opt, job.scheduler)
     micro = plan.micro if plan is not None else cfg.batch_size
     every = plan.accumulation_steps if plan is not None else cfg.accumulate
-    sampler, batched = _make_sampler(cfg, train_data, world, shuffle=cfg.shuffle,
+    sampler, batched = _make_sampler(cfg, job.train_data, world, shuffle=cfg.shuffle,
                                      global_batch_size=cfg.global_batch_size)
-    loader = _loader(cfg, train_data, sampler, batched, micro, collate_fn)
+    loader = _loader(cfg, job.train_data, sampler, batched, micro, job.collate_fn)
     eval_loader = None
-    if eval_data is not None:
+    if job.eval_data is not None:
         ev_sampler, ev_batched = _make_sampler(
-            cfg, eval_data, world, shuffle=False, max_tokens=cfg.eval_batch_size)
-        eval_loader = _loader(cfg, eval_data, ev_sampler, ev_batched,
-                              cfg.eval_batch_size or micro, collate_fn)
+            cfg, job.eval_data, world, shuffle=False, max_tokens=cfg.eval_batch_size)
+        eval_loader = _loader(cfg, job.eval_data, ev_sampler, ev_batched,
+                              cfg.eval_batch_size or micro, job.collate_fn)
     step, start_epoch, resumed = 0, 0, None
     if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
         info = load_checkpoint(cfg.checkpoint_dir, world, model=ddp, optimizer=opt,
-                               scheduler=scheduler, scaler=prec.scaler)
+                               scheduler=job.scheduler, scaler=prec.scaler)
         step, start_epoch, resumed = info["step"], info["epoch"], str(info["path"])
         if info["sampler"] is not None:
             sampler.load_state_dict(info["sampler"])
             start_epoch = sampler.epoch  # the sampler may skip an epoch with nothing left
         world.print(f"resumed from {resumed} (saved on {info.get('world_size')} rank(s)): "
                     f"epoch {start_epoch}, step {step}")
-    log = _CsvLog(cfg.log_csv, world)
+    log = CsvLog(cfg.log_csv, world)
     watch = LossWatch(world, every=cfg.nan_check_every)
     bar = _progress(cfg, world, cfg.max_steps)
     result = FitResult(step, start_epoch, 0, 0, 0.0, [], [], resumed,
@@ -200,123 +235,125 @@ def _fit(model: nn.Module, train_data: Any, loss_fn: LossFn, optimizer: Any, cfg
     # Checkpoints record what this rank CONSUMED (batches done x batch), never what the sampler
     # yielded: DataLoader workers prefetch ahead, and those samples were not trained on.
     per_batch = 1 if batched else int(micro or 1)
+    return _Trainer(job, ddp, opt, prec, every, sampler, batched, loader, eval_loader, per_batch,
+                    log, watch, bar, result, LossLog(result, log, bar), step, t0, done)
 
-    def checkpoint(epoch: int, consumed: int | None) -> None:
-        if cfg.checkpoint_dir is None:
-            return
-        state = sampler.state_dict(consumed=consumed) if consumed is not None else None
-        if consumed is None:  # pass finished: the sampler's state points at the next epoch
-            state = sampler.state_dict(consumed=len(sampler))
-        save_checkpoint(cfg.checkpoint_dir, world, model=ddp, optimizer=opt, scheduler=scheduler,
-                        scaler=prec.scaler, sampler_state=state,
-                        epoch=epoch if consumed is not None else epoch + 1, step=step,
-                        keep_last=cfg.keep_last, timeout=cfg.checkpoint_timeout)
 
-    weight_sum: Any = 0  # the token weights of batched passes, still on the device
-    # Losses are read back in groups, and on a GPU one group late (readback.py): a float() per
-    # step, or a wait for each group, would stall the GPU's queue.
-    pending: list[tuple[int, int, Any, float]] = []  # (epoch, step, lr, seconds) per step
-    pending_losses: list[torch.Tensor] = []
-    losses_back = Readback()
-
-    def drain(wait: bool = True) -> None:
-        ready = []
-        if pending:
-            ready = losses_back.push(pending.copy(), scalars(pending_losses))
-            pending.clear()
-            pending_losses.clear()
-        if wait:
-            ready += losses_back.wait_all()
-        for rows, losses in ready:
-            for (ep, st, lr, secs), lv in zip(rows, losses, strict=True):
-                result.train_loss.append((st, lv))
-                log.row("train", ep, st, f"{lv:.6f}", lr, f"{secs:.3f}")
-            if bar is not None:
-                bar.update(len(rows))
-                bar.set_postfix(epoch=rows[-1][0], loss=f"{losses[-1]:.4f}")
-
+def _fit(job: FitInputs) -> FitResult:
+    t = _build(job)
     finished = False
     try:
-        if cfg.eval_at_start and eval_loader is not None and resumed is None:
-            ev = evaluate(ddp, eval_loader, loss_fn, world)
-            result.eval_loss.append((step, ev.loss))
-            log.row("eval", start_epoch, step, f"{ev.loss:.6f}", "", "0.000")
-        for epoch in range(start_epoch, cfg.epochs):
-            if done:
-                break
-            # Keeps a mid-epoch resume position when `epoch` is the resumed one; len(loader) is
-            # then what is left of the pass, and consumed counts restart from the resume point.
-            sampler.set_epoch(epoch)
-            n_batches = len(loader)
-            ddp.train()
-            batches_done = 0
-            for i, batch in enumerate(loader):
-                batch = to_device(batch, world.device)
-                with accumulate(ddp, i, every=every, epoch_length=n_batches) as acc:
-                    with prec.autocast():
-                        loss, n_samples, weights = _mean_loss(loss_fn(ddp, batch))
-                    # Skipping the multiply when it is 1 saves an op and its backward node.
-                    prec.backward(loss if acc.scale == 1.0 else loss * acc.scale)
-                watch.update(loss, step)
-                batches_done += 1
-                result.samples += n_samples
-                if batched and weights is not None:  # summed on the device, read at the end
-                    weight_sum = weight_sum + weights.detach().double().sum()
-                elif batched:
-                    result.tokens += n_samples
-                if on_batch is not None:
-                    on_batch(epoch, step, batch)
-                if not acc.sync:
-                    continue
-                if cfg.grad_clip is not None:
-                    prec.unscale_(opt)
-                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg.grad_clip)
-                prec.step(opt)
-                opt.zero_grad(set_to_none=True)
-                if scheduler is not None:
-                    scheduler.step()
-                step += 1
-                pending.append((epoch, step, opt.param_groups[0]["lr"], time.perf_counter() - t0))
-                pending_losses.append(loss.detach())
-                done = cfg.max_steps is not None and step >= cfg.max_steps
-                if len(pending) >= _LOG_EVERY or done:
-                    drain(wait=done)
-                last_of_epoch = batches_done == n_batches
-                if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-                        and not last_of_epoch and not done):
-                    watch.flush()  # never checkpoint weights a NaN already reached
-                    drain()  # free now (flush waited): the log is whole up to the checkpoint
-                    checkpoint(epoch, batches_done * per_batch)
-                if done:
-                    break
-            drain()
-            watch.flush()
-            if eval_loader is not None:
-                ev = evaluate(ddp, eval_loader, loss_fn, world)
-                result.eval_loss.append((step, ev.loss))
-                log.row("eval", epoch, step, f"{ev.loss:.6f}", "",
-                        f"{time.perf_counter() - t0:.3f}")
-                world.print(f"epoch {epoch}: step {step}, eval loss {ev.loss:.4f} "
-                            f"over {ev.count} samples")
-            if done and batches_done < n_batches:
-                checkpoint(epoch, batches_done * per_batch)
-            else:
-                checkpoint(epoch, None)
-            result.epochs_done = epoch + 1
+        _train(t)
         finished = True
     finally:
         try:
-            drain()  # waits for the device: after a CUDA error it raises again
-            result.tokens += int(weight_sum)
+            t.losses.drain()  # waits for the device: after a CUDA error it raises again
+            t.result.tokens += int(t.weight_sum)
         except Exception:
             if finished:
                 raise
             # else the loop's own error is the one to report, not this echo of it
         finally:
-            log.close()
-            if bar is not None:
-                bar.close()
-    result.steps = step
-    result.seconds = time.perf_counter() - t0
-    unwrap(ddp).train()
-    return result
+            t.log.close()
+            if t.bar is not None:
+                t.bar.close()
+    t.result.steps = t.step
+    t.result.seconds = time.perf_counter() - t.t0
+    unwrap(t.ddp).train()
+    return t.result
+
+
+def _evaluate(t: _Trainer, epoch: int) -> None:
+    job = t.inputs
+    ev = evaluate(t.ddp, t.eval_loader, job.loss_fn, job.world)
+    t.result.eval_loss.append((t.step, ev.loss))
+    t.log.row("eval", epoch, t.step, f"{ev.loss:.6f}", "", f"{time.perf_counter() - t.t0:.3f}")
+    job.world.print(f"epoch {epoch}: step {t.step}, eval loss {ev.loss:.4f} "
+                    f"over {ev.count} samples")
+
+
+def _train(t: _Trainer) -> None:
+    """The loop: epochs, each a pass over the loader, an evaluation and a checkpoint."""
+    job, cfg = t.inputs, t.inputs.cfg
+    start_epoch = t.result.epochs_done
+    if cfg.eval_at_start and t.eval_loader is not None and t.result.resumed_from is None:
+        ev = evaluate(t.ddp, t.eval_loader, job.loss_fn, job.world)
+        t.result.eval_loss.append((t.step, ev.loss))
+        t.log.row("eval", start_epoch, t.step, f"{ev.loss:.6f}", "", "0.000")
+    for epoch in range(start_epoch, cfg.epochs):
+        if t.done:
+            break
+        # Keeps a mid-epoch resume position when `epoch` is the resumed one; len(loader) is
+        # then what is left of the pass, and consumed counts restart from the resume point.
+        t.sampler.set_epoch(epoch)
+        n_batches = len(t.loader)
+        t.ddp.train()
+        batches_done = 0
+        # Under `ddpguard run` the guard counts each batch in DataLoader's iterator (its hooks
+        # on DataLoader.__iter__ and the iterator's __next__, guard/progress.py): a rank that
+        # runs out of batches early is seen there.
+        for i, batch in enumerate(t.loader):
+            batches_done += 1
+            if _train_step(t, epoch, i, batch, n_batches, batches_done):
+                break
+        t.losses.drain()
+        t.watch.flush()
+        if t.eval_loader is not None:
+            _evaluate(t, epoch)
+        if t.done and batches_done < n_batches:
+            t.checkpoint(epoch, batches_done * t.per_batch)
+        else:
+            t.checkpoint(epoch, None)
+        t.result.epochs_done = epoch + 1
+
+
+def _forward_backward(t: _Trainer, batch: Any, i: int,
+                      n_batches: int) -> tuple[Any, torch.Tensor, int, torch.Tensor | None]:
+    """One micro-batch: forward and backward, gradients synced only on the accumulation's last
+    micro-step (`accumulate`). The guard's hooks on DDP.forward and torch.autograd.backward
+    (guard/progress.py) mark both as signs of life under `ddpguard run`."""
+    with accumulate(t.ddp, i, every=t.every, epoch_length=n_batches) as acc:
+        with t.prec.autocast():
+            loss, n_samples, weights = _mean_loss(t.inputs.loss_fn(t.ddp, batch))
+        # Skipping the multiply when it is 1 saves an op and its backward node.
+        t.prec.backward(loss if acc.scale == 1.0 else loss * acc.scale)
+    return acc, loss, n_samples, weights
+
+
+def _train_step(t: _Trainer, epoch: int, i: int, batch: Any, n_batches: int,
+                batches_done: int) -> bool:
+    """One batch of the loop, and the optimizer step when it ends an accumulation. True when
+    training is done (max_steps reached)."""
+    job, cfg = t.inputs, t.inputs.cfg
+    batch = to_device(batch, job.world.device)
+    acc, loss, n_samples, weights = _forward_backward(t, batch, i, n_batches)
+    t.watch.update(loss, t.step)
+    t.result.samples += n_samples
+    if t.batched and weights is not None:  # summed on the device, read at the end
+        t.weight_sum = t.weight_sum + weights.detach().double().sum()
+    elif t.batched:
+        t.result.tokens += n_samples
+    if job.on_batch is not None:
+        job.on_batch(epoch, t.step, batch)
+    if not acc.sync:
+        return False
+    if cfg.grad_clip is not None:
+        t.prec.unscale_(t.opt)
+        torch.nn.utils.clip_grad_norm_(t.ddp.parameters(), cfg.grad_clip)
+    # The guard's optimizer-step hook (guard/progress.py) counts this step under `ddpguard run`.
+    t.prec.step(t.opt)
+    t.opt.zero_grad(set_to_none=True)
+    if job.scheduler is not None:
+        job.scheduler.step()
+    t.step += 1
+    t.losses.add((epoch, t.step, t.opt.param_groups[0]["lr"], time.perf_counter() - t.t0), loss)
+    t.done = cfg.max_steps is not None and t.step >= cfg.max_steps
+    if len(t.losses.pending) >= _LOG_EVERY or t.done:
+        t.losses.drain(wait=t.done)
+    last_of_epoch = batches_done == n_batches
+    if (cfg.checkpoint_every and t.step % cfg.checkpoint_every == 0
+            and not last_of_epoch and not t.done):
+        t.watch.flush()  # never checkpoint weights a NaN already reached
+        t.losses.drain()  # free now (flush waited): the log is whole up to the checkpoint
+        t.checkpoint(epoch, batches_done * t.per_batch)
+    return t.done
