@@ -13,14 +13,47 @@ HELP = ("render a ddpguard hang report (JSON) as one lane per rank in time: HTML
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the JSON report path printed by the guard")
+    parser.add_argument("file", help="the JSON report path printed by the guard, or a report "
+                                     "folder: lists its launches and their attempts")
     parser.add_argument("--out", default=None,
                         help="output path without extension; writes OUT.html, OUT.trace.json "
                              "and OUT.png (default: next to FILE, same name)")
 
 
+def list_folder(folder: str) -> list[str]:
+    """One block per launch (newest last): each attempt's reports, with the rank that wrote
+    it and the likely cause."""
+    import glob
+    import json
+
+    launches: dict[str, list[tuple[float, int, str, dict]]] = {}
+    for path in glob.glob(os.path.join(glob.escape(folder), "ddpguard-*.json")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                rep = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rep, dict) and "diagnosis" in rep:
+            key = str(rep.get("launch_id") or "(no launch id: run without `ddpguard run`)")
+            launches.setdefault(key, []).append(
+                (float(rep.get("created", 0)), int(rep.get("attempt") or 0), path, rep))
+    lines = []
+    for launch, rows in sorted(launches.items(), key=lambda kv: min(r[0] for r in kv[1])):
+        lines.append(f"launch {launch}:")
+        for _, attempt, path, rep in sorted(rows, key=lambda r: (r[1], r[0])):
+            title = rep["diagnosis"].get("title", "?")
+            lines.append(f"  attempt {attempt}: rank {rep.get('reporter_rank', '?')}: {title}"
+                         f"{' (partial)' if rep.get('partial') else ''}\n    {path}")
+    return lines
+
+
 def main(args: argparse.Namespace) -> int:
     from ddpguard.guard.report import load
+
+    if os.path.isdir(args.file):
+        lines = list_folder(args.file)
+        print("\n".join(lines) if lines else f"no ddpguard reports in {args.file}")
+        return 0
     from ddpguard.reporting.render import render_html, render_png
     from ddpguard.reporting.trace import render_trace
 

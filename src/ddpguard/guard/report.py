@@ -68,7 +68,7 @@ def format_text(report: dict[str, Any], path: str | None) -> str:
     lines = [
         "",
         f"=============== ddpguard: {report['event']} (report of rank {me} of "
-        f"{report['world_size']}) ===============",
+        f"{report['world_size']}{_attempt_text(report)}) ===============",
         f"likely cause: {d['title']}",
         f"  {d['explanation']}",
         f"what to do: {d['fix']}",
@@ -91,6 +91,13 @@ def format_text(report: dict[str, Any], path: str | None) -> str:
         lines.append(f"  render it: ddpguard report {path}")
     lines.append("=" * 80)
     return short_text("\n".join(lines))
+
+
+def _attempt_text(report: dict[str, Any]) -> str:
+    """Which attempt, once torchrun has restarted the job: a later attempt's report is not
+    the first one's."""
+    k = report.get("attempt")
+    return f", attempt {k}" if isinstance(k, int) and k > 0 else ""
 
 
 def announce(report: dict[str, Any], path: str | None) -> None:
