@@ -22,6 +22,7 @@ from ddpguard.guard.ends import (
     WorkerDeath,
     oom_words,
     peer_doing,
+    timeout_cause,
     timeout_ms,
     timeout_reason,
     worker_death,
@@ -187,19 +188,32 @@ def test_peer_doing_tells_working_from_blocked_from_gone():
     assert peer_doing(2, blocked) == \
         "rank 2 was itself blocked in barrier #7 (group 0) at train.py:9 in <module>"
     assert peer_doing(3, working, "exited (left the job)") == "rank 3 had exited (left the job)"
+    # A heartbeat nobody renewed is no proof of work.
+    assert peer_doing(0, working, silent=12.0) == ("rank 0 had not answered for 12 s (process "
+                                                   "stopped or frozen?); it was last at "
+                                                   "train.py:70 in save")
     assert "not published" in peer_doing(4, None)
 
 
 def test_timeout_reason_names_the_setting_only_when_a_peer_worked():
     peers = {0: "rank 0 was alive and working (saving) at t.py:3 in save"}
     text = timeout_reason(1, 10000, " in barrier #4 (group 0)", "t.py:9 in <module>", peers,
-                          blocked=False)
+                          "working")
     assert text.startswith("rank 1's collective in barrier #4 (group 0) at t.py:9 in <module> "
                            "failed on the process group's own timeout (10 s) while rank 0 "
                            "was alive and working")
     assert "timeout= argument of init_process_group" in text
-    dead = timeout_reason(1, 500, "", "", {0: "rank 0 was itself blocked in x"}, blocked=True)
+    dead = timeout_reason(1, 500, "", "", {0: "rank 0 was itself blocked in x"}, "blocked")
     assert "(0.5 s)" in dead and "deadlock" in dead and "timeout=" not in dead
+    frozen = timeout_reason(1, 500, "", "", {0: "rank 0 had not answered for 9 s"}, "frozen")
+    assert frozen.endswith("while rank 0 had not answered for 9 s")
+
+
+def test_timeout_cause_takes_the_strongest_evidence():
+    assert timeout_cause([], [], [0, 2]) == ("collective_timeout", [0, 2], "working")
+    assert timeout_cause([], [], []) == ("timeout_deadlock", [], "blocked")
+    assert timeout_cause([], [3], [0]) == ("no_life", [3], "frozen")
+    assert timeout_cause([2], [3], [0]) == ("peer_gone", [2], "gone")
 
 
 def test_oom_words_follow_the_cgroup_count():

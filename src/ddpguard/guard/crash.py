@@ -30,7 +30,15 @@ from typing import Any
 
 from . import channel, procs, workers
 from .config import EXIT_CODE
-from .ends import oom_words, peer_doing, timeout_ms, timeout_reason, worker_death, worker_reason
+from .ends import (
+    oom_words,
+    peer_doing,
+    timeout_cause,
+    timeout_ms,
+    timeout_reason,
+    worker_death,
+    worker_reason,
+)
 from .fault import last_words
 from .handles import GuardHandle
 from .ledger import describe_entry, first_pending
@@ -219,22 +227,28 @@ def _timed_out(g: Any, ms: int, waiting: str, place: str, text: str,
     doing: dict[int, str] = {}
     working: list[int] = []
     gone: list[int] = []
+    frozen: list[int] = []
     for r, hb in sorted(peers.items()):
         if r == g.rank:
             continue
         is_gone, how = g.peer_gone(r, hb, now)
-        doing[r] = peer_doing(r, hb, how if is_gone else "")
+        # A heartbeat older than three intervals: that rank's guard is not running (a
+        # stopped process, a call holding the GIL), so what it last said is no proof of work.
+        age = time.time() - float(hb.get("t") or time.time())
+        silent = age if age > 3 * g.config.heartbeat_interval else 0.0
+        doing[r] = peer_doing(r, hb, how if is_gone else "", silent)
         if is_gone:
             gone.append(r)
+        elif silent:
+            frozen.append(r)
         elif not (hb.get("blocked") or hb.get("pending")):
             working.append(r)
-    blocked = bool(doing) and not working and not gone
-    reason = timeout_reason(g.rank, ms, waiting, place, doing, blocked)
+    cause, culprits, kind = timeout_cause(gone, frozen, working)
+    reason = timeout_reason(g.rank, ms, waiting, place, doing, kind)
     channel.write(f"ddpguard: rank {g.rank}: its collective{waiting} failed on the process "
                   f"group's timeout ({ms / 1000:g} s): {text}")
-    cause = "peer_gone" if gone else ("timeout_deadlock" if blocked else "collective_timeout")
     g.failure.crashed(frames, text)
-    g.failure.fail(Decision(cause, reason, tuple(gone or working)), peers)
+    g.failure.fail(Decision(cause, reason, tuple(culprits)), peers)
     return EXIT_CODE  # not reached: the failure path ends the process
 
 

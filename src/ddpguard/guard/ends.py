@@ -16,7 +16,7 @@ from .ledger import describe_entry, first_pending
 from .stacks import short_text
 
 __all__ = ["timeout_ms", "WorkerDeath", "worker_death", "peer_doing", "timeout_reason",
-           "worker_reason", "oom_words", "TIMEOUT_SETTING"]
+           "worker_reason", "oom_words", "timeout_cause", "TIMEOUT_SETTING"]
 
 # gloo: "Timed out waiting 10000ms for recv operation to complete"; NCCL's watchdog:
 # "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ..., Timeout(ms)=600000) ran for 600055 milliseconds
@@ -77,14 +77,19 @@ def worker_death(text: str) -> WorkerDeath | None:
     return None
 
 
-def peer_doing(r: int, hb: Mapping[str, Any] | None, gone: str = "") -> str:
+def peer_doing(r: int, hb: Mapping[str, Any] | None, gone: str = "",
+               silent: float = 0.0) -> str:
     """'rank 0 was alive and working (...) at f:l' / 'rank 0 was itself blocked in barrier #7
-    (group 0) at f:l' / 'rank 0 had exited', from its last heartbeat."""
+    (group 0) at f:l' / 'rank 0 had exited', from its last heartbeat; `silent`: seconds since
+    that heartbeat was written (a rank whose guard stopped answering is not said to work)."""
     if hb is None:
         return f"rank {r} had not published a heartbeat"
     where = hb.get("where") or "?"
     if gone:
         return f"rank {r} had {gone}" if not gone.startswith("died") else f"rank {r} {gone}"
+    if silent > 0:
+        return (f"rank {r} had not answered for {silent:.0f} s (process stopped or frozen?); "
+                f"it was last at {where}")
     first = first_pending(hb.get("pending") or [])
     if hb.get("blocked") or first is not None:
         what = describe_entry(first) if first is not None else (hb.get("doing") or "a wait")
@@ -94,18 +99,38 @@ def peer_doing(r: int, hb: Mapping[str, Any] | None, gone: str = "") -> str:
     return f"rank {r} was alive and working ({hb.get('doing') or 'running'}) at {where}{sign}"
 
 
+def timeout_cause(gone: list[int], frozen: list[int],
+                  working: list[int]) -> tuple[str, list[int], str]:
+    """(cause, culprits, kind for timeout_reason) of a collective that ran out the group's
+    timeout, from which peers were gone, frozen (heartbeat not renewed) or still working; any
+    other peer was blocked in a collective itself. Strongest evidence first: a peer that left
+    or died explains the timeout, a frozen one is judged like a rank with no sign of life,
+    and only a peer seen working makes the timeout itself the problem."""
+    if gone:
+        return "peer_gone", list(gone), "gone"
+    if frozen:
+        return "no_life", list(frozen), "frozen"
+    if working:
+        return "collective_timeout", list(working), "working"
+    return "timeout_deadlock", [], "blocked"
+
+
 def timeout_reason(rank: int, ms: int, collective: str, place: str,
-                   peers: Mapping[int, str], blocked: bool) -> str:
+                   peers: Mapping[int, str], kind: str) -> str:
     """The report's reason for a collective that failed on the group's timeout. `peers`:
-    peer_doing() of every other rank; `blocked`: whether every peer was itself blocked."""
+    peer_doing() of every other rank; `kind`: 'working' (a peer was still working: the
+    timeout was too short), 'blocked' (every peer blocked in a collective: a deadlock the
+    timeout ended) or anything else (a peer gone or frozen: its own words say it)."""
     where = f" at {place}" if place else ""
     head = (f"rank {rank}'s collective{collective}{where} failed on the process group's own "
             f"timeout ({ms / 1000:g} s) while " + "; ".join(peers[r] for r in sorted(peers)))
-    if blocked:
+    if kind == "blocked":
         return (f"{head}. Every rank was blocked in a collective the others were not in: the "
                 "timeout only ended a deadlock")
-    return (f"{head}. No rank was stuck: a peer was still working when the timeout ran out. "
-            f"The setting: {TIMEOUT_SETTING}")
+    if kind == "working":
+        return (f"{head}. No rank was stuck: a peer was still working when the timeout ran "
+                f"out. The setting: {TIMEOUT_SETTING}")
+    return head
 
 
 def oom_words(before: int | None, after: int | None) -> str:
