@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from ddpguard.lint import Finding, Selection
 from ddpguard.lint import lint_paths as _lint_paths
 from ddpguard.lint import lint_source as _lint_source
+
+# The lint tests' other way to lint: with the CLI's own default selection unless one is given.
+lint_with_defaults = _lint_source
+lint_paths_with_defaults = _lint_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +69,101 @@ def lint_source(source: str, path: str = "<string>",
 
 def lint_paths(paths: list[Path], selection: Selection | None = None) -> list[Finding]:
     return _lint_paths(paths, selection or WITH_WRITES)
+
+
+# -- the lint tests (tests/lint/): one way each to lint a snippet or a corpus file --------
+LINT_CORPUS = ROOT / "tests" / "lint_corpus"
+ALL_BUT_PRINT = Selection(select=("ALL",), ignore=("DDP018",))
+HEAD_DDP = """\
+import os
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+"""
+HEAD_DIST = "import torch\nimport torch.distributed as dist\n\n\n"
+HEAD_SCHEDULE = """\
+import os
+import pickle
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+"""
+CACHE_LEADER = "fp_cache_leader_eval.py"
+def codes_after_head(src: str, select: tuple[str, ...] = ("ALL",)) -> list[str]:
+    """The codes reported for `src` after HEAD_DDP's imports, with `select`."""
+    source = HEAD_DDP + textwrap.dedent(src)
+    return [f.code for f in lint_with_defaults(source, "t.py", Selection(select=select))]
+
+
+def finding_lines(src: str) -> list[tuple[str, int]]:
+    """(code, line) of `src`, linted with WITH_WRITES."""
+    return [(f.code, f.line) for f in lint_source(src)]
+
+
+def inline_lines(src: str) -> list[tuple[str, int]]:
+    """(code, line within `src`) after HEAD_DIST's imports, with ALL_BUT_PRINT."""
+    found = lint_with_defaults(HEAD_DIST + src, "t.py", ALL_BUT_PRINT)
+    return [(f.code, f.line - HEAD_DIST.count("\n")) for f in found]
+
+
+def snippet_lines(src: str, selection: Selection = ALL_BUT_PRINT) -> list[tuple[str, int]]:
+    """(code, line within `src`) of dedented `src` after HEAD_SCHEDULE's imports."""
+    source = HEAD_SCHEDULE + textwrap.dedent(src)
+    found = lint_with_defaults(source, "t.py", selection)
+    return [(f.code, f.line - HEAD_SCHEDULE.count("\n")) for f in found]
+
+
+def snippet_codes(src: str) -> list[str]:
+    """The codes of snippet_lines(src)."""
+    return [c for c, _ in snippet_lines(src)]
+
+
+def corpus_lines(name: str, old: str = "", new: str = "") -> list[tuple[str, int]]:
+    """(code, line) of a tests/lint_corpus file, `old` replaced by `new` (ALL_BUT_PRINT)."""
+    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
+    if old:
+        assert old in source, old
+        source = source.replace(old, new)
+    return [(f.code, f.line) for f in lint_with_defaults(source, name, ALL_BUT_PRINT)]
+
+
+def corpus_lines_once(name: str, old: str = "", new: str = "",
+                      selection: Selection | None = None) -> list[tuple[str, int]]:
+    """As corpus_lines, `old` present exactly once, with `selection` (WITH_WRITES)."""
+    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
+    if old:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return [(f.code, f.line) for f in lint_source(source, name, selection)]
+
+
+def corpus_line_of(name: str, text: str) -> int:
+    """The line of a tests/lint_corpus file that holds `text` (exactly one)."""
+    lines = (LINT_CORPUS / name).read_text(encoding="utf-8").splitlines()
+    [n] = [i for i, line in enumerate(lines, 1) if text in line]
+    return n
+
+
+def cache_leader_findings(*edits: str) -> list[tuple[str, int, str]]:
+    """The fixture's findings after each (old, new) pair of `edits` is applied once."""
+    source = (LINT_CORPUS / CACHE_LEADER).read_text(encoding="utf-8")
+    for old, new in zip(edits[::2], edits[1::2], strict=True):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    found = lint_with_defaults(source, CACHE_LEADER, ALL_BUT_PRINT)
+    return [(f.code, f.line, f.message) for f in found]
+
+
+def cache_leader_lines(*edits: str) -> list[tuple[str, int]]:
+    """(code, line) of cache_leader_findings."""
+    return [(c, line) for c, line, _ in cache_leader_findings(*edits)]
+
+
+def ddp_source(body: str) -> str:
+    """Dedented `body` after the torch, dist and DDP imports."""
+    return "import torch\nimport torch.distributed as dist\n" \
+           "from torch.nn.parallel import DistributedDataParallel as DDP\n" + \
+        textwrap.dedent(body)

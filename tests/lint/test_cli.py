@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from helpers import LINT_CORPUS as CORPUS
 from helpers import run_cli
 
-CORPUS = Path(__file__).parent / "lint_corpus"
 WRONG = str(CORPUS / "seed004_train_ddp_wrong.py")
 
 

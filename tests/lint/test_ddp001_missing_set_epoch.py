@@ -1,0 +1,395 @@
+"""DDP001 set_epoch missing.
+
+What the rule reports and what it leaves alone, and the analysis it reads, through it."""
+
+from __future__ import annotations
+
+from helpers import (
+    codes_after_head,
+    corpus_line_of,
+    corpus_lines_once,
+    ddp_source,
+    finding_lines,
+    lint_source,
+    snippet_codes,
+)
+
+
+def test_batch_sampler_and_class_attribute_aliases() -> None:
+    src = """
+    class T:
+        def __init__(self):
+            self.sampler = DistributedSampler(ds)
+            bs = torch.utils.data.BatchSampler(self.sampler, 8, drop_last=True)
+            self.loader = DataLoader(ds, batch_sampler=bs)
+        def fit(self):
+            for epoch in range(3):
+                for b in self.loader:
+                    pass
+    """
+    assert codes_after_head(src).count("DDP001") == 1
+    fixed = src.replace(
+        "for b in self.loader",
+        "self.sampler.set_epoch(epoch)\n                for b in self.loader",
+    )
+    assert "DDP001" not in codes_after_head(fixed)
+
+
+def test_wrong_sampler_set_epoch_does_not_count() -> None:
+    src = """
+    a = DistributedSampler(ds)
+    b = DistributedSampler(ds2)
+    la = DataLoader(ds, sampler=a, drop_last=True)
+    for epoch in range(3):
+        b.set_epoch(epoch)
+        for x in la:
+            pass
+    """
+    assert "DDP001" in codes_after_head(src)
+
+
+def test_validation_sampler_needs_no_set_epoch() -> None:
+    src = """
+    val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))
+    for epoch in range(3):
+        for b in val_loader:
+            pass
+    """
+    assert snippet_codes(src) == []
+    assert snippet_codes(src.replace("val_set", "train_set")) == ["DDP001"]
+
+
+GAN = "fp_gan_hook_reseed.py"
+
+
+def test_gan_hooks_and_reseeded_loaders_are_quiet() -> None:
+    assert corpus_lines_once(GAN) == []
+
+
+def test_a_step_after_every_backward_is_no_accumulation() -> None:
+    # Take the discriminator's step out and its backward passes pile up before the
+    # generator's step every n_critic iterations: accumulation without no_sync.
+    step = corpus_line_of(GAN, "opt_g.step()")
+    assert corpus_lines_once(GAN, "            opt_d.step()\n", "") == [("DDP013", step - 1)]
+
+
+def test_a_set_epoch_in_a_hook_called_from_elsewhere_counts() -> None:
+    loop = corpus_line_of(GAN, "    def train(self, epochs):") + 1
+    assert corpus_lines_once(
+        GAN, "        self.trainer.loader.sampler.set_epoch(epoch)\n", "        pass\n"
+    ) == [("DDP001", loop)]
+
+
+def test_a_sampler_made_each_epoch_with_the_epoch_as_seed_shuffles_anew() -> None:
+    loop = corpus_line_of(GAN, 'dist.init_process_group("nccl")') + 1
+    # A fresh sampler with a constant seed repeats the same order every epoch.
+    assert corpus_lines_once(GAN, "seed=epoch)", "seed=0)") == [("DDP001", loop)]
+
+
+def test_a_sampler_that_moves_its_own_epoch_needs_no_set_epoch() -> None:
+    src = ddp_source("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        class EpochSampler(DistributedSampler):
+            def __iter__(self):
+                self.epoch += 1
+                return super().__iter__()
+
+        def train(ds, model, epochs):
+            loader = DataLoader(ds, sampler=EpochSampler(ds))
+            for epoch in range(epochs):
+                for b in loader:
+                    model(b)
+        """)
+    assert [f.code for f in lint_source(src)] == []
+    assert [f.code for f in lint_source(src.replace("self.epoch += 1", "pass"))] == ["DDP001"]
+
+
+HF_STYLE = ddp_source("""
+    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+    from tqdm import tqdm
+
+    def train(args, train_dataset, model, optimizer):
+        train_sampler = RandomSampler(train_dataset) if args.local_rank == -1 \\
+            else DistributedSampler(train_dataset)
+        train_dataloader = DataLoader(train_dataset, sampler=train_sampler, batch_size=8)
+        for epoch in range(int(args.num_train_epochs)):
+            epoch_iterator = tqdm(train_dataloader, desc="Iteration")
+            for step, batch in enumerate(epoch_iterator):
+                model(batch).sum().backward()
+                optimizer.step()
+
+    def evaluate(args, eval_dataset, model):
+        for task in args.tasks:
+            epoch_iterator = tqdm(DataLoader(eval_dataset, batch_size=8))
+            for batch in epoch_iterator:
+                model(batch)
+    """)
+
+
+def test_a_sampler_chosen_by_a_conditional_behind_a_progress_bar() -> None:
+    # The old example trainers: RandomSampler or DistributedSampler, the loader wrapped in
+    # tqdm under another name, and no set_epoch: every epoch repeats the same order.
+    loop = HF_STYLE.splitlines().index("    for epoch in range(int(args.num_train_epochs)):") + 1
+    got = [(f.code, f.line) for f in lint_source(HF_STYLE)]
+    assert got == [("DDP001", loop)]
+    fixed = HF_STYLE.replace(
+        '        epoch_iterator = tqdm(train_dataloader, desc="Iteration")\n',
+        "        train_sampler.set_epoch(epoch)\n"
+        '        epoch_iterator = tqdm(train_dataloader, desc="Iteration")\n',
+    )
+    assert lint_source(fixed) == []
+
+
+def test_names_resolve_in_the_loops_own_function_first() -> None:
+    # evaluate() also names its iterator `epoch_iterator`: its own assignment is the one.
+    got = [(f.code, f.line) for f in lint_source(HF_STYLE)]
+    assert ("DDP001", 18) not in got
+    scoped = ddp_source("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def train(model, train_set, epochs):
+            sampler = DistributedSampler(train_set)
+            loader = DataLoader(train_set, sampler=sampler)
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                for b in loader:
+                    model(b)
+
+        def test(model, sets):
+            for ds in sets:
+                sampler = DistributedSampler(ds, shuffle=False)
+                loader = DataLoader(ds, sampler=sampler)
+                for b in loader:
+                    model(b)
+        """)
+    assert lint_source(scoped) == []
+
+
+def test_loaders_assigned_as_a_tuple() -> None:
+    src = ddp_source("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def train(model, train_set, val_set, epochs):
+            s = DistributedSampler(train_set)
+            train_loader, val_loader = DataLoader(train_set, sampler=s), DataLoader(val_set)
+            for epoch in range(epochs):
+                for b in train_loader:
+                    model(b)
+        """)
+    assert [f.code for f in lint_source(src)] == ["DDP001"]
+
+
+def test_an_evaluation_sampler_by_its_name_needs_no_set_epoch() -> None:
+    src = ddp_source("""
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def run(model, dataset, rounds):
+            eval_sampler = DistributedSampler(dataset)
+            loader = DataLoader(dataset, sampler=eval_sampler)
+            for r in range(rounds):
+                for b in loader:
+                    model(b)
+        """)
+    assert lint_source(src) == []
+    assert [f.code for f in lint_source(src.replace("eval_sampler", "sampler"))] == ["DDP001"]
+
+
+def test_a_script_without_functions_follows_the_same_values() -> None:
+    # At module level the names resolve module-wide (no function to scope them): the
+    # conditional sampler and the renamed progress bar are followed there too.
+    src = ddp_source("""
+        from torch.utils.data import DataLoader, RandomSampler, DistributedSampler
+        from tqdm import tqdm
+        import sys
+
+        local_rank = int(sys.argv[1])
+        sampler = RandomSampler(ds) if local_rank == -1 else DistributedSampler(ds)
+        loader = DataLoader(ds, sampler=sampler, batch_size=8)
+        for epoch in range(10):
+            bar = tqdm(loader)
+            for batch in bar:
+                model(batch).sum().backward()
+        """)
+    assert [f.code for f in lint_source(src)] == ["DDP001"]
+
+
+TRAINER_LOADER = """import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+class Trainer:
+    def __init__(self, dataset):
+        sampler = DistributedSampler(dataset, shuffle=True)
+        self.dataloader = DataLoader(dataset, sampler=sampler, batch_size=8)
+
+
+def main(dataset, model, epochs):
+    dist.init_process_group("nccl")
+    trainer = Trainer(dataset)
+    for epoch in range(epochs):
+        for x in trainer.dataloader:
+            model(x).sum().backward()
+"""
+
+
+def test_a_loader_kept_on_an_instance_of_this_files_class() -> None:
+    # physicsnemo's MGNTrainer: the sampler is built in __init__, the epochs run in main()
+    # over `trainer.dataloader`, and nobody calls set_epoch (a real miss of round 8's tuning).
+    assert [(f.code, f.line) for f in lint_source(TRAINER_LOADER)] == [("DDP001", 14)]
+    fixed = TRAINER_LOADER.replace(
+        "        for x in trainer.dataloader:",
+        "        trainer.dataloader.sampler.set_epoch(epoch)\n        for x in trainer.dataloader:",
+    )
+    assert lint_source(fixed) == []
+
+
+# The dataset is rebuilt, shuffled, every epoch and a fresh DistributedSampler made over it
+# (coconut: "the sampler is deterministic even if shuffle is set to True, so we have
+# shuffled the dataset when it's constructed, at every epoch").
+RESHUFFLED = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def main(base, configs, model, optimizer):
+    dist.init_process_group("nccl")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    for epoch in range(configs.num_epochs):
+        stage = epoch // configs.epochs_per_stage
+        dataset_train = build_dataset(stage, base, shuffle=True)
+        loader = DataLoader(dataset_train, batch_size=4,
+                            sampler=DistributedSampler(dataset_train, shuffle=True))
+        for batch in loader:
+            model(batch).sum().backward()
+            optimizer.step()
+"""
+
+
+def test_a_sampler_over_data_reshuffled_every_epoch_needs_no_set_epoch() -> None:
+    assert finding_lines(RESHUFFLED) == []
+
+
+def test_a_fresh_sampler_over_the_same_order_every_epoch_is_reported() -> None:
+    same = RESHUFFLED.replace(
+        "build_dataset(stage, base, shuffle=True)", "build_dataset(stage, base, shuffle=False)"
+    )
+    assert finding_lines(same) == [("DDP001", 9)]
+
+
+# A script whose distributed arm never forms a process group (CodeBERT's UniXcoder code
+# completion: apex's DDP, no init_process_group): its DistributedSampler raises before the
+# first epoch, so the set_epoch it lacks never matters.
+NO_GROUP = """\
+import argparse
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    model = build_model()
+    if args.local_rank != -1:
+        from apex.parallel import DistributedDataParallel as DDP
+        model = DDP(model)
+    data = load_examples()
+    sampler = RandomSampler(data) if args.local_rank == -1 else DistributedSampler(data)
+    loader = DataLoader(data, sampler=sampler, batch_size=8)
+    for epoch in range(3):
+        for batch in loader:
+            model(batch).sum().backward()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_script_that_never_forms_a_group_has_no_epoch_order_to_fix() -> None:
+    assert finding_lines(NO_GROUP) == []
+
+
+def test_a_script_that_forms_its_group_gets_the_missing_set_epoch() -> None:
+    formed = NO_GROUP.replace(
+        "        model = DDP(model)\n",
+        "        model = DDP(model)\n        torch.distributed.init_process_group('nccl')\n",
+    )
+    assert finding_lines(formed) == [("DDP001", 19)]
+    # through a set-up helper of another module, whose body is not visible
+    helper = NO_GROUP.replace(
+        "    model = build_model()\n",
+        "    init_distributed_mode(args)\n    model = build_model()\n",
+    )
+    assert finding_lines(helper) == [("DDP001", 19)]
+    # a module without a __main__ block: its caller may have formed the group
+    module = NO_GROUP.replace('\n\nif __name__ == "__main__":\n    main()\n', "\n")
+    assert finding_lines(module) == [("DDP001", 18)]
+
+
+# Validation on each dataset of a collection, with a fresh sampler over each (the files of
+# multiple_physics_pretraining's validation set): the loop walks datasets, not epochs.
+PER_DATASET = """\
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def validate(model, dsets):
+    model.eval()
+    for subset in dsets:
+        loader = DataLoader(subset, batch_size=8, sampler=DistributedSampler(subset))
+        for batch in loader:
+            model(batch)
+"""
+
+
+def test_a_fresh_sampler_per_dataset_is_no_epoch_loop() -> None:
+    assert finding_lines(PER_DATASET) == []
+
+
+def test_a_fresh_sampler_per_epoch_over_the_same_data_is_reported() -> None:
+    epochs = PER_DATASET.replace(
+        "    for subset in dsets:\n", "    subset = dsets[0]\n    for epoch in range(3):\n"
+    )
+    assert finding_lines(epochs) == [("DDP001", 8)]
+
+
+# Features for a linear probe, extracted under no_grad with a shuffling sampler and no
+# set_epoch (Siamese-Image-Modeling's make_embeddings): the order changes nothing.
+EMBEDDINGS = """\
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def make_embeddings(dataset, encoder, epochs=1):
+    loader = DataLoader(dataset, batch_size=64, sampler=DistributedSampler(dataset))
+    feats = []
+    for _ in range(epochs):
+        for imgs, labels in loader:
+            with torch.no_grad():
+                feats.append(encoder(imgs))
+    return feats
+"""
+
+
+def test_an_epoch_loop_that_only_extracts_features_needs_no_set_epoch() -> None:
+    assert finding_lines(EMBEDDINGS) == []
+
+
+def test_an_epoch_loop_that_trains_is_reported() -> None:
+    trains = EMBEDDINGS.replace(
+        "            with torch.no_grad():\n                feats.append(encoder(imgs))\n",
+        "            encoder(imgs).sum().backward()\n",
+    )
+    assert finding_lines(trains) == [("DDP001", 8)]
+    # a teacher's targets under no_grad, then the student's backward (distillation)
+    distils = EMBEDDINGS.replace(
+        "                feats.append(encoder(imgs))\n",
+        "                target = teacher(imgs)\n"
+        "            (encoder(imgs) - target).sum().backward()\n",
+    )
+    assert finding_lines(distils) == [("DDP001", 8)]

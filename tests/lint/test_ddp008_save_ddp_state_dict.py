@@ -1,0 +1,124 @@
+"""DDP008 a wrapper checkpoint the script's own resume cannot read.
+
+What the rule reports and what it leaves alone, and the analysis it reads, through it."""
+
+from __future__ import annotations
+
+from helpers import (
+    ALL_BUT_PRINT,
+    LINT_CORPUS,
+    corpus_lines,
+    ddp_source,
+    finding_lines,
+    lint_source,
+    lint_with_defaults,
+)
+
+
+def test_the_bare_model_saved_in_the_mode_that_never_wraps() -> None:
+    name = "fp_wrapper_save_by_mode.py"
+    assert corpus_lines(name) == []
+    # Wrapped on every run: the else arm now saves the wrapper, which the resume cannot read.
+    got = corpus_lines(
+        name, "    if ddp:\n        unet = DDP(", "    if True:\n        unet = DDP("
+    )
+    assert got == [("DDP008", 31)]
+    # The same wrap written as `if not ddp: pass else: wrap` is the same mode.
+    got = corpus_lines(
+        name,
+        "    if ddp:\n        unet = DDP(unet, device_ids=[device])\n",
+        "    if not ddp:\n        pass\n    else:\n        unet = DDP(unet, device_ids=[device])\n",
+    )
+    assert got == []
+
+
+def test_a_strict_load_of_another_model_is_not_this_checkpoints_resume() -> None:
+    name = "fp_wrapper_save_by_mode.py"
+    no_resume = (
+        "    if args.resume:\n        unet.load_state_dict(torch.load(args.unet, "
+        "map_location=device))\n"
+    )
+    wrapped = "    if True:\n        unet = DDP("
+    # Only the autoencoder is loaded strictly: the wrapper's checkpoint is never read back.
+    got = [
+        c
+        for c, _ in lint_with_defaults(
+            (LINT_CORPUS / name)
+            .read_text(encoding="utf-8")
+            .replace(no_resume, "")
+            .replace("    if ddp:\n        unet = DDP(", wrapped),
+            name,
+            ALL_BUT_PRINT,
+        )
+    ]
+    assert "DDP008" not in got
+
+
+RESUME_STRIPPED = ddp_source("""
+    def main(rank, resume):
+        dist.init_process_group("nccl")
+        model = torch.nn.Linear(2, 2).cuda()
+        if resume:
+            sd = torch.load(resume, map_location="cpu")
+            sd = {k.replace("module.", ""): v for k, v in sd.items()}
+            model.load_state_dict(sd)
+        model = DDP(model, device_ids=[rank])
+        if rank == 0:
+            torch.save(model.state_dict(), "final.pth")
+    """)
+
+
+def test_a_resume_that_strips_the_prefix_reads_a_wrapper_checkpoint() -> None:
+    assert [f.code for f in lint_source(RESUME_STRIPPED)] == []
+    for strip in (
+        "{k[7:]: v for k, v in sd.items()}",
+        '{k.removeprefix("module."): v for k, v in sd.items()}',
+    ):
+        src = RESUME_STRIPPED.replace('{k.replace("module.", ""): v for k, v in sd.items()}', strip)
+        assert [f.code for f in lint_source(src)] == [], strip
+    plain = RESUME_STRIPPED.replace(
+        '        sd = {k.replace("module.", ""): v for k, v in sd.items()}\n', ""
+    )
+    assert [f.code for f in lint_source(plain)] == ["DDP008"]
+
+
+def test_the_bare_arm_of_a_wrap_test_saves_the_bare_model() -> None:
+    src = RESUME_STRIPPED.replace(
+        '        sd = {k.replace("module.", ""): v for k, v in sd.items()}\n', ""
+    ).replace(
+        'torch.save(model.state_dict(), "final.pth")',
+        'torch.save(model.module.state_dict() if hasattr(model, "module") '
+        'else model.state_dict(), "final.pth")',
+    )
+    assert [f.code for f in lint_source(src)] == []
+    flipped = src.replace('if hasattr(model, "module")', "if rank > 1")
+    assert [f.code for f in lint_source(flipped)] == ["DDP008"]
+
+
+# The wrapper's state_dict saved under one name, a checkpoint of another name loaded strictly
+# before the wrap (PVDM: `model_last.pth` is written by the trainer, unwrapped).
+OTHER_FILES = """\
+import os
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(args, model, rank, rootdir):
+    if args.resume:
+        ckpt = torch.load(os.path.join(args.folder, "model_last.pth"), map_location="cpu")
+        model.load_state_dict(ckpt)
+    model = DDP(model, device_ids=[rank])
+    train(model)
+    if rank == 0:
+        torch.save(model.state_dict(), rootdir + "net_meta.pth")
+"""
+
+
+def test_a_save_and_a_load_of_different_files_are_no_resume_mismatch() -> None:
+    assert finding_lines(OTHER_FILES) == []
+
+
+def test_the_same_file_saved_wrapped_and_loaded_unwrapped_is_reported() -> None:
+    same = OTHER_FILES.replace('"model_last.pth"', '"net_meta.pth"')
+    assert finding_lines(same) == [("DDP008", 14)]

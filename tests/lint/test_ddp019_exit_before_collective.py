@@ -1,0 +1,147 @@
+"""DDP019 an exit before a collective on some ranks only.
+
+What the rule reports and what it leaves alone, and the analysis it reads, through it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import (
+    ALL_BUT_PRINT,
+    HEAD_DIST,
+    HEAD_SCHEDULE,
+    ddp_source,
+    inline_lines,
+    lint_paths_with_defaults,
+    lint_source,
+    lint_with_defaults,
+)
+
+
+def test_dotted_import_resolves_across_top_folders(tmp_path: Path) -> None:
+    """One repository linted alone: scripts/train.py's `from olmo.comm import sync` names
+    olmo/comm.py, whatever top folder each sits in; a message names the callee's file."""
+    (tmp_path / "olmo").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "olmo" / "comm.py").write_text(HEAD_SCHEDULE + "def sync():\n    dist.barrier()\n")
+    (tmp_path / "scripts" / "train.py").write_text(
+        HEAD_SCHEDULE + "from olmo.comm import sync\ndef main(cfg):\n    if dist.get_rank() == 0:\n"
+        "        if cfg.bad:\n            return None\n    sync()\n"
+    )
+    [f] = lint_paths_with_defaults([tmp_path], ALL_BUT_PRINT)
+    assert f.code == "DDP019" and "barrier() at comm.py:" in f.message
+
+
+EVALUATE = """\
+def evaluate(args, data, is_master):
+    sharded = getattr(args, "fsdp", False)
+    leader = is_master(args)
+    if not sharded and not leader:
+        return {}
+    signal = torch.zeros(1)
+    if sharded:
+        dist.broadcast(signal, src=0)
+    return {"n": len(data)}
+"""
+
+
+def test_flag_from_a_predicate_call_is_true_on_rank_0() -> None:
+    # `leader = is_master(args)` holds on rank 0 (a test of the rank, not the rank itself);
+    # read as the rank value it came out false on rank 0 and the classes swapped places.
+    src = EVALUATE.replace(
+        "    if sharded:\n        dist.broadcast", "    if True:\n        dist.broadcast"
+    )
+    [(code, line)] = inline_lines(src)
+    [f] = [f for f in lint_with_defaults(HEAD_DIST + src, "t.py", ALL_BUT_PRINT)]
+    assert (code, line) == ("DDP019", 5)
+    assert f.message.startswith("ranks > 0 can leave at line")
+
+
+def test_exit_and_collective_behind_the_same_flag_are_exclusive() -> None:
+    assert inline_lines(EVALUATE) == []
+    # Another flag guards the collective: nothing ties the two, the hang is possible.
+    src = EVALUATE.replace("    if sharded:\n", "    if args.sync:\n")
+    assert inline_lines(src) == [("DDP019", 5)]
+
+
+EARLY_STOP = ddp_source("""
+    def train(model, loader, rank, epochs, stopper):
+        model = DDP(model, device_ids=[rank])
+        for epoch in range(epochs):
+            for x in loader:
+                model(x).sum().backward()
+            loss = torch.zeros(1)
+            dist.all_reduce(loss)
+            if rank == 0:
+                if stopper(loss):
+                    break
+    """)
+
+
+def test_early_stopping_decided_on_rank_0_leaves_the_others_in_the_next_epoch() -> None:
+    [f] = lint_source(EARLY_STOP)
+    assert f.code == "DDP019" and "next iteration" in f.message
+    # Decided on every rank (the reduced loss), the break is taken by all: nothing to report.
+    assert (
+        lint_source(
+            EARLY_STOP.replace(
+                "        if rank == 0:\n            if stopper(loss):\n                break",
+                "        if stopper(loss):\n            break",
+            )
+        )
+        == []
+    )
+
+
+RETRY = """import torch.distributed as dist
+
+
+def serve(model, rank):
+    while True:
+        if rank == 0:
+            line = input("> ")
+            if not line:
+                continue
+            request = [line]
+        else:
+            request = [None]
+        dist.broadcast_object_list(request, src=0)
+        if request[0] == "quit":
+            break
+        model(request[0])
+"""
+
+
+def test_a_while_loops_continue_that_comes_back_to_the_collective() -> None:
+    # metaseq's interactive loop: rank 0 reads again until it has a line; the others wait
+    # in the broadcast rank 0 comes back to.
+    assert lint_source(RETRY) == []
+    # Over a fixed sequence the same `continue` drops rank 0's broadcast for that step.
+    over_data = RETRY.replace("    while True:\n", "    for _ in range(100):\n")
+    assert [f.code for f in lint_source(over_data)] == ["DDP019"]
+
+
+MERGE = """import torch.distributed as dist
+
+
+def merge(load_all, only_load_in_master):
+    dist.barrier()
+    if only_load_in_master:
+        if not is_first_worker():
+            dist.barrier()
+            return None
+    out = load_all()
+    dist.barrier()
+    return out
+"""
+
+
+def test_one_barrier_per_rank_on_every_path_of_a_flag() -> None:
+    # OpenMatch's barrier_array_merge: with the flag set the others barrier and leave, rank 0
+    # loads and then barriers; without it everyone barriers once at the end.
+    assert lint_source(MERGE) == []
+    # The others leave without their barrier: rank 0 waits in the last one alone.
+    gone = MERGE.replace(
+        "            dist.barrier()\n            return None\n", "            return None\n"
+    )
+    assert [f.code for f in lint_source(gone)] == ["DDP019"]
