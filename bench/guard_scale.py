@@ -49,7 +49,7 @@ def heartbeat(rank: int, seq: int, blocked: bool, op: str = "all_reduce") -> dic
     """The fields and sizes of a real heartbeat (see Guard.heartbeat)."""
     pending = [["0", 4000, op, [[1024, 1024]], ["Float"], False]] if blocked else []
     return {"epoch": 3, "steps": 1200, "steps_epoch": 200, "batches": 1210, "forwards": 1210,
-            "epoch_batches": 200, "epoch_len": 400,
+            "train_forwards": 1210, "backwards": 1210, "epoch_batches": 200, "epoch_len": 400,
             "loaders": {"train.py:88": {"epoch": 3, "batches": 1210, "len": 400,
                                         "key": "ab12cd34/3"}},
             "rank": rank, "pid": 10000 + rank, "host": f"node{rank // 8}", "seq": seq,

@@ -20,13 +20,17 @@ log = logging.getLogger("ddpguard.guard")
 # Enough to hold a few training steps of a model with many gradient buckets.
 KEEP = 48
 # Loop-phase collectives of the training thread among the newest entries whose issuing line
-# is looked up in the recorder's own stack traces (slow: only these few, only for a report).
+# is looked up in the recorder's own stack traces. The recorder symbolizes its whole ring for
+# that (seconds, longer while the training thread spins in a poll), so only where a rank died
+# (the one alignment that names a collective its rank has left behind, align.
+# extra_before_death); a waiting rank's line is on its stack.
 LINES_FOR = 8
 
 
 def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
-           keep: int = KEEP) -> list[SeqEntry]:
-    """The newest `keep` collectives of this rank, oldest first; [] without the recorder."""
+           keep: int = KEEP, lines: bool = False) -> list[SeqEntry]:
+    """The newest `keep` collectives of this rank, oldest first; [] without the recorder.
+    `lines`: also the issuing lines of the newest ones the loop's own code issued (slow)."""
     if not ledger.available:
         return []
     try:
@@ -50,7 +54,8 @@ def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
             "batches": m.batches if m else 0, "fwd": m.forwards if m else 0,
             "tfwd": m.train_forwards if m else 0, "bwd": m.backwards if m else 0,
             "steps": m.steps if m else 0, "thread": names.get(tid, ""), "line": None})
-    _lines(ledger, out)
+    if lines:
+        _lines(ledger, out)
     return out
 
 
