@@ -28,9 +28,9 @@ KINDS: dict[str, str] = {
     "bn-eval": "rank 0 evaluates a BatchNorm model through the DDP wrapper",
 }
 WITHOUT_GUARD: dict[str, str] = {
-    "uneven": "plain torchrun ran on for 70 s with the ranks' gradient all-reduces paired one "
-              "step apart (silently wrong training), then failed with gloo's 'Connection closed "
-              "by peer' when rank 1 ran out of batches",
+    "uneven": "plain torchrun failed after 60 s with gloo's 'Connection closed by peer' on "
+              "rank 0 when rank 1 ran out of batches and left; nothing said the shards were "
+              "uneven",
     "rank0-collective": "plain torchrun printed nothing and was still hanging when stopped at "
                         "120 s (gloo's default timeout is 30 minutes, NCCL's 10)",
     "crash": "plain torchrun exited with code 1 after 27 s, the real ValueError printed next to "

@@ -40,7 +40,8 @@ class GuardConfig:
 
     It stops on proof: ranks pending on different collectives at the same sequence number,
     every rank blocked with none able to move, a rank waiting on a peer that exited or died,
-    sharded loaders of different lengths once collectives run, or a desync in the ledgers.
+    a rank that ran out of batches leaving the others in a collective it will not join, or a
+    desync in the ledgers (different loader lengths alone are a notice).
     Those need `settle` seconds of a rank sitting still to count as blocked, plus `grace` for
     a gone peer. It stops on a stall only when the rank the others wait for has shown no sign
     of life for `no_life` seconds; `stall_timeout` is an optional hard limit on any wait.
