@@ -38,18 +38,20 @@ class Timeline:
     of a loop with one forward, one backward and one step per batch."""
 
     def __init__(self, keep: int = 1024) -> None:
-        self.marks: collections.deque[Mark] = collections.deque(maxlen=keep)
+        # Plain tuples on the hot path (a NamedTuple's constructor costs several times more);
+        # Marks only when read.
+        self.marks: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=keep)
 
     def mark(self, progress: Any, phase: str) -> None:
         p = progress
-        self.marks.append(Mark(time.time_ns(), phase, p.epoch, p.batches, p.forwards,
-                               p.train_forwards, p.backwards, p.steps))
+        self.marks.append((time.time_ns(), phase, p.epoch, p.batches, p.forwards,
+                           p.train_forwards, p.backwards, p.steps))
 
     def snapshot(self) -> list[Mark]:
         """A copy the guard thread can read while the training thread appends."""
         for _ in range(5):
             try:
-                return list(self.marks)
+                return [Mark(*m) for m in list(self.marks)]
             except RuntimeError:  # appended to during the copy
                 continue
         return []
