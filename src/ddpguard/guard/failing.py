@@ -19,7 +19,7 @@ from .fault import fault_stacks
 from .handles import GuardHandle
 from .report import announce, report_path, write_json
 from .rules import Decision
-from .sequence import recent
+from .sequence import add_lines, recent
 from .stacks import Frame, capture_all
 
 __all__ = ["Failure"]
@@ -45,7 +45,7 @@ class Failure:
         rank as crashed of it."""
         self._crash = (frames, error)
 
-    def _dump(self, cause: str = "") -> dict[str, Any]:
+    def _dump(self) -> dict[str, Any]:
         g = self.g
         stacks = capture_all(skip_ident=threading.current_thread().ident)
         if self._crash is not None and self._crash[0]:
@@ -56,8 +56,7 @@ class Failure:
                 "issued": self._issued(),
                 "ddp_training": ddp_training(threading.main_thread().ident),
                 # This rank's recent collectives placed in its loop, for the alignment.
-                "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident,
-                                   lines=cause == "peer_gone")}
+                "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them
@@ -96,11 +95,16 @@ class Failure:
                 if won.get("by") != me:
                     self._follow(won)
                     return
-                mine = self._dump(decision.cause)
+                mine = self._dump()
                 with contextlib.suppress(Exception):  # a report exists from here on, even if
                     # this rank dies while collecting: the launcher prints it (report.py)
                     write_json(report_path(g.config.report_dir, g.run_id, me), {**self.build(
                         decision, peers, {me: mine}), "partial": True})
+                if decision.cause == "peer_gone" and any(
+                        (peers.get(c) or {}).get("state") != "exited" for c in decision.culprits):
+                    # A peer died: the alignment may name a collective this rank has left
+                    # behind, by its line. Slow (seconds): after the partial report.
+                    add_lines(g.ledger, mine.get("sequence") or [])
                 g.store_set(f"dump/{me}", mine)
                 dumps = self._collect(peers)
                 peers = g.read_peers()
@@ -108,7 +112,7 @@ class Failure:
                 dumps.update(self._last_words(peers, dumps))
             except Exception as exc:
                 log.debug("store failed while collecting stacks: %s", exc)
-        dumps[me] = mine if mine is not None else self._dump(decision.cause)
+        dumps[me] = mine if mine is not None else self._dump()
         rep = self.build(decision, peers, dumps)
         path = None
         try:
@@ -138,7 +142,7 @@ class Failure:
     def _follow(self, trigger: dict[str, Any]) -> None:
         g = self.g
         try:
-            g.store_set(f"dump/{g.rank}", self._dump(str(trigger.get("cause", ""))))
+            g.store_set(f"dump/{g.rank}", self._dump())
             deadline = time.monotonic() + g.config.dump_wait + 10.0
             reported = None
             while time.monotonic() < deadline and reported is None:

@@ -13,24 +13,24 @@ from .align import SeqEntry
 from .ledger import Ledger, describe_entry, signature
 from .timeline import LOOP, Timeline, mark_at
 
-__all__ = ["recent", "KEEP"]
+__all__ = ["recent", "add_lines", "KEEP"]
 
 log = logging.getLogger("ddpguard.guard")
 
 # Enough to hold a few training steps of a model with many gradient buckets.
 KEEP = 48
 # Loop-phase collectives of the training thread among the newest entries whose issuing line
-# is looked up in the recorder's own stack traces. The recorder symbolizes its whole ring for
-# that (seconds, longer while the training thread spins in a poll), so only where a rank died
-# (the one alignment that names a collective its rank has left behind, align.
-# extra_before_death); a waiting rank's line is on its stack.
+# is looked up in the recorder's own stack traces (add_lines). The recorder symbolizes its
+# whole ring for that (seconds, longer while the training thread spins in a poll), so only
+# where a rank died (the one alignment that names a collective its rank has left behind,
+# align.extra_before_death), after the first report is written; a waiting rank's line is on
+# its stack.
 LINES_FOR = 8
 
 
 def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
-           keep: int = KEEP, lines: bool = False) -> list[SeqEntry]:
-    """The newest `keep` collectives of this rank, oldest first; [] without the recorder.
-    `lines`: also the issuing lines of the newest ones the loop's own code issued (slow)."""
+           keep: int = KEEP) -> list[SeqEntry]:
+    """The newest `keep` collectives of this rank, oldest first; [] without the recorder."""
     if not ledger.available:
         return []
     try:
@@ -54,12 +54,10 @@ def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
             "batches": m.batches if m else 0, "fwd": m.forwards if m else 0,
             "tfwd": m.train_forwards if m else 0, "bwd": m.backwards if m else 0,
             "steps": m.steps if m else 0, "thread": names.get(tid, ""), "line": None})
-    if lines:
-        _lines(ledger, out)
     return out
 
 
-def _lines(ledger: Ledger, entries: list[SeqEntry]) -> None:
+def add_lines(ledger: Ledger, entries: list[SeqEntry]) -> None:
     """The issuing line of the newest loop-phase collectives (those a rank's own code called:
     the ones an alignment may name after the rank has left them behind)."""
     wanted = {(e["g"], e["seq"]) for e in entries[-LINES_FOR:] if e["phase"] == LOOP}
