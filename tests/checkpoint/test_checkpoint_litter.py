@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from torch import nn
 
 from ddpguard import checkpoint
 from ddpguard.checkpoint import clean_stale_temps, load_checkpoint, save_checkpoint
 from ddpguard.world import World
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY = 24 * 3600.0
 
 
