@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -145,8 +146,8 @@ def test_killed_loader_worker_names_the_loader_line_and_the_signal(how, tmp_path
     loop = line_of("for step, (xb, yb) in enumerate(loader):")
     assert "likely cause: a DataLoader worker was killed" in block, block
     assert "was killed by SIGKILL, a worker of the loader iterated at " \
-           f"tests/guard_scripts/{loop}" in block
-    assert "OOM killer" in block  # what the cgroup says (or that it cannot tell)
+           f"tests/guard_scripts/{loop}" in block, err[-6000:]
+    assert "OOM killer" in block, block  # what the cgroup says (or that it cannot tell)
     d = _report(tmp_path)["diagnosis"]
     assert d["cause"] == "loader_worker_killed" and d["culprits"] == [1]
     # Rank 1 is shown at its loader's loop, not where torch happened to raise.
@@ -282,3 +283,23 @@ def test_an_nccl_watchdog_abort_is_told_as_the_timeout_not_a_native_crash():
     assert "native code" not in text and "Timeout(ms)=10000" in text
     other = signal_text(1, 77, "SIGABRT", None, None, ["Received data size doesn't match"])
     assert "a crash inside native code" in other
+
+
+def _die_by_sigkill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_workers_signal_is_known_when_torch_only_saw_it_exit():
+    # torch may notice a dead worker by polling ("exited unexpectedly", no signal named);
+    # the worker's process object still holds the status.
+    import multiprocessing as mp
+
+    from ddpguard.guard import workers
+
+    proc = mp.get_context("fork").Process(target=_die_by_sigkill)
+    proc.start()
+    workers._note([proc], "train.py:5 in <module>")
+    proc.join(10)
+    assert workers.site_of(proc.pid) == "train.py:5 in <module>"
+    assert workers.exit_signal(proc.pid) == "SIGKILL"
+    assert workers.exit_signal(1) is None  # never seen

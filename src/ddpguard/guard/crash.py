@@ -19,11 +19,14 @@ launch of `ddpguard run -- COMMAND`), a wrapper around an `mp.spawn` rank's func
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import runpy
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -31,6 +34,7 @@ from typing import Any
 from . import channel, procs, workers
 from .config import EXIT_CODE
 from .ends import (
+    WorkerDeath,
     oom_words,
     peer_doing,
     timeout_cause,
@@ -136,6 +140,7 @@ def handle_exception(exc: BaseException) -> int:
     call does not return), else let the waiting ranks report. Returns the exit code."""
     from ddpguard import guard
 
+    _quiet_sigchld()
     if isinstance(exc, guard.UnevenBatchesError):
         return guard_raised(exc)
     g: Any = guard.active()
@@ -187,6 +192,16 @@ def handle_exception(exc: BaseException) -> int:
     if g is not None and not others:
         await_report(g, g.config.grace + 3.0)
     return 1
+
+
+def _quiet_sigchld() -> None:
+    """torch's DataLoader raises a dead worker's error from a SIGCHLD handler, at the main
+    thread's next bytecode, and again at every SIGCHLD while that worker is registered: one
+    arriving during this crash path (a late one, or the failure path ending child processes)
+    would cut the report short. The rank is ending: its SIGCHLD goes back to the default."""
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def install_excepthook() -> None:
@@ -252,9 +267,13 @@ def _timed_out(g: Any, ms: int, waiting: str, place: str, text: str,
     return EXIT_CODE  # not reached: the failure path ends the process
 
 
-def _worker_killed(g: Any, death: Any, place: str, text: str, frames: list[Frame]) -> int:
+def _worker_killed(g: Any, death: WorkerDeath, place: str, text: str, frames: list[Frame]) -> int:
     """A DataLoader worker of this rank died: name its loader's line and what killed it."""
     site = workers.site_of(death.pid)
+    if death.signal is None:
+        # torch noticed the death by polling ("exited unexpectedly"): the status it reaped
+        # still says which signal, if any.
+        death = WorkerDeath(death.pid, workers.exit_signal(death.pid))
     oom = oom_words(*workers.oom_counts()) if death.signal == "SIGKILL" else ""
     loader_line = site.rsplit(" in ", 1)[0] if site else None
     surfaced = place if place and loader_line != place.rsplit(" in ", 1)[0] else ""

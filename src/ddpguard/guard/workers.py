@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import signal
 import sys
 import threading
 from typing import Any
@@ -20,13 +21,18 @@ from typing import Any
 from . import procs
 from .stacks import is_library_file
 
-__all__ = ["install", "uninstall", "site_of", "oom_counts"]
+__all__ = ["install", "uninstall", "site_of", "exit_signal", "oom_counts"]
 
 _lock = threading.Lock()
 _sites: collections.OrderedDict[int, str] = collections.OrderedDict()
 _saved: dict[str, Any] = {}
 _oom0: list[int | None] = []
 _KEEP = 256  # pids remembered (a few loaders x workers x passes)
+# The latest workers' process objects: torch may notice a death by polling ("exited
+# unexpectedly", no signal named) and the object still holds the status it reaped. Few, since
+# each holds a descriptor until it is freed.
+_procs: collections.OrderedDict[int, Any] = collections.OrderedDict()
+_KEEP_PROCS = 16
 
 
 def _user_site(depth: int) -> str | None:
@@ -41,13 +47,17 @@ def _user_site(depth: int) -> str | None:
     return None
 
 
-def _note(pids: list[int], site: str) -> None:
+def _note(workers: list[Any], site: str) -> None:
     with _lock:
-        for pid in pids:
-            _sites[pid] = site
-            _sites.move_to_end(pid)
+        for w in workers:
+            _sites[w.pid] = site
+            _sites.move_to_end(w.pid)
+            _procs[w.pid] = w
+            _procs.move_to_end(w.pid)
         while len(_sites) > _KEEP:
             _sites.popitem(last=False)
+        while len(_procs) > _KEEP_PROCS:
+            _procs.popitem(last=False)
 
 
 def install() -> None:
@@ -68,9 +78,9 @@ def install() -> None:
         orig_init(self, *args, **kwargs)
         try:
             site = _user_site(2)
-            pids = [int(w.pid) for w in getattr(self, "_workers", ()) if w.pid]
-            if site and pids:
-                _note(pids, site)
+            procs = [w for w in getattr(self, "_workers", ()) if w.pid]
+            if site and procs:
+                _note(procs, site)
         except Exception:  # noqa: S110 (bookkeeping for a report must never break a loader)
             pass
 
@@ -90,6 +100,23 @@ def site_of(pid: int) -> str | None:
     """The line that iterated the loader whose worker had `pid`, if the guard saw it start."""
     with _lock:
         return _sites.get(pid)
+
+
+def exit_signal(pid: int) -> str | None:
+    """The signal that ended worker `pid` ('SIGKILL'), if the guard saw it start and its
+    status is known; None otherwise."""
+    with _lock:
+        proc = _procs.get(pid)
+    try:
+        code = proc.exitcode if proc is not None else None
+    except (ValueError, OSError):  # a closed process object
+        return None
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def oom_counts() -> tuple[int | None, int | None]:
