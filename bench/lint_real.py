@@ -1,11 +1,11 @@
-"""Lint a folder of real training scripts and count findings per rule (issue 13).
+"""Lint a folder of real training scripts and count findings per rule.
 
 The corpus lives outside the project (third-party code is never copied into it); a
 `manifest.json` beside the scripts, when present, maps each file to its repository and commit
 so the output can feed the hand-review table in docs/benchmarks/lint_real.md.
 
-    python bench/lint_real.py /work/corpus/lint            # per-rule counts + findings
-    python bench/lint_real.py /work/corpus/lint --json out.json
+    python bench/lint_real.py CORPUS_DIR            # per-rule counts + findings
+    python bench/lint_real.py CORPUS_DIR --json out.json
     python bench/lint_real.py DIR --review review.json      # precision from hand verdicts
 
 A review file is a JSON list of {"file", "line", "code", "verdict", "reason"} with verdict
@@ -48,7 +48,7 @@ def run(folder: Path) -> tuple[list[dict[str, object]], int, float, float]:
         t0 = time.process_time()
         lint_paths(files, Selection(preview=True))  # what the CLI runs
         lint_s = min(lint_s, time.process_time() - t0)
-    # All files together, as `ddpguard lint FOLDER` does (issue 20: calls between them use
+    # All files together, as `ddpguard lint FOLDER` does (calls between them use
     # the callee's summary).
     by_path = {str(p): p for p in files}
     for f in lint_paths(files, Selection()):
