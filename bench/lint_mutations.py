@@ -222,6 +222,13 @@ M = [
  ("only the ifs around the call's line", "rules/ddp013_accumulation_without_no_sync.py", "                    child.lineno <= line <= (child.end_lineno or child.lineno):", "                    True:"),
  ("DDP024: reading the module is no forward", "rules/ddp024_forward_around_ddp.py", "        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:", "        if type(rec.node.func) is not ast.Attribute:"),
  ("DDP024: a local name only where it was wrapped", "rules/ddp024_forward_around_ddp.py", "            if owner in wrapped and (owner.startswith(\"self.\") or any(\n                    w.func is rec.func for w in info.ddp_wraps(owner))):", "            if owner in wrapped:"),
+ ('35: a reduction kept apart does not reach the tested loss', 'rules/ddp004_rank_dependent_step_count.py', '        return any(isinstance(n, ast.Name) and n.id in chain\n                   for t in st.targets', '        return True or any(isinstance(n, ast.Name) and n.id in chain\n                   for t in st.targets'),
+ ('35: an in-place collective on a tested name reaches it', 'rules/ddp004_rank_dependent_step_count.py', '    if isinstance(st, ast.Expr) and st.value is rec.node:\n        return any(', '    if isinstance(st, ast.Expr) and st.value is rec.node:\n        return False and any('),
+ ("35: the tested loss's own inputs", 'rules/ddp004_rank_dependent_step_count.py', '    for _ in range(4):\n        grew = False', '    for _ in range(0):\n        grew = False'),
+ ("35: a swallowed step error is this rank's exit", 'rules/ddp004_rank_dependent_step_count.py', '        for handler in (h for t in tries for h in _swallowing(info, node, t)):', '        for handler in ():'),
+ ('35: a handler that re-raises keeps the sequence', 'rules/ddp004_rank_dependent_step_count.py', '        if any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr)', '        if False and any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr)'),
+ ("35: the end of the loader is every rank's", 'rules/ddp004_rank_dependent_step_count.py', '        if caught and caught <= _COMMON_ERRORS:', '        if False:'),
+ ('35: a handler that leaves the step', 'rules/ddp004_rank_dependent_step_count.py', '        leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h))', '        leaves = False'),
 ]
 
 

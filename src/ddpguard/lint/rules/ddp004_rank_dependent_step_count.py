@@ -104,8 +104,17 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             continue
         skips = [s for s in node.body if isinstance(s, ast.If) and any(
             isinstance(b, ast.Continue | ast.Break) for b in s.body)]
-        if not skips or not _batch_loop(info, node.iter) or not _steps_together(info, node):
+        tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)]
+        if not (skips or tries) or not _batch_loop(info, node.iter) \
+                or not _steps_together(info, node):
             continue
+        for handler in (h for t in tries for h in _swallowing(info, node, t)):
+            yield handler, "DDP004", (
+                "an error caught here (an out-of-memory in the forward, a bad sample) is "
+                "swallowed on this rank alone, which then skips the step's gradient all-reduce "
+                "or collective while the others wait in it: the ranks leave the common "
+                "sequence and DDP hangs; re-raise, or all_reduce a 'skip' flag so that every "
+                "rank skips alike")
         target = node.target
         if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
                 node.iter.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
@@ -126,6 +135,52 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "the loss is this rank's alone (no collective reached it), so the ranks do "
                     "different numbers of steps and DDP's all-reduce hangs; all_reduce the "
                     "flag first so that every rank decides alike")
+
+
+def _own_statements(loop: Loop) -> Iterator[ast.AST]:
+    """The loop's statements, not those of an inner loop or of a function it defines (a
+    `continue` there leaves that inner loop, not this one)."""
+    todo: list[ast.AST] = list(loop.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.For | ast.While | ast.AsyncFor | ast.FunctionDef
+                      | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        todo.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt
+                                                                        | ast.excepthandler))
+
+
+# Errors that end an iteration for every rank alike, or a user's interrupt.
+_COMMON_ERRORS = {"StopIteration", "KeyboardInterrupt", "SystemExit", "GeneratorExit"}
+_EXITS = {"exit", "_exit", "abort"}
+
+
+def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.excepthandler]:
+    """The handlers of a `try` in a training loop that carry on after an error of this rank:
+    no `raise` or exit at the handler's top level, and either the guarded block holds the
+    step's sync (a backward, an optimizer step, a collective) or the handler leaves the step
+    (`continue`/`break`). A handler that only sets a flag around a block without the sync
+    stays silent: a collective later in the loop can share it (every rank then decides
+    alike); past a skipped sync no agreement helps, the others already wait in it."""
+    collectives = {id(r.node) for r in info.calls if loop in r.loops and is_collective(r)}
+
+    def syncs(n: ast.AST) -> bool:
+        return isinstance(n, ast.Call) and (
+            info.callee_last(n) in ("backward", "step") or id(n) in collectives)
+
+    guarded_sync = any(syncs(n) for st in node.body for n in ast.walk(st))
+    for h in node.handlers:
+        caught = {(dotted(t) or "").rsplit(".", 1)[-1] for t in
+                  (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]) if t is not None}
+        if caught and caught <= _COMMON_ERRORS:
+            continue
+        if any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr) and isinstance(
+                st.value, ast.Call) and info.callee_last(st.value) in _EXITS) for st in h.body):
+            continue
+        leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h))
+        if guarded_sync or leaves:
+            yield h
 
 
 def _steps_together(info: ModuleInfo, loop: Loop) -> bool:
@@ -182,9 +237,49 @@ def _local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
     if not tested:
         return None
     before = [r for r in info.calls if loop in r.loops and r.node.lineno < skip.lineno]
-    if any(is_collective(r) or any(w in r.last.lower() for w in _SHARED) for r in before):
+    read = {n.id for n in ast.walk(skip.test) if isinstance(n, ast.Name)}
+    chain = _derived_from(loop, skip, read)
+    if any((is_collective(r) or any(w in r.last.lower() for w in _SHARED))
+           and _reaches(r, chain) for r in before):
         return None
     return tested[0].id
+
+
+def _derived_from(loop: Loop, skip: ast.If, names: set[str]) -> set[str]:
+    """The tested names and every name they were computed from in the loop before the test
+    (`losses = loss_dict["total_loss"]` reads `loss_dict`)."""
+    assigns = [s for s in ast.walk(loop) if isinstance(s, ast.Assign | ast.AugAssign)
+               and s.lineno < skip.lineno]
+    chain = set(names)
+    for _ in range(4):
+        grew = False
+        for st in assigns:
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+            if any(isinstance(n, ast.Name) and n.id in chain
+                   for t in targets for n in ast.walk(t)):
+                for n in ast.walk(st.value):
+                    if isinstance(n, ast.Name) and n.id not in chain:
+                        chain.add(n.id)
+                        grew = True
+        if not grew:
+            break
+    return chain
+
+
+def _reaches(rec: CallRec, chain: set[str]) -> bool:
+    """The collective or reducing helper feeds the tested value: its result is bound to one of
+    the names the test reads, or (its result dropped) it works in place on one of them. A
+    reduction kept apart for logging (YOLOF's `loss_dict_reduced = reduce_dict(loss_dict)`
+    beside a test of the rank's own `losses`) leaves the test this rank's own."""
+    st = rec.stmt
+    if isinstance(st, ast.Assign) and st.value is rec.node:
+        return any(isinstance(n, ast.Name) and n.id in chain
+                   for t in st.targets for n in ast.walk(t))
+    if isinstance(st, ast.Expr) and st.value is rec.node:
+        return any(isinstance(n, ast.Name) and n.id in chain
+                   for a in (*rec.node.args, *(k.value for k in rec.node.keywords))
+                   for n in ast.walk(a))
+    return True
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
