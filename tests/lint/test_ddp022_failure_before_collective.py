@@ -4,43 +4,14 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 
 from __future__ import annotations
 
-import re
-
-import pytest
 from helpers import (
     ALL_BUT_PRINT,
     HEAD_DIST,
-    LINT_CORPUS,
     inline_lines,
     lint_with_defaults,
     snippet_codes,
     snippet_lines,
 )
-
-from ddpguard.lint import RULES, Selection
-
-_EXPECT = re.compile(r"#\s*expect:\s*(DDP\d{3})")
-
-
-FIXTURES = sorted(p.name for p in LINT_CORPUS.glob("*.py") if p.name.startswith(("fp_", "miss_")))
-
-
-@pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_findings_exact(name: str) -> None:
-    """Each fixture marks the lines that must be reported; nothing else may be."""
-    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
-    want = sorted(
-        (m.group(1), i)
-        for i, line in enumerate(source.splitlines(), 1)
-        for m in _EXPECT.finditer(line)
-    )
-    # Default and preview rules, plus the off-by-default ones the fixture marks (DDP022 ...).
-    extra = tuple(sorted({c for c, _ in want if not RULES[c].default}))
-    got = sorted(
-        (f.code, f.line)
-        for f in lint_with_defaults(source, name, Selection(extend_select=extra, preview=True))
-    )
-    assert got == want
 
 
 def test_exit_in_callee_is_not_the_callers_exit() -> None:

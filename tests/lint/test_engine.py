@@ -5,6 +5,7 @@ provenance."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from helpers import (
     lint_with_defaults,
 )
 
-from ddpguard.lint import Selection, lint_file
+from ddpguard.lint import RULES, Selection, lint_file
 from ddpguard.lint.analysis.provenance import GLOBAL, LOCAL, NONE
 from ddpguard.lint.analysis.walker import build
 from ddpguard.lint.pyproject import torch_floor
@@ -216,3 +217,315 @@ def test_bom_file_is_linted(tmp_path: Path) -> None:
     p.write_bytes(b"x = '\xe9'\n")  # not UTF-8 and no cookie: Python refuses it too
     [f] = lint_paths_with_defaults([p], ALL_BUT_PRINT)
     assert f.code == "DDP000" and "encoding" in f.message
+
+
+CASES: dict[str, tuple[str, str]] = {
+    "DDP001": (
+        """
+        s = DistributedSampler(ds)
+        loader = DataLoader(ds, sampler=s, drop_last=True)
+        for epoch in range(3):
+            for b in loader:
+                pass
+        """,
+        """
+        s = DistributedSampler(ds)
+        train_loader = DataLoader(ds, sampler=s, drop_last=True)
+        for epoch in range(3):
+            train_loader.sampler.set_epoch(epoch)
+            for b in train_loader:
+                pass
+        """,
+    ),
+    "DDP002": (
+        "DataLoader(ds, sampler=DistributedSampler(ds), shuffle=True, drop_last=True)\n",
+        "DataLoader(ds, sampler=None, shuffle=True)\n",
+    ),
+    "DDP003": (
+        """
+        def shard(files):
+            return files[dist.get_rank()::dist.get_world_size()]
+        """,
+        """
+        train_loader = DataLoader(ds, sampler=DistributedSampler(ds))
+        every_other = files[0::2]
+        """,
+    ),
+    "DDP004": (
+        """
+        def collate(batch):
+            batch = [b for b in batch if b is not None]
+            if not batch:
+                return None
+            return batch
+        loader = DataLoader(ds, collate_fn=collate)
+        for batch in loader:
+            if batch is None:
+                continue
+            model(batch).sum().backward()
+        """,
+        """
+        def collate(batch):
+            return torch.stack(batch)
+        loader = DataLoader(ds, collate_fn=collate)
+        for batch in loader:
+            if batch is None:
+                raise RuntimeError("empty batch")
+        """,
+    ),
+    "DDP005": (
+        """
+        rank = dist.get_rank()
+        is_master = rank == 0
+        if is_master:
+            dist.barrier()
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)
+        """,
+        """
+        if dist.get_rank() == 0:
+            print("hi")
+        dist.barrier()
+        if world_size > 1:
+            dist.all_reduce(t)
+        """,
+    ),
+    "DDP006": (
+        """
+        model = DDP(net)
+        if dist.get_rank() == 0:
+            out = model(x)
+        """,
+        """
+        model = DDP(net)
+        out = model(x)
+        if dist.get_rank() == 0:
+            out = model.module(x)
+        """,
+    ),
+    "DDP007": (
+        """
+        dist.init_process_group("gloo")
+        torch.save(state, "ckpt.pt")
+        """,
+        """
+        dist.init_process_group("gloo")
+        def save(state):
+            torch.save(state, "ckpt.pt")
+        if dist.get_rank() == 0:
+            save(state)
+        """,
+    ),
+    "DDP008": (
+        """
+        if args.resume:
+            net.load_state_dict(torch.load(args.resume, map_location="cpu"))
+        model = DDP(net)
+        torch.save(model.state_dict(), "x")
+        """,
+        """
+        model = DDP(net)
+        if args.resume:  # the resume reads into the same wrapper: the keys match
+            model.load_state_dict(torch.load(args.resume, map_location="cpu"))
+        torch.save(model.state_dict(), "y")
+        """,
+    ),
+    "DDP009": (
+        """
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        model = DDP(net)
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        """,
+        """
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        model = DDP(net)
+        """,
+    ),
+    "DDP021": (
+        """
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        model = DDP(net)
+        """,
+        """
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 3), torch.nn.BatchNorm2d(3))
+        net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+        model = DDP(net)
+        """,
+    ),
+    "DDP010": (
+        "sd = torch.load(args.ckpt, map_location='cpu', weights_only=False)\n",
+        "sd = torch.load(args.ckpt, map_location='cpu')\n"
+        "sd = torch.load('x.pt', weights_only=False, map_location='cpu')\n"
+        "def load(p, **kw):\n    return torch.load(p, **kw)\n",
+    ),
+    "DDP011": (
+        'os.environ["NCCL_TIMEOUT"] = "1000"\n',
+        'os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"\nos.environ["NCCL_DEBUG"] = "1"\n',
+    ),
+    "DDP024": (
+        """
+        model = DDP(net)
+        for b in loader:
+            loss = model.module(b).sum()
+            loss.backward()
+            optimizer.step()
+        """,
+        """
+        model = DDP(net)
+        for b in loader:
+            loss = model(b).sum()
+            loss.backward()
+            optimizer.step()
+        """,
+    ),
+    "DDP023": (
+        'os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "1"\n',
+        'os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"\n',
+    ),
+    "DDP012": (
+        'dist.init_process_group("gloo")\nif __name__ == "__main__":\n    pass\n',
+        'dist.init_process_group("gloo")\ndist.destroy_process_group()\n'
+        'if __name__ == "__main__":\n    pass\n',
+    ),
+    "DDP013": (
+        """
+        model = DDP(net)
+        for i, b in enumerate(loader):
+            model(b).sum().backward()
+            if (i + 1) % 4 == 0:
+                optimizer.step()
+        """,
+        """
+        model = DDP(net)
+        for i, b in enumerate(loader):
+            with model.no_sync() if (i + 1) % 4 else contextlib.nullcontext():
+                model(b).sum().backward()
+            if (i + 1) % 4 == 0:
+                optimizer.step()
+        """,
+    ),
+    "DDP014": ("model = torch.nn.DataParallel(net)\n", "model = DDP(net)\n"),
+    "DDP015": (
+        """
+        model = DDP(net.cuda())
+        model = model.cuda()
+        """,
+        """
+        model = DDP(net.cuda(), device_ids=[0])
+        """,
+    ),
+    "DDP016": (
+        """
+        def mean(t):
+            dist.reduce(t, dst=0)
+            return t.item()
+        """,
+        """
+        def mean(t):
+            dist.reduce(t, dst=0)
+            if dist.get_rank() == 0:
+                return t.item()
+            return None
+        """,
+    ),
+    "DDP017": (
+        """
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        if local_rank == 0:
+            torch.save(state, "ckpt.pt")
+        """,
+        """
+        rank = int(os.environ["RANK"])
+        if rank == 0:
+            torch.save(state, "ckpt.pt")
+        """,
+    ),
+    "DDP019": (
+        """
+        def resume(t, path):
+            if dist.get_rank() == 0:
+                if not os.path.exists(path):
+                    return None
+            dist.broadcast(t, 0)
+        """,
+        """
+        def resume(t, path):
+            if not os.path.exists(path):
+                return None
+            dist.broadcast(t, 0)
+        """,
+    ),
+    "DDP022": (
+        """
+        def resume(t, path):
+            if dist.get_rank() == 0:
+                assert os.path.exists(path)
+            dist.broadcast(t, 0)
+        """,
+        """
+        def resume(t, path):
+            assert os.path.exists(path)
+            dist.broadcast(t, 0)
+        """,
+    ),
+    "DDP020": (
+        """
+        sampler = DistributedSampler(val_set, shuffle=False)
+        dist.all_reduce(correct)
+        """,
+        """
+        sampler = DistributedSampler(val_set, shuffle=False, drop_last=True)
+        dist.all_reduce(correct)
+        """,
+    ),
+    "DDP018": (
+        'dist.init_process_group("gloo")\nprint("loss")\n',
+        'dist.init_process_group("gloo")\nif dist.get_rank() == 0:\n    print("loss")\n'
+        'print(f"rank {dist.get_rank()}")\n',
+    ),
+}
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_rule_positive(code: str) -> None:
+    assert code in codes_after_head(CASES[code][0])
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_rule_negative(code: str) -> None:
+    assert code not in codes_after_head(CASES[code][1])
+
+
+def test_every_rule_has_cases() -> None:
+    assert sorted(CASES) == sorted(set(RULES) - {"DDP000"})
+
+
+def test_require_backward_grad_sync_counts_as_no_sync() -> None:
+    src = CASES["DDP013"][0] + "model.require_backward_grad_sync = False\n"
+    assert "DDP013" not in codes_after_head(src)
+
+
+_EXPECT = re.compile(r"#\s*expect:\s*(DDP\d{3})")
+
+
+FIXTURES = sorted(p.name for p in LINT_CORPUS.glob("*.py") if p.name.startswith(("fp_", "miss_")))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_findings_exact(name: str) -> None:
+    """Each fixture marks the lines that must be reported; nothing else may be."""
+    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
+    want = sorted(
+        (m.group(1), i)
+        for i, line in enumerate(source.splitlines(), 1)
+        for m in _EXPECT.finditer(line)
+    )
+    # Default and preview rules, plus the off-by-default ones the fixture marks (DDP022 ...).
+    extra = tuple(sorted({c for c, _ in want if not RULES[c].default}))
+    got = sorted(
+        (f.code, f.line)
+        for f in lint_with_defaults(source, name, Selection(extend_select=extra, preview=True))
+    )
+    assert got == want

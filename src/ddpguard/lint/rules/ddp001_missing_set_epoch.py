@@ -19,7 +19,6 @@ form a process group (its DistributedSampler raises before the first epoch). Pit
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 
 from ..analysis.context import (
@@ -32,8 +31,9 @@ from ..analysis.context import (
     dotted,
     is_true,
     kwarg,
-    loader_samplers,
 )
+from ..analysis.group_setup import never_forms_a_group
+from ..analysis.loop_samplers import loop_samplers
 from ..registry import Hit, rule
 
 
@@ -98,7 +98,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     code its first findings were 1 true, 2 false, 1 debatable (docs/benchmarks/lint_real.md),
     below the 90 % a default rule needs."""
     hits = list(_ddp001(info))
-    if hits and not _never_forms_a_group(info):
+    if hits and not never_forms_a_group(info):
         yield from hits
 
 
@@ -123,7 +123,7 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While) or not lrec.loops:
             continue
         epoch_loop = lrec.loops[-1]
-        found = _loop_samplers(info, lrec)
+        found = loop_samplers(info, lrec)
         hit = shuffled.get(id(found))
         if hit is None:
             hit = shuffled[id(found)] = (found, _shuffling(found, info))
@@ -167,72 +167,6 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
                 break
-
-
-def _loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
-    """The samplers behind a loop's iterable. Names are resolved module-wide, except that a
-    plain name assigned in the loop's own function means that assignment (`evaluate()`'s
-    `epoch_iterator = tqdm(eval_dataloader)`, not `train()`'s of the same name)."""
-    fn, node = lrec.func, lrec.node
-    if isinstance(node, ast.While):
-        return []
-    if fn is None:
-        return info.samplers_of(node.iter)  # memoised: one list per name
-    key = ("loop_samplers", id(node))
-    hit = info._memo.get(key)
-    if hit is None:
-        hit = info._memo[key] = _scoped(info, fn, node.iter, 0)
-    return hit  # type: ignore[return-value]
-
-
-def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.Call]:
-    while isinstance(node, ast.Call) and info.callee_last(node) in _UNWRAP_ITER and node.args:
-        node = node.args[0]
-    if depth > 8:
-        return []
-    if isinstance(node, ast.Name):
-        local = [v for line, v in info.assigns.get(node.id, [])
-                 if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]
-        if not local:
-            return info.samplers_of(node)
-        return [s for v in local for s in _scoped(info, fn, v, depth + 1)]
-    if isinstance(node, ast.IfExp):
-        return [*_scoped(info, fn, node.body, depth + 1),
-                *_scoped(info, fn, node.orelse, depth + 1)]
-    if isinstance(node, ast.Call):
-        last = info.callee_last(node)
-        if last in ("DataLoader", "BatchSampler"):
-            return [s for arg in loader_samplers(node, first_arg=last == "BatchSampler")
-                    for s in _scoped(info, fn, arg, depth + 1)]
-        return [node] if info.is_dist_sampler(node) else []
-    return info.samplers_of(node)
-
-
-_UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
-
-
-_MAY_FORM = re.compile("dist|setup|init|launch|accelerat|spawn|fabric|comm|deepspeed|horovod|hvd")
-
-
-_NOT_FORMING = ("distributedsampler", "distributeddataparallel", "ddp")
-
-
-def _never_forms_a_group(info: ModuleInfo) -> bool:
-    """A script (it has a `__main__` block) that calls nothing that could form the process
-    group: no `init_process_group`, no helper named like a set-up (`init_distributed_mode`,
-    `setup(rank)`, `deepspeed.initialize`), nothing it spawns. A DistributedSampler there
-    raises "Default process group has not been initialized" before the first epoch, so a
-    missing set_epoch never matters (CodeBERT's UniXcoder code completion, whose distributed
-    arm wraps in apex's DDP and never calls init_process_group)."""
-    if not info.has_main:
-        return False
-    for name in info.call_lasts():
-        last = name.lower()
-        if last.startswith("__") or last in _NOT_FORMING:
-            continue
-        if _MAY_FORM.search(last):
-            return False
-    return True
 
 
 def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
@@ -325,7 +259,7 @@ def _method_samplers(info: ModuleInfo, fns: list[Func]) -> list[ast.Call]:
             names = {n.id for n in ast.walk(node.iter) if isinstance(n, ast.Name)}
             if names & params:
                 continue
-            out.extend(_shuffling(_loop_samplers(info, lrec), info))
+            out.extend(_shuffling(loop_samplers(info, lrec), info))
     return out
 
 

@@ -1,0 +1,50 @@
+"""The samplers a loop iterates: through the loader it loops over, a progress bar or enumerate
+around it, or a parameter of the function the loop is in."""
+
+from __future__ import annotations
+
+import ast
+
+from .context import Func, LoopRec, ModuleInfo, loader_samplers
+
+
+def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
+    """The samplers behind a loop's iterable. Names are resolved module-wide, except that a
+    plain name assigned in the loop's own function means that assignment (`evaluate()`'s
+    `epoch_iterator = tqdm(eval_dataloader)`, not `train()`'s of the same name)."""
+    fn, node = lrec.func, lrec.node
+    if isinstance(node, ast.While):
+        return []
+    if fn is None:
+        return info.samplers_of(node.iter)  # memoised: one list per name
+    key = ("loop_samplers", id(node))
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _scoped(info, fn, node.iter, 0)
+    return hit  # type: ignore[return-value]
+
+
+def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.Call]:
+    while isinstance(node, ast.Call) and info.callee_last(node) in _UNWRAP_ITER and node.args:
+        node = node.args[0]
+    if depth > 8:
+        return []
+    if isinstance(node, ast.Name):
+        local = [v for line, v in info.assigns.get(node.id, [])
+                 if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]
+        if not local:
+            return info.samplers_of(node)
+        return [s for v in local for s in _scoped(info, fn, v, depth + 1)]
+    if isinstance(node, ast.IfExp):
+        return [*_scoped(info, fn, node.body, depth + 1),
+                *_scoped(info, fn, node.orelse, depth + 1)]
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("DataLoader", "BatchSampler"):
+            return [s for arg in loader_samplers(node, first_arg=last == "BatchSampler")
+                    for s in _scoped(info, fn, arg, depth + 1)]
+        return [node] if info.is_dist_sampler(node) else []
+    return info.samplers_of(node)
+
+
+_UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
