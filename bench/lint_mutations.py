@@ -229,6 +229,10 @@ M = [
  ('35: a handler that re-raises keeps the sequence', 'rules/ddp004_rank_dependent_step_count.py', '        if any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr)', '        if False and any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr)'),
  ("35: the end of the loader is every rank's", 'rules/ddp004_rank_dependent_step_count.py', '        if caught and caught <= _COMMON_ERRORS:', '        if False:'),
  ('35: a handler that leaves the step', 'rules/ddp004_rank_dependent_step_count.py', '        leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h))', '        leaves = False'),
+ ('35: a plain dotted import binds its head', 'analysis/walker.py', '                    info.aliases.setdefault(head, head)', '                    pass'),
+ ("35: a project's own name for torch's DDP class", 'analysis/crossfile.py', '        _ddp_class_aliases(self, infos)\n', '\n'),
+ ('35: the DDP alias called in its own module', 'analysis/crossfile.py', '            if (id(info) in mine and not mod) or (mod and any(', '            if (mod and any('),
+ ('35: the DDP alias only through the module that made it', 'analysis/crossfile.py', '                    id(m) in mine for m in file_set._modules(mod, info))):', '                    True for m in file_set._modules(mod, info))):'),
 ]
 
 

@@ -9,7 +9,7 @@ import ast
 import os
 from pathlib import Path
 
-from .context import Func, ModuleInfo, dotted, is_collective
+from .context import Func, ModuleInfo, dotted, foreign_ddp, is_collective
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -60,6 +60,7 @@ class FileSet:
             for k in range(1, min(4, len(parts)) + 1):
                 self.index.setdefault(".".join(parts[-k:]), []).append(info)
             info.file_set = self
+        _ddp_class_aliases(self, infos)
 
     def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
         """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves
@@ -147,6 +148,38 @@ class FileSet:
                     return m, fns[0]
             return None
         return None
+
+
+def _ddp_class_aliases(file_set: FileSet, infos: list[ModuleInfo]) -> None:
+    """torch's wrapper under a project's own name: `DDP = DistributedDataParallel` in a module,
+    called there (`DDP(model)`) or through an import of that module (`ext_dist.DDP(model)`,
+    `from ext_dist import DDP`). Those calls become DistributedDataParallel calls, so every
+    rule sees the wrap. A class or function of that name elsewhere is not taken for it: the
+    call must name the module that made the alias."""
+    owners: dict[str, set[int]] = {}
+    for info in infos:
+        for name, entries in info.assigns.items():
+            if "." not in name and any(
+                    type(v) in (ast.Name, ast.Attribute)
+                    and (q := info.qualify(v) or "").rsplit(".", 1)[-1]
+                    == "DistributedDataParallel" and not foreign_ddp(q)
+                    for _, v in entries):
+                owners.setdefault(name, set()).add(id(info))
+    if not owners:
+        return
+    for info in infos:
+        hit = False
+        for rec in info.calls_named(*(n for n in owners if n in info.call_lasts())):
+            mod, _, name = (info.qualify(rec.node.func) or "").rpartition(".")
+            mine = owners.get(name, set())
+            if (id(info) in mine and not mod) or (mod and any(
+                    id(m) in mine for m in file_set._modules(mod, info))):
+                rec.last = "DistributedDataParallel"
+                info._last[id(rec.node)] = rec.last
+                info.wraps_ddp = hit = True
+        if hit:
+            info._by_last.clear()
+            info._memo.clear()
 
 
 def _constructor_flags(infos: list[ModuleInfo]) -> None:

@@ -197,6 +197,11 @@ class Walker:
             for a in s.names:
                 if a.asname:
                     info.aliases[a.asname] = a.name
+                else:
+                    # `import pkg.dist_util` binds `pkg`: `pkg.dist_util.f()` names a module
+                    # of the project as much as `from pkg import dist_util` does
+                    head = a.name.split(".", 1)[0]
+                    info.aliases.setdefault(head, head)
                 if a.name.startswith("torch.distributed"):
                     info.distributed = True
         elif t is ast.ImportFrom:

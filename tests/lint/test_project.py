@@ -1,0 +1,109 @@
+"""A checkout linted as one project: calls, attributes and re-exports resolved through the
+other files given (`import a.b` then `a.b.f()`, a project's own name for torch's DDP class)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from helpers import lint_paths
+
+DIST_UTIL = """\
+import torch.distributed as dist
+
+
+def sync_params(params):
+    for p in params:
+        dist.broadcast(p, 0)
+
+
+def log_params(params):
+    print(len(list(params)))
+
+
+def is_master():
+    return dist.get_rank() == 0
+"""
+
+TRAIN = """\
+import pkg.dist_util
+
+
+def main(model, loader, opt):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+    if pkg.dist_util.is_master():
+        pkg.dist_util.sync_params(model.parameters())
+"""
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, str, int]]:
+    for name, text in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return [(Path(f.path).name, f.code, f.line) for f in lint_paths([tmp_path])]
+
+
+def test_import_of_a_dotted_module_resolves_its_functions(tmp_path: Path) -> None:
+    # `import pkg.dist_util` binds `pkg`: the helper's broadcast is reached on rank 0 alone
+    files = {"pkg/__init__.py": "", "pkg/dist_util.py": DIST_UTIL, "train.py": TRAIN}
+    assert _project(tmp_path, files) == [("train.py", "DDP005", 9)]
+    # the same call of a helper that makes no collective is no divergence
+    files["train.py"] = TRAIN.replace("sync_params(", "log_params(")
+    assert _project(tmp_path, files) == []
+
+
+EXT_DIST = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+DDP = DistributedDataParallel
+
+
+def init(rank, world):
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+"""
+
+OWN_DDP = """\
+import torch
+
+
+class DDP(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+"""
+
+WRAP = """\
+import ext_dist
+
+
+def main(model, loader, opt, rank):
+    ext_dist.init(rank, 2)
+    model = ext_dist.DDP(model)
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+    if rank == 0:
+        model(x)
+"""
+
+
+def test_a_projects_own_name_for_torchs_ddp_class_wraps(tmp_path: Path) -> None:
+    # `ext_dist.DDP` is torch's class under the project's name: the forward on rank 0 alone
+    # is a DDP forward (DDP006)
+    files = {"ext_dist.py": EXT_DIST, "own.py": OWN_DDP, "train.py": WRAP}
+    assert _project(tmp_path, files) == [("train.py", "DDP006", 11)]
+    # imported by name, and defined in the training module itself
+    files["train.py"] = WRAP.replace("import ext_dist\n", "import ext_dist\nfrom ext_dist "
+                                     "import DDP\n").replace("ext_dist.DDP(", "DDP(")
+    assert _project(tmp_path, files) == [("train.py", "DDP006", 12)]
+    files["train.py"] = EXT_DIST + "\n\n" + WRAP.replace("import ext_dist\n", "").replace(
+        "ext_dist.", "")
+    assert [c for _, c, _ in _project(tmp_path, files)] == ["DDP006"]
+    # a project class of that name, in another module, is not torch's wrapper
+    files["train.py"] = WRAP.replace("import ext_dist\n", "import ext_dist\nimport own\n") \
+        .replace("ext_dist.DDP(", "own.DDP(")
+    assert _project(tmp_path, files) == []
