@@ -264,6 +264,19 @@ def test_twins_a_spinning_loop_and_a_call_burning_cpu_are_not_blocked():
     assert d["cause"] == "no_life" and d["positions"]["1"]["doing"].startswith("computing")
 
 
+def test_twin_a_wait_for_a_stuck_child_process_is_its_stall_not_a_lock_between_ranks():
+    import subprocess
+
+    recs = blocked(quiet=4.0, code={3: "subprocess.run(['upload', path])"})
+    recs[1]["stacks"]["main"] += [
+        {"file": subprocess.__file__, "line": 1, "func": "wait", "code": "self._wait()"},
+        {"file": subprocess.__file__, "line": 2, "func": "_try_wait",
+         "code": "(pid, sts) = os.waitpid(self.pid, wait_flags)"}]
+    d = diag(recs, cause="no_life", culprits=[1])
+    assert d["cause"] == "no_life", d
+    assert d["positions"]["1"]["doing"].startswith("blocked in subprocess.run -> os.waitpid")
+
+
 def test_blocked_call_names_library_waits_from_the_users_line():
     q_file, t_file = queue.__file__, threading.__file__
     frames = [{"file": SCRIPT, "line": 3, "func": "<module>", "code": "item = q.get()"},

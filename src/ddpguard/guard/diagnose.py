@@ -20,6 +20,7 @@ from .stacks import (
     innermost,
     is_library_file,
     user_frame,
+    waits_for_child,
 )
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
@@ -189,7 +190,8 @@ def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
     return {"kind": kind, "doing": doing, "user": where, "buffer_sync": buffer_sync,
             "user_line": (uf["file"], uf["line"]) if uf else None, "callers": callers,
             "innermost": fmt_frame(innermost(main)) if main else "?",
-            "pending": describe_entry(first) if first else None, "blocked_in": blocked_in}
+            "pending": describe_entry(first) if first else None, "blocked_in": blocked_in,
+            "child_wait": bool(blocked_in) and waits_for_child(main)}
 
 
 def _in_conditional(source: list[str] | None, line: int) -> bool:
@@ -252,7 +254,8 @@ def _blocked_outside(records: list[dict[str, Any]], pos: dict[int, dict[str, Any
     waiting = [r["rank"] for r in records if pos[r["rank"]]["pending"]]
     for c in culprits:
         p = pos.get(c) or {}
-        if p.get("blocked_in") and waiting:
+        # Waiting for a child process that shows no life is the child's stall: no_life.
+        if p.get("blocked_in") and not p.get("child_wait") and waiting:
             w = waiting[0]
             return Finding("blocked_outside", (
                 f"rank {c} is {p['doing']} at {p['user']}, a call outside torch that uses no "

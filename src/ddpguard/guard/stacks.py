@@ -24,6 +24,7 @@ __all__ = [
     "activity",
     "is_blocked",
     "blocked_call",
+    "waits_for_child",
     "fmt_frame",
     "short_path",
     "short_text",
@@ -234,6 +235,17 @@ def blocked_call(frames: list[Frame]) -> str | None:
     uf = user_frame(frames)
     theirs = _call_in(uf["code"]) if uf is not None and uf.get("code") else None
     return f"{theirs} -> {own}" if theirs else own
+
+
+# Waits for a child process: the child's own state is the cause, not a lock between ranks.
+_CHILD_WAITS = ("subprocess.py", "multiprocessing/popen_", "multiprocessing/pool.py",
+                "concurrent/futures/process.py")
+
+
+def waits_for_child(frames: list[Frame]) -> bool:
+    """The stack waits for a child process (Popen.wait, Process.join, a process pool)."""
+    return any(_in(f, *_CHILD_WAITS) for f in frames) or bool(
+        frames and "waitpid" in (frames[-1].get("code") or ""))
 
 
 def is_blocked(frames: list[Frame]) -> bool:
