@@ -4,7 +4,7 @@ A *projection* walks the tree schedule.py built, for one rank class (ranks.py): 
 arm the class's rank tests choose (both arms, as an alternative, where a test does not depend
 on the rank or on the literals the caller passed), inlines callees' projections (memoised per
 class and per literal arguments), and yields a sequence of items. Two classes whose sequences
-differ reach different collectives: diverge.py compares them.
+differ reach different collectives: divergence.py compares them.
 """
 
 from __future__ import annotations

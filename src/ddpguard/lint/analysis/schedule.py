@@ -142,7 +142,7 @@ class Builder:
             out.append(Ev("exit", STUB if _stub(s.exc) else "raise", s.lineno))
         elif t is ast.Continue or t is ast.Break:
             # A `continue` of a `while` loop may be a retry (read the input again), not a
-            # step the other ranks take without this one; diverge.py tells them apart.
+            # step the other ranks take without this one; divergence.py tells them apart.
             out.append(Ev("exit", "continue" if t is ast.Continue else "break", s.lineno,
                           text="while" if self.whiles and self.whiles[-1] else ""))
         elif t is ast.Assert:
