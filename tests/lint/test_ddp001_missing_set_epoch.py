@@ -236,7 +236,7 @@ def main(dataset, model, epochs):
 
 def test_a_loader_kept_on_an_instance_of_this_files_class() -> None:
     # physicsnemo's MGNTrainer: the sampler is built in __init__, the epochs run in main()
-    # over `trainer.dataloader`, and nobody calls set_epoch (a real miss of round 8's tuning).
+    # over `trainer.dataloader`, and nobody calls set_epoch (a real miss).
     assert [(f.code, f.line) for f in lint_source(TRAINER_LOADER)] == [("DDP001", 14)]
     fixed = TRAINER_LOADER.replace(
         "        for x in trainer.dataloader:",

@@ -75,7 +75,7 @@ def test_manual_shard_rule_is_off_by_default() -> None:
 
 
 def test_shares_of_a_padded_list_stay_quiet_with_the_rule_selected() -> None:
-    # The rule is off by default; the shards of issue 20's first round must stay even under it.
+    # The rule is off by default; these shards must stay even under it.
     assert corpus_lines("fp_sharding.py") == []
     assert corpus_lines(
         "fp_sharding.py",

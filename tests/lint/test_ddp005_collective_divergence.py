@@ -664,7 +664,7 @@ def test_a_negated_parameter_passes_the_literal_on() -> None:
 
 
 def test_a_flag_set_to_constants_in_the_arms_of_a_rank_test(tmp_path: Path) -> None:
-    # HybrIK (round 8's blind half, tuning data since): env.py sets `opt.log = True` on rank
+    # HybrIK: env.py sets `opt.log = True` on rank
     # 0 and `False` elsewhere; the training scripts save under `if opt.log:`.
     (tmp_path / "env.py").write_text(
         "import torch.distributed as dist\n\n\ndef init_dist(opt):\n"

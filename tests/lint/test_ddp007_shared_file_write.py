@@ -162,8 +162,8 @@ def test_an_assert_before_a_collective_is_its_own_rule_off_by_default() -> None:
     assert RULES["DDP022"].default is False and RULES["DDP019"].default is True
     line = corpus_line_of(TRAINER, "assert len(gathered) == world")
     assert corpus_lines_once(TRAINER, selection=ALL_BUT_PRINT) == [("DDP022", line)]
-    # A raise is a failure too: torchrun ends the job when one rank fails (issue 20, round
-    # 11), so it is DDP022 with the assert, off by default; a rank that returns in good
+    # A raise is a failure too: torchrun ends the job when one rank fails, so it
+    # is DDP022 with the assert, off by default; a rank that returns in good
     # order leaves the others waiting: DDP019, on by default.
     raise_ = (
         "assert len(gathered) == world",

@@ -31,7 +31,7 @@ def test_ddp010_follows_project_torch_versions(tmp_path: Path, deps: str, expect
     (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "x"\n{deps}\n')
     script = tmp_path / "train.py"
     script.write_text("import torch\nsd = torch.load(args.ckpt)\nsd = torch.load('a.pt')\n")
-    # DDP010 is off by default since issue 20 (tuning precision below 90 %): select it.
+    # DDP010 is off by default (precision below 90 %): select it.
     found = [
         f for f in lint_file(script, Selection(extend_select=("DDP010",))) if f.code == "DDP010"
     ]

@@ -88,7 +88,7 @@ CPU_ARM = ddp_source("""
 def test_the_arm_beside_a_gpu_wrap_is_the_cpu_path() -> None:
     assert [f.code for f in lint_source(CPU_ARM)] == []
     # A bare .cuda() in that arm is the pytorch/examples fallback for a launch that names no
-    # device; not reported since issue 20's eighth round (0 true in 4 independent reviews).
+    # device; not reported (0 true in 4 independent reviews).
     bare = CPU_ARM.replace(
         "            model = DDP(model)\n",
         "            model = model.cuda()\n            model = DDP(model)\n",

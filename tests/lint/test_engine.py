@@ -49,7 +49,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP009",
         "DDP024",
     ]
-    # The preview rules (first-contact precision below 90 % on the blind halves of issue 20)
+    # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
     assert Selection(ignore=("DDP01", "DDP02"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
@@ -77,7 +77,7 @@ def test_seed004_wrong_flagged() -> None:
     found = corpus_codes("seed004_train_ddp_wrong.py")
     assert {"DDP001", "DDP002"} <= found
     # The seed blames drop_last=False, but torch's DistributedSampler pads every rank to the
-    # same number of samples: equal step counts, equal last batch (issue 13). Not a finding.
+    # same number of samples: equal step counts, equal last batch. Not a finding.
     assert "DDP003" not in found
 
 
@@ -106,7 +106,7 @@ def test_seed001_get_reduced() -> None:
 
 def test_seed003_and_004_nccl_variables() -> None:
     # A variable nothing reads (DDP011, on by default); deprecated names torch still reads
-    # and warns about (DDP023, off by default since issue 20's sixth round).
+    # and warns about (DDP023, off by default).
     msgs = [f.message for f in lint_file(LINT_CORPUS / "seed003_nccl_timeout.py")]
     assert len(msgs) == 1 and "NCCL_TIMEOUT does not exist" in msgs[0]
     msgs = [
