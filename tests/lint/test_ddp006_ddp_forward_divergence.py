@@ -42,7 +42,7 @@ def test_parameter_forward_binds_to_the_ddp_model() -> None:
 
 
 # Evaluation with gradients on: a forward under no_grad on rank 0 alone pairs its one buffer
-# broadcast with the others' next training forward (sixth round), so these checks of which
+# broadcast with the others' next training forward, so these checks of which
 # arm runs and which name holds the wrapper evaluate with gradients.
 GRAD_ON = (
     "    with torch.no_grad():\n        return model(feats).mean().item()\n",

@@ -502,7 +502,7 @@ def main(state, out, rank):
 
 def test_a_module_function_is_referenced_by_its_bare_name_only() -> None:
     # LSGM's `save(model, path)` is called nowhere: neither `writer.save(...)` nor a
-    # directory variable named `save` is a use of it (the seventh round's blind half).
+    # directory variable named `save` is a use of it.
     assert lint_source(UNUSED_SAVE) == []
     used = UNUSED_SAVE + (
         "\n\nif __name__ == '__main__':\n    save(torch.nn.Linear(2, 2), 'f.pth')\n"

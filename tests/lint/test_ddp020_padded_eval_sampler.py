@@ -45,7 +45,7 @@ GATHER = ddp_source("""
 
 
 def test_gathered_results_cut_back_to_the_dataset_length_drop_the_padding() -> None:
-    sel = Selection(extend_select=("DDP020",))  # off by default since the seventh round
+    sel = Selection(extend_select=("DDP020",))  # off by default
     assert [f.code for f in lint_source(GATHER, selection=sel)] == []
     assert [f.code for f in lint_source(GATHER.replace("[:len(val_set)]", ""), selection=sel)] == [
         "DDP020"
