@@ -57,9 +57,12 @@ def test_a_script_that_spawns_its_ranks_runs_as_a_command_with_a_note():
     ("from detectron2.engine import launch\nlaunch(main, 2)\n", "detectron2's launch()"),
     ("from multiprocessing import Process\nimport torch.distributed as dist\n"
      "def run(r):\n    dist.init_process_group('gloo', rank=r, world_size=2)\n"
-     "ps = [Process(target=run, args=(r,)) for r in range(2)]\n", "multiprocessing.Process"),
-    # near twins
+     "ps = [Process(target=run, args=(r,)) for r in range(2)]\n", "Process per rank (target run)"),
+    # near twins: a process for other work in a script that forms its group itself
     ("from multiprocessing import Process\nProcess(target=print).start()\n", None),
+    ("import multiprocessing\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+     "def stuck():\n    pass\n"
+     "multiprocessing.get_context('fork').Process(target=stuck).start()\n", None),
     ("import multiprocessing as mp\nmp.Pool(4).map(print, [1])\n", None),
     ("def spawn(x): pass\nspawn(1)\n", None),
     ("this is ( not python", None),

@@ -21,9 +21,8 @@ _SPAWNERS = {
     "detectron2.engine.launch": "detectron2's launch()",
     "detectron2.engine.launch.launch": "detectron2's launch()",
 }
-# One process per rank by hand: only with a process group formed in the same file.
-_PROCESS = {"multiprocessing.Process", "torch.multiprocessing.Process",
-            "multiprocessing.get_context", "torch.multiprocessing.get_context"}
+# One process per rank by hand (PyTorch's own tutorial): a Process whose target forms the group.
+_PROCESS = ("Process",)
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
@@ -49,23 +48,46 @@ def _dotted(node: ast.AST, names: dict[str, str]) -> str | None:
     return ".".join([names.get(node.id, node.id), *reversed(parts)])
 
 
+def _group_formers(tree: ast.AST, names: dict[str, str]) -> set[str]:
+    """Functions of the file that call init_process_group themselves."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                isinstance(c, ast.Call)
+                and (_dotted(c.func, names) or "").endswith("init_process_group")
+                for c in ast.walk(node)):
+            out.add(node.name)
+    return out
+
+
+def _target(call: ast.Call) -> str | None:
+    for kw in call.keywords:
+        if kw.arg == "target" and isinstance(kw.value, ast.Name):
+            return kw.value.id
+    return None
+
+
 def own_launch(source: str) -> str | None:
     """How the script starts its own ranks ('torch.multiprocessing.spawn at line 20'), or
-    None. Pure; a file that does not parse is left to Python to complain about."""
+    None. Pure; a file that does not parse is left to Python to complain about. A process
+    started for other work (a helper, a pool) is not a rank: only a Process whose target
+    forms the process group counts."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
     names = _aliases(tree)
-    by_hand = None
-    forms_group = False
+    formers: set[str] | None = None
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = _dotted(node.func, names) or ""
         if name in _SPAWNERS:
             return f"{_SPAWNERS[name]} at line {node.lineno}"
-        if name in _PROCESS and by_hand is None:
-            by_hand = f"{name} at line {node.lineno}"
-        forms_group = forms_group or name.endswith("init_process_group")
-    return by_hand if by_hand and forms_group else None
+        called = node.func.attr if isinstance(node.func, ast.Attribute) else \
+            node.func.id if isinstance(node.func, ast.Name) else ""
+        if called in _PROCESS and (target := _target(node)) is not None:
+            formers = _group_formers(tree, names) if formers is None else formers
+            if target in formers:
+                return f"a Process per rank (target {target}) at line {node.lineno}"
+    return None
