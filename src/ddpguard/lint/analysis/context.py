@@ -95,7 +95,6 @@ class ModuleInfo:
     distributed: bool = False
     multi_node: bool = False
     batchnorm: bool = False
-    buffers: bool = False             # register_buffer in this module (DDP006's certainty)
     joins: bool = False               # DDP's `model.join`: uneven inputs handled
     wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script

@@ -41,7 +41,7 @@ Name, Attribute, Call, Constant, keyword = \
 _FunctionDef, _AsyncFunctionDef = ast.FunctionDef, ast.AsyncFunctionDef
 _TryStar = getattr(ast, "TryStar", None)
 _SELF = ("self", "cls")
-_FLAG_LASTS = {"no_sync", "DistributedDataParallel", "cuda", "register_buffer", "get_rank",
+_FLAG_LASTS = {"no_sync", "DistributedDataParallel", "cuda", "get_rank",
                "get_node_local_rank", "init_process_group"}
 
 
@@ -300,8 +300,6 @@ class Walker:
                         info.wraps_ddp = info.wraps_ddp or not foreign_ddp(info.qualify(f))
                     elif last == "cuda":
                         info.uses_cuda = True
-                    elif last == "register_buffer":
-                        info.buffers = True
                     elif last == "init_process_group":
                         # `init_process_group(..., rank=proc_id)`: that name is the global
                         # rank (dgl's `if proc_id == 0:` guards a save).
@@ -372,10 +370,14 @@ def _model_like(node: ast.expr) -> bool:
     return any(h in name.lower() for h in ("model", "ddp", "net"))
 
 
-def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
-    """One walk over `tree`, then the functions' guard levels."""
+def build(tree: ast.Module, path: str = "<string>",
+          rank_funcs: dict[str, int] | None = None) -> ModuleInfo:
+    """One walk over `tree`, then the functions' guard levels. `rank_funcs`: rank predicates
+    other files define and this one calls (crossfile.rank_function_seeds)."""
     info = ModuleInfo(tree, path=path)
     walker = Walker(info)
+    if rank_funcs:
+        info.rank_funcs.update(rank_funcs)
     _rank_functions_first(info, tree.body)
     # What that look-ahead cached was read before the imports were: read it again.
     info._memo.clear()

@@ -48,14 +48,14 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
         # Under no_grad a forward's only collective is the buffer broadcast; with
         # `broadcast_buffers` set from a config (modulus: False by default) that is unproven.
         found = [d for d in found if not d.no_grad]
-    if found and all(d.no_grad for d in found) and not (info.batchnorm or info.buffers) \
+    if found and all(d.no_grad for d in found) and not _visible_buffers(info) \
             and wrapped_model_has_no_buffers(info):
         # Under no_grad the buffer broadcast is the forward's one collective, and the model
         # is built, visibly, from layers without buffers.
         found = []
     if not found:
         return
-    sev = "error" if (info.batchnorm or info.buffers) and not any(
+    sev = "error" if _visible_buffers(info) and not any(
         isinstance(k.value, ast.Constant) and k.value.value is False
         for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
         for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
@@ -68,6 +68,11 @@ def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     for d in found:
         yield At(d.line), "DDP006", d.message + tail, sev
 
+
+
+def _visible_buffers(info: ModuleInfo) -> bool:
+    """The module visibly holds buffers: a BatchNorm layer, or a `register_buffer` call."""
+    return info.batchnorm or any(r.last == "register_buffer" for r in info.calls)
 
 def _buffers_maybe_unsynced(info: ModuleInfo) -> bool:
     """Every DDP wrap of the module passes `broadcast_buffers=` something other than a
