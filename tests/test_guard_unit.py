@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguard.launch.argv import BOOTSTRAP, build_torchrun_argv, pop_our_options
 from ddpguard.guard.config import GuardConfig
+from ddpguard.launch.argv import BOOTSTRAP, build_torchrun_argv, pop_our_options
 from ddpguard.testing import run_ranks
 
 FLAGS = {"--standalone", "-m", "--module", "--no-python"}
