@@ -30,7 +30,8 @@ CAUSES: dict[str, tuple[str, str]] = {
         "ranks have different numbers of batches or steps",
         "Give every rank the same number of batches: drop_last=True on the sampler and the "
         "loader, no per-rank filtering after sharding, no skipped steps (or ddpguard's "
-        "EvenSampler / make_loader, which guarantee equal counts).",
+        "EvenSampler / make_loader, which guarantee equal counts); or, where uneven inputs are "
+        "meant, wrap the loop in torch.distributed.algorithms.Join.",
     ),
     "forward_on_some_ranks": (
         "the DDP model ran forward on some ranks only (its buffers are broadcast in forward)",
@@ -319,22 +320,6 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
     return cause, None
 
 
-def uneven_loaders(records: list[dict[str, Any]]) -> str | None:
-    """'rank 0: 8, rank 1: 7 batches (DataLoader at f:l)' when the same loader pass (same key
-    on every rank) had different lengths."""
-    by_key: dict[str, dict[int, tuple[int, str]]] = {}
-    for r in records:
-        for site, st in ((r.get("hb") or {}).get("loaders") or {}).items():
-            if st.get("key") and st.get("len") is not None:
-                by_key.setdefault(st["key"], {})[r["rank"]] = (int(st["len"]), site)
-    for lens in by_key.values():
-        if len(lens) > 1 and len({n for n, _ in lens.values()}) > 1:
-            counts = ", ".join(f"rank {k}: {n}" for k, (n, _) in sorted(lens.items()))
-            site = next(iter(lens.values()))[1]
-            return f"{counts} batches in the DataLoader pass at {site}"
-    return None
-
-
 def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None = None,
              cause: str = "deadlock", reason: str = "",
              culprits: list[int] | None = None) -> dict[str, Any]:
@@ -352,11 +337,6 @@ def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None
         # What the alignment shows comes first; the guard's own decision follows.
         explanation = f"{found.text[0].upper()}{found.text[1:]}. {explanation}"
         culprits = list(found.culprits)
-    uneven = uneven_loaders(records) if final in ("left_early", "peer_gone", "mismatch",
-                                                   "deadlock", "desync") else None
-    if uneven:
-        final = "uneven_batches"
-        explanation += f" The ranks had different numbers of batches: {uneven}."
     title, fix = CAUSES.get(final, CAUSES["deadlock"])
     return {"cause": final, "title": title, "explanation": explanation.strip(), "fix": fix,
             "culprits": culprits, "positions": {str(k): v for k, v in pos.items()}}
