@@ -160,6 +160,11 @@ def handle_exception(exc: BaseException) -> int:
     channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
     waiting = waiting_on(g) if g is not None else ""
     if g is not None:
+        # From here this rank's end is told by its exception, not by a fatal signal: remove
+        # its (empty) fault log now, as torchrun may end this rank at any moment once a peer
+        # died, before the failure path gets to it.
+        g.fault_log.stop()
+    if g is not None:
         ms = timeout_ms(str(exc))
         if ms is not None:
             return _timed_out(g, ms, waiting, place, text, frames)
