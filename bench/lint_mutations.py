@@ -233,6 +233,9 @@ M = [
  ("35: a project's own name for torch's DDP class", 'analysis/crossfile.py', '        _ddp_class_aliases(self, infos)\n', '\n'),
  ('35: the DDP alias called in its own module', 'analysis/crossfile.py', '            if (id(info) in mine and not mod) or (mod and any(', '            if (mod and any('),
  ('35: the DDP alias only through the module that made it', 'analysis/crossfile.py', '                    id(m) in mine for m in file_set._modules(mod, info))):', '                    True for m in file_set._modules(mod, info))):'),
+ ("35: another file's rank predicate seeds the walk", 'engine.py', '    for k, seed in _seeds(infos).items():', '    for k, seed in {}.items():'),
+ ("35: another file's rank predicate read where it is defined", 'analysis/ranks.py', '            home, fns = _defined_elsewhere(info, node)', '            pass'),
+ ('35: a seed only from the module the call names', 'analysis/crossfile.py', '                cands = [m for m in owners.get(".".join(tail[-k:]), ()) if m is not info', '                cands = [m for ms in owners.values() for m in ms if m is not info'),
 ]
 
 

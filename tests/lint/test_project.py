@@ -3,10 +3,16 @@ other files given (`import a.b` then `a.b.f()`, a project's own name for torch's
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
 from helpers import lint_paths
+
+from ddpguard.lint.analysis.context import ModuleInfo
+from ddpguard.lint.analysis.crossfile import rank_function_seeds
+from ddpguard.lint.analysis.provenance import GLOBAL
+from ddpguard.lint.analysis.walker import build
 
 DIST_UTIL = """\
 import torch.distributed as dist
@@ -107,3 +113,56 @@ def test_a_projects_own_name_for_torchs_ddp_class_wraps(tmp_path: Path) -> None:
     files["train.py"] = WRAP.replace("import ext_dist\n", "import ext_dist\nimport own\n") \
         .replace("ext_dist.DDP(", "own.DDP(")
     assert _project(tmp_path, files) == []
+
+
+COMM = """\
+import torch.distributed as dist
+
+
+def main_proc():
+    return dist.get_rank() == 0
+
+
+def synchronize():
+    dist.barrier()
+"""
+
+LEAD = """\
+import comm
+from comm import main_proc
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(model, loader, opt):
+    model = DDP(model)
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+    if main_proc():
+        model(x)
+    if comm.main_proc():
+        comm.synchronize()
+"""
+
+
+def test_a_projects_own_rank_predicate_is_read_where_it_is_defined(tmp_path: Path) -> None:
+    # `main_proc` says nothing by its name; comm.py defines it from the rank
+    files = {"comm.py": COMM, "train.py": LEAD}
+    assert _project(tmp_path, files) == [("train.py", "DDP006", 12), ("train.py", "DDP005", 14)]
+    # a function of that name in another module, not the imported one, tests nothing
+    files["other.py"] = COMM
+    files["comm.py"] = COMM.replace("dist.get_rank() == 0", "True")
+    assert _project(tmp_path, files) == []
+
+
+def test_a_rank_predicate_seeds_only_the_files_that_import_its_module() -> None:
+    # the walk of train.py learns `main_proc` only from the module its call names
+    def parse(path: str, text: str) -> ModuleInfo:
+        return build(ast.parse(textwrap.dedent(text)), path)
+
+    other = parse("proj/other.py", COMM)
+    train = parse("proj/train.py", LEAD)
+    plain = COMM.replace("dist.get_rank() == 0", "True")
+    assert rank_function_seeds([parse("proj/comm.py", plain), other, train]) == {}
+    comm = parse("proj/comm.py", COMM)
+    assert rank_function_seeds([comm, other, train]) == {id(train): {"main_proc": GLOBAL}}

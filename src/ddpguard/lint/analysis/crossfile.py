@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from .context import Func, ModuleInfo, dotted, foreign_ddp, is_collective
+from .provenance import is_predicate
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -180,6 +181,39 @@ def _ddp_class_aliases(file_set: FileSet, infos: list[ModuleInfo]) -> None:
         if hit:
             info._by_last.clear()
             info._memo.clear()
+
+
+def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
+    """A project's own rank predicate, read where it is defined: `def main_proc(): return
+    dist.get_rank() == 0` in comm.py makes `comm.main_proc()` (or `main_proc()` imported by
+    name) a rank test in train.py too. Returns, per file (by id) that calls one through the
+    import naming its module, the names to know before that file's walk. Names that say what
+    they are (`is_main_process`) need no seed; a same-named function elsewhere is no match."""
+    owners: dict[str, list[ModuleInfo]] = {}
+    names: set[str] = set()
+    for info in infos:
+        own = {n for n in info.rank_funcs if not is_predicate(n)}
+        if not own:
+            continue
+        names |= own
+        parts = list(Path(info.path).with_suffix("").parts)
+        if parts and parts[-1] == "__init__":
+            parts.pop()
+        for k in range(1, min(4, len(parts)) + 1):
+            owners.setdefault(".".join(parts[-k:]), []).append(info)
+    out: dict[int, dict[str, int]] = {}
+    for info in infos if names else ():
+        wanted = [n for n in info.call_lasts() if n in names and n not in info.funcs]
+        for rec in info.calls_named(*wanted) if wanted else ():
+            mod, _, name = (info.qualify(rec.node.func) or "").rpartition(".")
+            tail = mod.split(".")[-4:]
+            for k in range(len(tail), 0, -1):
+                cands = [m for m in owners.get(".".join(tail[-k:]), ()) if m is not info
+                         and name in m.rank_funcs]
+                if cands:
+                    out.setdefault(id(info), {})[name] = cands[0].rank_funcs[name]
+                    break
+    return out
 
 
 def _constructor_flags(infos: list[ModuleInfo]) -> None:

@@ -60,6 +60,9 @@ OTHERS = RankClass("ranks > 0", POS, POS)
 NODE_LEADERS = RankClass("local rank 0 of the other nodes", POS, 0)
 
 
+_Fn = ast.FunctionDef | ast.AsyncFunctionDef
+
+
 class Table(RankTable, Protocol):
     tree: ast.Module
     assigns: dict[str, list[tuple[int, ast.expr]]]
@@ -173,10 +176,14 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
     if isinstance(node, ast.Call):
         last = info.callee_last(node)
         fns = info.funcs.get(last, [])  # this file's own definition wins over the name
+        home: Table = info
+        if not fns:
+            # a project's own predicate, read where it is defined (`comm.main_proc()`)
+            home, fns = _defined_elsewhere(info, node)
         if len(fns) == 1 and fns[0].body and isinstance(fns[0].body[-1], ast.Return):
             ret = fns[0].body[-1].value
             if ret is not None and len(fns[0].body) <= 3:
-                return evaluate(info, ret, cls, depth + 1)
+                return evaluate(home, ret, cls, depth + 1)
         if is_predicate(last):
             return _predicate(last, cls)
         if last in _LAUNCH_CALLS:
@@ -186,6 +193,15 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
     if d is None:
         return launch(info, node)
     return _flag(info, d, node, cls, depth)
+
+
+def _defined_elsewhere(info: Table, node: ast.Call) -> tuple[Table, list[_Fn]]:
+    """The function another file on the command line defines for this call, through the
+    import that names it (`from comm import main_proc`, `comm.main_proc()`), and its file."""
+    file_set, qualify = getattr(info, "file_set", None), getattr(info, "qualify", None)
+    qual = qualify(node.func) if file_set is not None and qualify is not None else None
+    hit = file_set.find(qual, info) if qual and "." in qual else None  # type: ignore[union-attr]
+    return (hit[0], [hit[1]]) if hit is not None else (info, [])
 
 
 def _against(val: int, op: ast.cmpop, other_node: ast.expr) -> int:

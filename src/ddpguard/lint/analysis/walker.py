@@ -370,10 +370,14 @@ def _model_like(node: ast.expr) -> bool:
     return any(h in name.lower() for h in ("model", "ddp", "net"))
 
 
-def build(tree: ast.Module, path: str = "<string>") -> ModuleInfo:
-    """One walk over `tree`, then the functions' guard levels."""
+def build(tree: ast.Module, path: str = "<string>",
+          rank_funcs: dict[str, int] | None = None) -> ModuleInfo:
+    """One walk over `tree`, then the functions' guard levels. `rank_funcs`: rank predicates
+    other files define and this one calls (crossfile.rank_function_seeds)."""
     info = ModuleInfo(tree, path=path)
     walker = Walker(info)
+    if rank_funcs:
+        info.rank_funcs.update(rank_funcs)
     _rank_functions_first(info, tree.body)
     # What that look-ahead cached was read before the imports were: read it again.
     info._memo.clear()
