@@ -236,6 +236,8 @@ M = [
  ("35: another file's rank predicate seeds the walk", 'engine.py', '    for k, seed in _seeds(infos).items():', '    for k, seed in {}.items():'),
  ("35: another file's rank predicate read where it is defined", 'analysis/ranks.py', '            home, fns = _defined_elsewhere(info, node)', '            pass'),
  ('35: a seed only from the module the call names', 'analysis/crossfile.py', '                cands = [m for m in owners.get(".".join(tail[-k:]), ()) if m is not info', '                cands = [m for ms in owners.values() for m in ms if m is not info'),
+ ('35: init_process_group(rank=expr) names the rank', 'analysis/walker.py', '                                info.rank_exprs.add(ast.dump(k.value))', '                                pass'),
+ ("35: an assignment of the group's rank expression seeds the walk", 'analysis/crossfile.py', '                    type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs', '                    False'),
 ]
 
 

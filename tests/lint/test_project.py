@@ -166,3 +166,41 @@ def test_a_rank_predicate_seeds_only_the_files_that_import_its_module() -> None:
     assert rank_function_seeds([parse("proj/comm.py", plain), other, train]) == {}
     comm = parse("proj/comm.py", COMM)
     assert rank_function_seeds([comm, other, train]) == {id(train): {"main_proc": GLOBAL}}
+
+
+LAUNCH = """\
+import torch.distributed as dist
+from trainer import Trainer
+
+
+def run(opt, device_id):
+    dist.init_process_group("nccl", world_size=opt.world_size, rank=opt.gpu_ranks[device_id])
+    Trainer(opt, device_id).train()
+"""
+
+TRAINER = """\
+import torch
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, opt, device_id):
+        self.gpu_rank = opt.gpu_ranks[device_id]
+
+    def train(self):
+        stats = torch.zeros(2)
+        if self.gpu_rank == 0:
+            dist.all_reduce(stats)
+        return stats
+"""
+
+
+def test_the_rank_passed_to_init_process_group_is_the_rank_where_it_is_assigned(
+        tmp_path: Path) -> None:
+    # OpenNMT's shape: the launcher forms the group with `rank=opt.gpu_ranks[device_id]`, the
+    # trainer keeps the same expression as `self.gpu_rank` and tests it
+    files = {"launch.py": LAUNCH, "trainer.py": TRAINER}
+    assert _project(tmp_path, files) == [("trainer.py", "DDP005", 12)]
+    # another expression (the device's index, not the rank the group was formed with)
+    files["trainer.py"] = TRAINER.replace("opt.gpu_ranks[device_id]", "opt.gpu_ids[device_id]")
+    assert _project(tmp_path, files) == []

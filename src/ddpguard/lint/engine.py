@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .analysis.context import ModuleInfo
-from .analysis.crossfile import FileSet, rank_function_seeds
+from .analysis.crossfile import FileSet, walk_seeds
 from .analysis.source import Unreadable, parse, read
 from .analysis.walker import build
 from .catalog import RULES
@@ -179,8 +179,9 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
             floors[p.parent] = project_torch_floor(p)
         info.torch_floor = floors[p.parent]
         infos.append((info, source))
-    # A file that calls another's own rank predicate is walked again knowing it, so that its
-    # tests of it split the ranks (rare: names like `is_main_process` need no second walk).
+    # A file that calls another's own rank predicate, or assigns the expression passed as
+    # `init_process_group(rank=...)`, is walked again knowing it, so that its tests of it
+    # split the ranks (rare: names like `is_main_process` or `rank` need no second walk).
     for k, seed in _seeds(infos).items():
         info, source = infos[k]
         again = build(info.tree, info.path, seed)
@@ -194,8 +195,9 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
     return sorted(out, key=lambda f: (order.get(f.path, 0), f.line, f.col, f.code))
 
 
-def _seeds(infos: list[tuple[ModuleInfo, str]]) -> dict[int, dict[str, int]]:
-    by_id = rank_function_seeds([i for i, _ in infos])
+def _seeds(infos: list[tuple[ModuleInfo, str]]) -> dict[int, tuple[dict[str, int],
+                                                                  dict[str, int]]]:
+    by_id = walk_seeds([i for i, _ in infos])
     return {k: by_id[id(i)] for k, (i, _) in enumerate(infos) if id(i) in by_id}
 
 

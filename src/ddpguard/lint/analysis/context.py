@@ -79,6 +79,7 @@ class ModuleInfo:
     subscripts: list[ast.Subscript] = field(default_factory=list)  # x[a:b:c], f(...)[i], k[7:]
     rank_names: dict[str, int] = field(default_factory=dict)   # name -> GLOBAL/LOCAL
     rank_funcs: dict[str, int] = field(default_factory=dict)
+    rank_exprs: set[str] = field(default_factory=set)  # ast.dump of init_process_group(rank=)
     guarded_funcs: dict[Func, int] = field(default_factory=dict)   # function -> guard level
     func_class: dict[Func, str] = field(default_factory=dict)      # method -> its class name
     parents: dict[int, Func] = field(default_factory=dict)  # id(nested function) -> enclosing

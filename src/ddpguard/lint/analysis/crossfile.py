@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from .context import Func, ModuleInfo, dotted, foreign_ddp, is_collective
-from .provenance import is_predicate
+from .provenance import GLOBAL, is_predicate
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -181,6 +181,28 @@ def _ddp_class_aliases(file_set: FileSet, infos: list[ModuleInfo]) -> None:
         if hit:
             info._by_last.clear()
             info._memo.clear()
+
+
+def walk_seeds(infos: list[ModuleInfo]) -> dict[int, tuple[dict[str, int], dict[str, int]]]:
+    """Per file (by id) to walk again: the rank predicates of other files it calls
+    (rank_function_seeds) and the names it assigns the rank (rank_name_seeds)."""
+    funcs, names = rank_function_seeds(infos), rank_name_seeds(infos)
+    return {k: (funcs.get(k, {}), names.get(k, {})) for k in {*funcs, *names}}
+
+
+def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
+    """The expression the program passes as `init_process_group(rank=...)` is the global rank
+    wherever it is assigned: `self.gpu_rank = opt.gpu_ranks[device_id]` in the trainer, when
+    the launcher forms the group with `rank=opt.gpu_ranks[device_id]` (OpenNMT)."""
+    exprs = {e for i in infos for e in i.rank_exprs}
+    out: dict[int, dict[str, int]] = {}
+    for info in infos if exprs else ():
+        for name, entries in info.assigns.items():
+            if name not in info.rank_names and any(
+                    type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs
+                    for _, v in entries):
+                out.setdefault(id(info), {})[name] = GLOBAL
+    return out
 
 
 def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:

@@ -307,6 +307,10 @@ class Walker:
                             d = dotted(k.value) if k.arg == "rank" else None
                             if d is not None and d not in info.rank_names:
                                 info.rank_names[d] = GLOBAL
+                            elif d is None and k.arg == "rank":
+                                # `rank=opt.gpu_ranks[device_id]`: what is assigned the same
+                                # expression (here or in another file) is the rank too
+                                info.rank_exprs.add(ast.dump(k.value))
                     else:  # get_rank, get_node_local_rank
                         info.multi_node = True
                 elif last.endswith("_DDP"):
@@ -371,13 +375,15 @@ def _model_like(node: ast.expr) -> bool:
 
 
 def build(tree: ast.Module, path: str = "<string>",
-          rank_funcs: dict[str, int] | None = None) -> ModuleInfo:
-    """One walk over `tree`, then the functions' guard levels. `rank_funcs`: rank predicates
-    other files define and this one calls (crossfile.rank_function_seeds)."""
+          seed: tuple[dict[str, int], dict[str, int]] | None = None) -> ModuleInfo:
+    """One walk over `tree`, then the functions' guard levels. `seed`: the rank predicates
+    other files define and this one calls, and the names this one assigns the expression
+    the program passes as `init_process_group(rank=...)` (crossfile.walk_seeds)."""
     info = ModuleInfo(tree, path=path)
     walker = Walker(info)
-    if rank_funcs:
-        info.rank_funcs.update(rank_funcs)
+    if seed is not None:
+        info.rank_funcs.update(seed[0])
+        info.rank_names.update(seed[1])
     _rank_functions_first(info, tree.body)
     # What that look-ahead cached was read before the imports were: read it again.
     info._memo.clear()
