@@ -12,13 +12,23 @@ leaves or skips the step on its own non-finite loss (`if torch.isnan(loss): brea
 torch.isfinite(loss): continue`; a `*_dl` loader counts as a loader): the loss comes from this
 rank's batch alone, so one rank may meet a NaN the others do not. Not when the tested value went
 through a collective or a reducing helper (`reduce_mean(loss)`, any call named `*reduce*`,
-`*gather*`, `*sync*`, `*broadcast*`) earlier in the loop, not for names other than a loss (a
-gradient norm is read after DDP's all-reduce and is the same everywhere), and not for
-`raise`/`sys.exit`, which the launcher turns into the end of the job. And only in a module that
+`*gather*`, `*sync*`, `*broadcast*`) earlier in the loop: its result is what the test reads (or
+it works in place on it); a reduction kept apart for the log line (`loss_dict_reduced =
+reduce_dict(loss_dict)` beside `if torch.isnan(losses): continue`) leaves the test the rank's
+own. Not for names other than a loss (a gradient norm is read after DDP's all-reduce and is the
+same everywhere), and not for `raise`/`sys.exit`, which the launcher turns into the end of the
+job. Also: an `except` in such a loop that swallows an error (an out-of-memory "batch skipped"
+handler, a bad sample logged and passed) around a step that syncs (a backward, an optimizer
+step, a collective), or that leaves the step with `continue`/`break`: the error is this rank's,
+which skips the sync the others wait in. Not a handler that re-raises or exits at its top level,
+nor one for `StopIteration` (the end of a second loader comes on every rank at the same step);
+a handler that only sets a flag around a block without the sync, which a later collective
+shares, stays silent. And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
-for a non-finite loss, all-reduce a flag so that every rank skips or stops alike.
+for a non-finite loss or a caught error, all-reduce a flag so that every rank skips or stops
+alike.
 """
 
 from __future__ import annotations
