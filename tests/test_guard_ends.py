@@ -303,3 +303,11 @@ def test_a_workers_signal_is_known_when_torch_only_saw_it_exit():
     assert workers.site_of(proc.pid) == "train.py:5 in <module>"
     assert workers.exit_signal(proc.pid) == "SIGKILL"
     assert workers.exit_signal(1) is None  # never seen
+    # A worker the loader's own shutdown terminated is no cause; a killed one is.
+    term = mp.get_context("fork").Process(target=time.sleep, args=(30,))
+    term.start()
+    workers._note([term], "train.py:9 in <module>")
+    term.terminate()
+    term.join(10)
+    assert workers.exit_signal(term.pid) == "SIGTERM"
+    assert workers.dead_worker() == (proc.pid, "SIGKILL")

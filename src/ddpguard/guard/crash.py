@@ -168,7 +168,7 @@ def handle_exception(exc: BaseException) -> int:
         ms = timeout_ms(str(exc))
         if ms is not None:
             return _timed_out(g, ms, waiting, place, text, frames)
-        death = worker_death(str(exc))
+        death = _worker_death(exc, frames)
         if death is not None:
             return _worker_killed(g, death, place, text, frames)
     others = peer_failures(g) if g is not None and peer_error(exc) else []
@@ -272,6 +272,25 @@ def _timed_out(g: Any, ms: int, waiting: str, place: str, text: str,
     return EXIT_CODE  # not reached: the failure path ends the process
 
 
+def _worker_death(exc: BaseException, frames: list[Frame]) -> WorkerDeath | None:
+    """The DataLoader worker whose death `exc` is: named by torch in the error or one it
+    chains to, or, for an error raised while receiving a batch (a connection reset when the
+    worker died in the middle of sending one), a worker of this rank killed by a signal."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        death = worker_death(str(seen))
+        if death is not None:
+            return death
+        seen = seen.__cause__ or seen.__context__
+    if any("torch/utils/data/" in f["file"].replace(os.sep, "/") for f in frames):
+        found = workers.dead_worker()
+        if found is not None:
+            return WorkerDeath(*found)
+    return None
+
+
 def _worker_killed(g: Any, death: WorkerDeath, place: str, text: str, frames: list[Frame]) -> int:
     """A DataLoader worker of this rank died: name its loader's line and what killed it."""
     site = workers.site_of(death.pid)
@@ -281,7 +300,10 @@ def _worker_killed(g: Any, death: WorkerDeath, place: str, text: str, frames: li
         death = WorkerDeath(death.pid, workers.exit_signal(death.pid))
     oom = oom_words(*workers.oom_counts()) if death.signal == "SIGKILL" else ""
     loader_line = site.rsplit(" in ", 1)[0] if site else None
-    surfaced = place if place and loader_line != place.rsplit(" in ", 1)[0] else ""
+    here = place.rsplit(" in ", 1)[0]
+    same = loader_line is not None and short_path(loader_line.rpartition(":")[0]) + ":" + \
+        loader_line.rpartition(":")[2] == here
+    surfaced = place if place and not same else ""
     if site and loader_line:
         # Where the report shows this rank: the loop over the loader, not the line torch
         # happened to raise on.

@@ -21,7 +21,8 @@ from typing import Any
 from . import procs
 from .stacks import is_library_file
 
-__all__ = ["install", "uninstall", "site_of", "exit_signal", "oom_counts"]
+__all__ = ["install", "uninstall", "site_of", "exit_signal", "dead_worker",
+           "oom_counts"]
 
 _lock = threading.Lock()
 _sites: collections.OrderedDict[int, str] = collections.OrderedDict()
@@ -117,6 +118,19 @@ def exit_signal(pid: int) -> str | None:
         return signal.Signals(-code).name
     except ValueError:
         return f"signal {-code}"
+
+
+def dead_worker() -> tuple[int, str] | None:
+    """(pid, signal) of a recent worker killed by a signal other than the SIGTERM a loader's
+    own shutdown sends: the cause of an error the training thread got while receiving from
+    it (a connection reset in the middle of a batch), though torch did not name it."""
+    with _lock:
+        pids = list(reversed(_procs))
+    for pid in pids:
+        sig = exit_signal(pid)
+        if sig is not None and sig != "SIGTERM":
+            return pid, sig
+    return None
 
 
 def oom_counts() -> tuple[int | None, int | None]:
