@@ -20,16 +20,19 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 p = argparse.ArgumentParser()
 p.add_argument("--case", required=True, choices=["pg_timeout", "thread_collective",
                                                   "worker_killed"])
-p.add_argument("--timeout", type=float, default=3.0, help="the process group's timeout (s)")
+p.add_argument("--timeout", type=float, default=3.0,
+               help="the process group's timeout (s) from the first step on (pg_timeout)")
 p.add_argument("--init", action="store_true", help="form the group with ddpguard.init()")
 args = p.parse_args()
 
+# Set-up gets a generous timeout: on a loaded machine one rank can take seconds longer to
+# import and build the model, and a 3 s timeout would already fire there.
 if args.init:
     import ddpguard
 
-    ddpguard.init(backend="gloo", timeout=args.timeout, init_timeout=60)
+    ddpguard.init(backend="gloo", timeout=60, init_timeout=60)
 else:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank = dist.get_rank()
 torch.manual_seed(0)
 
@@ -78,6 +81,9 @@ def metrics_sync():
     dist.all_reduce(torch.ones(3))
 
 
+if args.case == "pg_timeout":
+    # What init_process_group(timeout=...) sets, made short once every rank is training.
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=args.timeout))
 for step, (xb, yb) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(xb), yb)
     if args.case == "thread_collective" and step == 3 and rank == 1:
