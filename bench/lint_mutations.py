@@ -238,6 +238,8 @@ M = [
  ('35: a seed only from the module the call names', 'analysis/crossfile.py', '                cands = [m for m in owners.get(".".join(tail[-k:]), ()) if m is not info', '                cands = [m for ms in owners.values() for m in ms if m is not info'),
  ('35: init_process_group(rank=expr) names the rank', 'analysis/walker.py', '                                info.rank_exprs.add(ast.dump(k.value))', '                                pass'),
  ("35: an assignment of the group's rank expression seeds the walk", 'analysis/crossfile.py', '                    type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs', '                    False'),
+ ('35: a skip on a value built from the batch', 'rules/ddp004_rank_dependent_step_count.py', '            if _empty_test(s.test, _from_the_batch(node, s, names)):', '            if _empty_test(s.test, names):'),
+ ("35: only values built from the batch are the batch's", 'rules/ddp004_rank_dependent_step_count.py', '        if isinstance(st, ast.Assign) and any(\n                isinstance(n, ast.Name) and n.id in out for n in ast.walk(st.value)):', '        if isinstance(st, ast.Assign):'),
 ]
 
 

@@ -6,7 +6,9 @@ step or a collective, in the loop or in a function of the file it calls): ranks 
 numbers of steps and the all-reduce hangs. Loops over anything else (`kwargs.items()`) are not
 batches; an evaluation loop under no_grad that skips a batch makes no rank wait (DDP broadcasts
 buffers only on the first forward after training), and a `collate_fn` that only filters samples
-out makes a smaller batch, not fewer steps. Also: a skip on a test of the batch's items (`if
+out makes a smaller batch, not fewer steps. The batch is the loop's target and what the loop
+builds from it before the skip (`images, targets = batch["image"], batch["targets"]`, then `if
+len(targets) == 0: continue`). Also: a skip on a test of the batch's items (`if
 any(len(t) < 1 for t in targets): continue`, maskrcnn-benchmark's trainer), and a rank that
 leaves or skips the step on its own non-finite loss (`if torch.isnan(loss): break`, `if not
 torch.isfinite(loss): continue`; a `*_dl` loader counts as a loader): the loss comes from this
@@ -132,7 +134,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             target = target.elts[1]  # `for i, batch in enumerate(...)`: `i == 0` is no batch
         names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
         for s in skips:
-            if _empty_test(s.test, names):
+            if _empty_test(s.test, _from_the_batch(node, s, names)):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
                 continue
@@ -145,6 +147,20 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "the loss is this rank's alone (no collective reached it), so the ranks do "
                     "different numbers of steps and DDP's all-reduce hangs; all_reduce the "
                     "flag first so that every rank decides alike")
+
+
+def _from_the_batch(loop: Loop, skip: ast.If, names: set[str]) -> set[str]:
+    """The loop's batch names and the names computed from them in the loop before the skip
+    (`images, targets = batch`, `targets = batch["labels"]`): an empty target list built from
+    this rank's batch is this rank's alone."""
+    out = set(names)
+    for st in loop.body:
+        if st.lineno >= skip.lineno:
+            break
+        if isinstance(st, ast.Assign) and any(
+                isinstance(n, ast.Name) and n.id in out for n in ast.walk(st.value)):
+            out |= {n.id for t in st.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return out
 
 
 def _own_statements(loop: Loop) -> Iterator[ast.AST]:
