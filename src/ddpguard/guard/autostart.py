@@ -140,29 +140,10 @@ def _install_exits() -> None:
     _exits_installed.append(True)
     from ddpguard import guard
 
+    from .crash import install_excepthook
+
     atexit.register(guard.stop, "exited")
-    previous = sys.excepthook
-
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if guard.active() is None or isinstance(exc, KeyboardInterrupt):
-            previous(kind, exc, tb)
-            return
-        # The crash path writes the traceback itself, through the guard's own descriptor.
-        os._exit(_report_crash(exc))
-
-    sys.excepthook = excepthook
-
-
-def _report_crash(exc: BaseException) -> int:
-    from .crash import handle_exception
-
-    try:
-        return handle_exception(exc)
-    except BaseException as inner:  # our own handling failed: say so in one line
-        channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
-                      f"{type(exc).__name__}: {exc} (and the guard could not report it: "
-                      f"{type(inner).__name__}: {inner})")
-        return 1
+    install_excepthook()
 
 
 def _hook_spawn(module: ModuleType) -> None:
@@ -185,7 +166,9 @@ def _hook_spawn(module: ModuleType) -> None:
                 raise
             except Exception as exc:
                 if guard.active() is not None:
-                    _report_crash(exc)
+                    from .crash import report_exception
+
+                    report_exception(exc)
                 raise
             guard.stop("exited")
             return out

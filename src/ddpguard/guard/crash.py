@@ -49,8 +49,8 @@ from .ledger import describe_entry, first_pending
 from .rules import Decision
 from .stacks import Frame, is_library_file, short_path
 
-__all__ = ["handle_exception", "install_excepthook", "await_report", "waiting_on",
-           "peer_failures", "peer_error"]
+__all__ = ["handle_exception", "report_exception", "install_excepthook", "await_report",
+           "waiting_on", "peer_failures", "peer_error"]
 
 _HOOK_MARK = "__ddpguard_crash_hook__"
 
@@ -141,8 +141,6 @@ def handle_exception(exc: BaseException) -> int:
     from ddpguard import guard
 
     _quiet_sigchld()
-    if isinstance(exc, guard.UnevenBatchesError):
-        return guard_raised(exc)
     g: Any = guard.active()
     if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
         # The guard is stopping the job and this error is its echo (a peer left the
@@ -209,11 +207,23 @@ def _quiet_sigchld() -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
+def report_exception(exc: BaseException) -> int:
+    """handle_exception, and one line instead of a traceback of ours if our own handling
+    fails: nothing of ddpguard may end a rank with an error of its own."""
+    try:
+        return handle_exception(exc)
+    except BaseException as inner:
+        channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
+                      f"{type(exc).__name__}: {exc} (and the guard could not report it: "
+                      f"{type(inner).__name__}: {inner})")
+        return 1
+
+
 def install_excepthook() -> None:
-    """Where nothing wraps the script (`ddpguard.init()`): an exception that reaches the top
-    of the main thread goes through handle_exception while the guard runs. A plain crash
-    still ends as Python would (exit 1, atexit handlers run); an end the guard explains ends
-    with its report and exit 17. Idempotent."""
+    """Where nothing wraps the script (`ddpguard.init()`, `ddpguard run -- COMMAND`): an
+    exception that reaches the top of the main thread goes through handle_exception while the
+    guard runs. A plain crash still ends as Python would (exit 1, atexit handlers run); an end
+    the guard explains ends with its report and exit 17. Idempotent."""
     previous = sys.excepthook
     if getattr(previous, _HOOK_MARK, False):
         return
@@ -224,13 +234,7 @@ def install_excepthook() -> None:
         if guard.active() is None or not isinstance(exc, Exception):
             previous(kind, exc, tb)
             return
-        try:
-            code = handle_exception(exc)
-        except BaseException as inner:  # our own handling failed: say so in one line
-            channel.write(f"ddpguard: rank {os.environ.get('RANK', '?')} crashed: "
-                          f"{type(exc).__name__}: {exc} (and the guard could not report it: "
-                          f"{type(inner).__name__}: {inner})")
-            return
+        code = report_exception(exc)
         if code != 1:
             os._exit(code)
 
@@ -321,19 +325,3 @@ def _source_line(path: str, line: int) -> str:
     import linecache
 
     return linecache.getline(path, line).strip()
-
-
-def guard_raised(exc: BaseException) -> int:
-    """The guard itself stopped the training thread (loader lengths differ): the same report
-    and exit code as any other stop, never a traceback."""
-    from ddpguard import guard
-
-    channel.write(str(exc))
-    g: Any = guard.active()
-    try:
-        if g is not None:
-            # Ends the process (os._exit) once the report is written.
-            g.failure.fail(Decision("uneven_batches", g.mismatch or str(exc)), g.read_peers())
-    except Exception as inner:
-        channel.write(f"ddpguard: the report could not be written: {inner}")
-    return EXIT_CODE
