@@ -14,11 +14,11 @@ import glob
 import json
 import os
 import re
-import threading
 from typing import Any
 
 from . import channel
 from .ends import TIMEOUT_SETTING, timeout_ms
+from .poller import Poller
 from .report import format_text, write_json
 
 __all__ = ["RankLogs", "find_reports", "finish_partial", "signal_text", "NATIVE_SIGNALS"]
@@ -27,33 +27,18 @@ NATIVE_SIGNALS = {"SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL"}
 _RANK_DIR = re.compile(r"(?:^|/)attempt_(\d+)/(\d+)/stderr\.log$")
 
 
-class RankLogs:
+class RankLogs(Poller):
     """Forward every rank's stderr file (torchrun writes `<dir>/.../attempt_N/<local
     rank>/stderr.log`) to the launcher's fd 2 as it grows, byte for byte, and keep each
     file's path so a crashed rank's last lines can be quoted."""
 
     def __init__(self, log_dir: str, interval: float = 0.1) -> None:
+        super().__init__("ddpguard-rank-logs", interval)
         self.log_dir = log_dir
-        self.interval = interval
         self._pos: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddpguard-rank-logs",
-                                        daemon=True)
 
-    def start(self) -> RankLogs:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop following, after forwarding everything the ranks wrote."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+    def tick(self) -> None:
         self._pump()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._pump()
 
     def _files(self) -> list[str]:
         return sorted(glob.glob(os.path.join(glob.escape(self.log_dir), "**", "stderr.log"),

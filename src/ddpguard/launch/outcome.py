@@ -9,7 +9,6 @@ the rank's own code when it crashed. A report of an earlier attempt is never the
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from ddpguard import attempts as markers
 from ddpguard.guard import channel, procs
 from ddpguard.guard.config import EXIT_CODE
+from ddpguard.guard.poller import Poller
 from ddpguard.guard.verdict import NATIVE_SIGNALS, find_reports, print_verdict, signal_text
 
 __all__ = ["Launch", "AttemptWatch", "conclude", "end_leftovers", "explain_failures",
@@ -56,33 +56,19 @@ def attempt_line(report: dict[str, Any], path: str, restarts: int | None) -> str
             f"restarted (restart {k + 1}{of})")
 
 
-class AttemptWatch:
+class AttemptWatch(Poller):
     """Announces each attempt the guard stopped, once, as soon as a later attempt has started
     (torchrun restarted the job): the launcher cannot know earlier whether a stopped attempt
     is the last one, whose report is the verdict printed at the end."""
 
     def __init__(self, launch: Launch, restarts: int | None, interval: float = 0.5) -> None:
+        super().__init__("ddpguard-attempts", interval)
         self.launch = launch
         self.restarts = restarts
-        self.interval = interval
         self._told: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddpguard-attempts", daemon=True)
 
-    def start(self) -> AttemptWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop watching, after announcing what is already known."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+    def tick(self) -> None:
         self.poll()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
 
     def poll(self) -> None:
         last = markers.last_attempt(self.launch.report_dir, self.launch.launch_id)
