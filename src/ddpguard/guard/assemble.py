@@ -6,27 +6,29 @@ from __future__ import annotations
 
 import linecache
 import time
-from typing import Any
+from collections.abc import Mapping
 
 from .config import GuardConfig
 from .diagnose import diagnose
+from .heartbeat import Heartbeat
 from .peers import PeerTable
+from .records import RankDump, RankRecord, Report
 from .rules import Decision
-from .stacks import user_frame
+from .stacks import Frame, user_frame
 
 __all__ = ["assemble"]
 
 
-def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
-             dumps: dict[int, dict[str, Any]], *, rank: int, world_size: int,
-             own: dict[str, Any], table: PeerTable, run_id: str,
-             config: GuardConfig) -> dict[str, Any]:
+def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
+             dumps: Mapping[int, RankDump], *, rank: int, world_size: int,
+             own: Heartbeat, table: PeerTable, run_id: str,
+             config: GuardConfig) -> Report:
     """The JSON report of the rank `rank` that stops the job."""
     now = time.monotonic()
     interval = config.heartbeat_interval
-    records = []
+    records: list[RankRecord] = []
     for r in range(world_size):
-        dump = dumps.get(r) or {}
+        dump: RankDump = dumps.get(r) or {}
         hb = dump.get("hb") or peers.get(r)
         if r == rank:
             hb = own
@@ -50,7 +52,7 @@ def assemble(decision: Decision, peers: dict[int, dict[str, Any]],
                         "lanes": dump.get("lanes") or []})
     sources: dict[str, list[str]] = {}
     for rec in records:
-        main: list[dict[str, Any]] = next(iter((rec["stacks"] or {}).values()), [])
+        main: list[Frame] = next(iter((rec["stacks"] or {}).values()), [])
         uf = user_frame(main)
         if uf is not None:
             sources[uf["file"]] = linecache.getlines(uf["file"])

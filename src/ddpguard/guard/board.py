@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .heartbeat import Heartbeat
 from .store import GuardStore
 
 __all__ = ["Board", "CONTROL", "TAKEOVER"]
@@ -75,7 +76,7 @@ class Board:
         self._mark = (self.rank, self._n)
         self.store.set("board", {"judge": self.rank, "n": self._n, "t": time.time(), **extra})
 
-    def heartbeats(self) -> dict[int, dict[str, Any]]:
+    def heartbeats(self) -> dict[int, Heartbeat]:
         """The judge's read of every rank's heartbeat: one `check` and one `multi_get` when
         every rank has started its guard."""
         got = self.store.get_many([f"hb/{r}" for r in range(self.world_size)])

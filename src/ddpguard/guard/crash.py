@@ -102,7 +102,7 @@ def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
                 found.append(f"rank {r} crashed ({hb.get('error')})")
             elif hb.get("host") == g.host and not procs.pid_alive(int(hb.get("pid", 0))):
                 found.append(f"rank {r} died (process {hb.get('pid')} is gone"
-                             f"{g.oom_text()}){last_words(hb.get('fault'), hb.get('main'))}")
+                             f"{g.peers.oom_text()}){last_words(hb.get('fault'), hb.get('main'))}")
         if found or now > deadline:
             return found
         time.sleep(0.1)

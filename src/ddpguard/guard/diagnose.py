@@ -1,19 +1,20 @@
 """From the guard's decision and every rank's last heartbeat and stacks to a diagnosis whose
 cause is only as specific as the evidence. Pure.
 
-A rank record is a dict: rank, state ('running' | 'exited' | 'crashed' | 'dead' | 'missing'),
-hb (heartbeat: epoch, steps, pending ledger entries, doing, where, quiet, life, ...), error,
-stacks ({thread name: frames}; the main thread first).
+A rank record is a `records.RankRecord`: rank, state ('running' | 'exited' | 'crashed' |
+'dead' | 'missing'), hb (heartbeat: epoch, steps, pending ledger entries, doing, where, quiet,
+life, ...), error, stacks ({thread name: frames}; the main thread first).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from .align import Finding, explain, extra_before_death, second_thread
 from .ledger import describe_entry, first_pending
+from .records import Diagnosis, Position, RankRecord
 from .stacks import (
+    Frame,
     activity,
     blocked_call,
     fmt_frame,
@@ -147,11 +148,11 @@ _COND = re.compile(r"\bif\b.*\b(rank|is_main|is_local_main|local_rank|get_rank|"
                    r"master_process|is_main_process|main_process)\b", re.IGNORECASE)
 
 
-def rank_position(rec: dict[str, Any]) -> dict[str, Any]:
+def rank_position(rec: RankRecord) -> Position:
     """Where a rank is, from the ledger when it waits in a collective, else from its stack."""
     hb = rec.get("hb") or {}
     stacks = rec.get("stacks") or {}
-    main: list[dict[str, Any]] = next(iter(stacks.values()), []) if stacks else []
+    main: list[Frame] = next(iter(stacks.values()), []) if stacks else []
     kind, text = activity(main) if main else (hb.get("kind", "unknown"),
                                                 hb.get("doing") or "no stack (process gone?)")
     uf = user_frame(main) if main else None
@@ -215,7 +216,7 @@ def _in_conditional(source: list[str] | None, line: int) -> bool:
     return bool(_COND.search(target))
 
 
-def _conditional(records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+def _conditional(records: list[RankRecord], pos: dict[int, Position],
                  sources: dict[str, list[str]]) -> bool:
     """A waiting rank's collective (or a call leading to it) sits under `if ...rank...:` and
     not every rank stands at that line."""
@@ -235,8 +236,8 @@ def _conditional(records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
     return False
 
 
-def _or_conditional(found: Finding, records: list[dict[str, Any]],
-                    pos: dict[int, dict[str, Any]], sources: dict[str, list[str]]) -> str:
+def _or_conditional(found: Finding, records: list[RankRecord],
+                    pos: dict[int, Position], sources: dict[str, list[str]]) -> str:
     """An extra collective whose line sits under `if ...rank...:` is the more specific
     conditional collective."""
     if found.cause != "extra_collective":
@@ -248,15 +249,15 @@ def _or_conditional(found: Finding, records: list[dict[str, Any]],
     return found.cause
 
 
-def _blocked_outside(records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+def _blocked_outside(records: list[RankRecord], pos: dict[int, Position],
                      culprits: list[int]) -> Finding | None:
     """A rank others wait for sits in a call outside torch with no life (a lock, a queue, a
     pipe) while a peer waits in a collective."""
     waiting = [r["rank"] for r in records if pos[r["rank"]]["pending"]]
     for c in culprits:
-        p = pos.get(c) or {}
+        p = pos.get(c)
         # Waiting for a child process that shows no life is the child's stall: no_life.
-        if p.get("blocked_in") and not p.get("child_wait") and waiting:
+        if p is not None and p["blocked_in"] and not p["child_wait"] and waiting:
             w = waiting[0]
             return Finding("blocked_outside", (
                 f"rank {c} is {p['doing']} at {p['user']}, a call outside torch that uses no "
@@ -265,7 +266,7 @@ def _blocked_outside(records: list[dict[str, Any]], pos: dict[int, dict[str, Any
     return None
 
 
-def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, Any]],
+def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
             culprits: list[int], sources: dict[str, list[str]]) -> tuple[str, Finding | None]:
     """A more specific cause, only where the evidence shows it: first what the ranks'
     aligned collective sequences show (align.py), then the lines' own evidence."""
@@ -320,9 +321,9 @@ def _refine(cause: str, records: list[dict[str, Any]], pos: dict[int, dict[str, 
     return cause, None
 
 
-def diagnose(records: list[dict[str, Any]], sources: dict[str, list[str]] | None = None,
+def diagnose(records: list[RankRecord], sources: dict[str, list[str]] | None = None,
              cause: str = "deadlock", reason: str = "",
-             culprits: list[int] | None = None) -> dict[str, Any]:
+             culprits: list[int] | None = None) -> Diagnosis:
     """{cause, title, explanation, fix, culprits, positions} for the guard's decision."""
     sources = sources or {}
     culprits = list(culprits or [])

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .config import GuardConfig
+from .heartbeat import Heartbeat
 from .ledger import Ledger, describe_entry, desync
 from .rules import Decision
 from .store import GuardStore
@@ -76,7 +78,7 @@ class Exchange:
 
     # -- asking (rank 0 periodically, guard thread) ----------------------------------------------
 
-    def check(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
+    def check(self, peers: dict[int, Heartbeat]) -> Decision | None:
         """The judge's periodic comparison of every rank's recent collectives."""
         if not self.ledger.available:
             return None
@@ -85,8 +87,8 @@ class Exchange:
         if time.monotonic() < self._next:
             return None
         self._next = time.monotonic() + self.config.digest_interval
-        ledgers: list[dict[str, Any]] = [hb.get("ledger") or {} for hb in peers.values()
-                                          if hb.get("state") == "running"]
+        ledgers: list[Mapping[str, Sequence[int]]] = [
+            hb.get("ledger") or {} for hb in peers.values() if hb.get("state") == "running"]
         if len(ledgers) < self.world_size or any(not lg for lg in ledgers):
             return None
         common = set.intersection(*(set(lg) for lg in ledgers))
@@ -104,7 +106,7 @@ class Exchange:
         self.store.set("dig/req", {"id": self._open["id"], "win": win})
         return None
 
-    def _collect_periodic(self, peers: dict[int, dict[str, Any]]) -> Decision | None:
+    def _collect_periodic(self, peers: dict[int, Heartbeat]) -> Decision | None:
         req = self._open
         assert req is not None  # guarded by the caller
         got = self.store.get_many([f"dig/{req['id']}/{r}" for r in req["ranks"]],

@@ -10,13 +10,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
 
 from . import channel, procs
 from .assemble import assemble
 from .ddpstate import ddp_training
 from .fault import fault_stacks
 from .handles import GuardHandle
+from .heartbeat import Heartbeat
+from .records import RankDump, Report, Trigger
 from .report import announce, report_path, write_json
 from .rules import Decision
 from .sequence import add_lines, recent
@@ -45,7 +46,7 @@ class Failure:
         rank as crashed of it."""
         self._crash = (frames, error)
 
-    def _dump(self) -> dict[str, Any]:
+    def _dump(self) -> RankDump:
         g = self.g
         stacks = capture_all(skip_ident=threading.current_thread().ident)
         if self._crash is not None and self._crash[0]:
@@ -78,7 +79,7 @@ class Failure:
                 out[f"{group}/{seq}"] = site
         return out
 
-    def fail(self, decision: Decision, peers: dict[int, dict[str, Any]],
+    def fail(self, decision: Decision, peers: dict[int, Heartbeat],
              store_lost: bool = False) -> None:
         if not self._once.acquire(blocking=False):
             time.sleep(3600)  # another thread of this rank is already stopping it
@@ -86,8 +87,8 @@ class Failure:
         self._hold_exceptions()
         g = self.g
         me = g.rank
-        dumps: dict[int, dict[str, Any]] = {}
-        mine: dict[str, Any] | None = None
+        dumps: dict[int, RankDump] = {}
+        mine: RankDump | None = None
         if not store_lost:
             try:
                 won = g.store_first("trigger", {"by": me, "cause": decision.cause,
@@ -130,7 +131,7 @@ class Failure:
         finally:
             self.exit()
 
-    def follow(self, trigger: dict[str, Any], peers: dict[int, dict[str, Any]]) -> None:
+    def follow(self, trigger: Trigger, peers: dict[int, Heartbeat]) -> None:
         """Another rank decided to stop the job: add this rank's stacks, wait for its report
         to be written, then leave."""
         if not self._once.acquire(blocking=False):
@@ -139,7 +140,7 @@ class Failure:
         self._hold_exceptions()
         self._follow(trigger)
 
-    def _follow(self, trigger: dict[str, Any]) -> None:
+    def _follow(self, trigger: Trigger) -> None:
         g = self.g
         try:
             g.store_set(f"dump/{g.rank}", self._dump())
@@ -157,7 +158,7 @@ class Failure:
         finally:
             self.exit()
 
-    def _await_followers(self, peers: dict[int, dict[str, Any]]) -> None:
+    def _await_followers(self, peers: dict[int, Heartbeat]) -> None:
         """The reporting rank leaves last, so a launcher that stops every rank once one has
         exited does not cut the others off before they ended their own workers."""
         g = self.g
@@ -185,7 +186,7 @@ class Failure:
 
         sys.excepthook = hold
 
-    def _end_stopped(self, peers: dict[int, dict[str, Any]]) -> None:
+    def _end_stopped(self, peers: dict[int, Heartbeat]) -> None:
         """A rank stopped by SIGSTOP (or a debugger) on this host can neither follow nor
         handle the launcher's SIGTERM, so the job would outlive the verdict by the launcher's
         grace period (30 s for torchrun) or forever. It is part of this job and the verdict
@@ -208,12 +209,12 @@ class Failure:
         finally:
             os._exit(self.g.config.exit_code)
 
-    def _collect(self, peers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    def _collect(self, peers: dict[int, Heartbeat]) -> dict[int, RankDump]:
         g = self.g
         now = time.monotonic()
         want = [r for r in range(g.world_size) if r != g.rank and r in peers
-                and not g.peer_gone(r, peers[r], now)[0]]
-        out: dict[int, dict[str, Any]] = {}
+                and not g.peers.gone(r, peers[r], now)[0]]
+        out: dict[int, RankDump] = {}
         deadline = time.monotonic() + g.config.dump_wait
         while want and time.monotonic() < deadline:
             got = g.store_get_many([f"dump/{r}" for r in want])
@@ -224,12 +225,12 @@ class Failure:
             time.sleep(0.05)
         return out
 
-    def _last_words(self, peers: dict[int, dict[str, Any]],
-                    dumps: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    def _last_words(self, peers: dict[int, Heartbeat],
+                    dumps: dict[int, RankDump]) -> dict[int, RankDump]:
         """The stacks a dead rank on this host left in its fault log (native crash), in place
         of the dump it can no longer send."""
         g = self.g
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, RankDump] = {}
         for r, hb in peers.items():
             if (r == g.rank or r in dumps or hb.get("host") != g.host or not hb.get("fault")
                     or procs.pid_alive(int(hb.get("pid", 0) or 0))):
@@ -239,8 +240,8 @@ class Failure:
                 out[r] = {"stacks": stacks, "hb": hb}
         return out
 
-    def build(self, decision: Decision, peers: dict[int, dict[str, Any]],
-              dumps: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    def build(self, decision: Decision, peers: dict[int, Heartbeat],
+              dumps: dict[int, RankDump]) -> Report:
         g = self.g
         own = g.heartbeat()
         if self._crash is not None and self._crash[1]:

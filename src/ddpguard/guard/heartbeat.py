@@ -3,9 +3,12 @@ through the store, so readers see plain dicts; this TypedDict says which keys th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-__all__ = ["Heartbeat", "LoaderInfo"]
+from .ledger import Entry
+
+__all__ = ["Heartbeat", "LoaderInfo", "PeerView"]
 
 
 class LoaderInfo(TypedDict):
@@ -43,10 +46,10 @@ class Heartbeat(TypedDict, total=False):
     error: str | None
     mismatch: str | None        # the loader-length notice, if lengths differed
     # The ledger and waiting
-    ledger: dict[str, Any] | None   # group -> [last enqueued, last completed]
+    ledger: Mapping[str, Sequence[int]] | None  # group -> [last enqueued, last completed]
     blocked: bool
     blocked_for: float
-    pending: list[list[Any]]    # ledger entries it waits on (at most 8), when blocked
+    pending: list[Entry]        # ledger entries it waits on (at most 8), when blocked
     # Life and position
     quiet: float                # seconds without a sign of life (waiting counts as quiet)
     life: str                   # kind of the latest sign of life
@@ -56,3 +59,11 @@ class Heartbeat(TypedDict, total=False):
     # For the survivors when this rank dies of a fatal signal (fault.py)
     fault: str | None
     main: int | None
+
+
+class PeerView(Heartbeat, total=False):
+    """A heartbeat as the rules read it (peers.PeerTable.views): with whether that rank is
+    gone, and how to say it."""
+
+    gone: bool
+    state_text: str

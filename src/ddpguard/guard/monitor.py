@@ -23,9 +23,11 @@ from .config import GuardConfig
 from .exchange import Exchange
 from .failing import Failure
 from .fault import FaultLog
+from .heartbeat import Heartbeat, PeerView
 from .issued import IssueSites
 from .lanes import Lanes
 from .ledger import (
+    Entry,
     Ledger,
     describe_entry,
     first_pending,
@@ -88,7 +90,7 @@ class Guard:
         self.fault_log = FaultLog()
         self.status: dict[str, tuple[int, int]] = {}
         self.status_since = time.monotonic()
-        self._pending: list[list[Any]] = []
+        self._pending: list[Entry] = []
         self._pending_key: Any = None
         self._blocked_since: float | None = None
         self._frames: list[dict[str, Any]] = []
@@ -218,12 +220,12 @@ class Guard:
 
     # -- heartbeats -------------------------------------------------------------------------
 
-    def heartbeat(self) -> dict[str, Any]:
+    def heartbeat(self) -> Heartbeat:
         """This rank's heartbeat; its keys are those of `heartbeat.Heartbeat` (a test keeps
         the two in step)."""
         snap = self.progress.snapshot()
         now = time.monotonic()
-        snap.update(
+        snap.update(Heartbeat(
             rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq, state=self.state,
             error=self.error, mismatch=self.mismatch, t=time.time(),
             ledger=self.status if self.ledger.available else None,
@@ -232,15 +234,10 @@ class Guard:
             pending=self._pending if self._blocked_since is not None else [],
             quiet=self.quiet_for(now), life=self.life.last_kind,
             doing=self._doing[1], kind=self._doing[0], where=self._where,
-            fault=self.fault_log.path, main=self._main_ident)
+            fault=self.fault_log.path, main=self._main_ident))
         return snap
 
-    def note_position(self, where: str, doing: str) -> None:
-        """Where the training thread is, from its own exception (the crash path), when the
-        guard thread's last look is older than the error."""
-        self._where, self._doing = where, ("collective:failed", doing)
-
-    def pending_entries(self) -> list[list[Any]]:
+    def pending_entries(self) -> list[Entry]:
         """The ledger entries this rank waits for (empty unless it is blocked)."""
         return list(self._pending)
 
@@ -260,7 +257,7 @@ class Guard:
         self._seq += 1
         self.store_set(f"hb/{self.rank}", self.heartbeat())
 
-    def read_peers(self) -> dict[int, dict[str, Any]]:
+    def read_peers(self) -> dict[int, Heartbeat]:
         """Every rank's heartbeat (the judge every tick; other ranks only on the failure
         path)."""
         self._st()
@@ -334,7 +331,7 @@ class Guard:
             self._pending, self._pending_key = [], None
         self._record_lane()
 
-    def _read_pending(self) -> list[list[Any]]:
+    def _read_pending(self) -> list[Entry]:
         try:
             entries = self.ledger.entries()
         except Exception as exc:
@@ -387,7 +384,7 @@ class Guard:
             return
         self.exchange.serve(control)
         self.lengths.check()
-        peers: dict[int, dict[str, Any]] = {}
+        peers: dict[int, Heartbeat] = {}
         decision: Decision | None = None
         if self.board.judging(now):
             # Only the judge reads every heartbeat: traffic per tick stays linear in W.
@@ -407,14 +404,14 @@ class Guard:
                 peers = self.read_peers()
             self.failure.fail(decision, peers)
 
-    def _views(self, peers: dict[int, dict[str, Any]], now: float) -> dict[int, dict[str, Any]]:
+    def _views(self, peers: dict[int, Heartbeat], now: float) -> dict[int, PeerView]:
         return self.peers.views(peers, self.heartbeat(), self.world_size, now)
 
     def stale_for(self, r: int, now: float) -> float:
         """Seconds since rank r's heartbeat last changed (0 for this rank)."""
         return self.peers.stale_for(r, now)
 
-    def peer_gone(self, r: int, hb: dict[str, Any], now: float) -> tuple[bool, str]:
+    def peer_gone(self, r: int, hb: Heartbeat, now: float) -> tuple[bool, str]:
         """Is rank r gone (exited, crashed, dead), and how to say it."""
         return self.peers.gone(r, hb, now)
 

@@ -4,9 +4,10 @@ Never a reason to stop; only so that a person watching the log knows the guard s
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from . import channel
+from .heartbeat import PeerView
 from .ledger import describe_entry, first_pending
 from .rules import notice_due
 
@@ -28,7 +29,7 @@ class Notices:
         self.no_life = no_life
         self.printed = 0
 
-    def maybe(self, views: dict[int, dict[str, Any]]) -> None:
+    def maybe(self, views: Mapping[int, PeerView]) -> None:
         """The judge's one line when ranks have waited long for a rank that is still
         working: about the lowest waiting rank, then after 2x, 4x, ... as long."""
         waiting = sorted(r for r, v in views.items() if v.get("blocked") and not v.get("gone"))

@@ -5,10 +5,11 @@ rank on the failure path) keeps one."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
 
 from . import procs
 from .fault import last_words
+from .heartbeat import Heartbeat, PeerView
 
 __all__ = ["PeerTable"]
 
@@ -30,7 +31,7 @@ class PeerTable:
             return 0.0
         return now - self._seq[r][1]
 
-    def gone(self, r: int, hb: dict[str, Any], now: float | None = None) -> tuple[bool, str]:
+    def gone(self, r: int, hb: Heartbeat, now: float | None = None) -> tuple[bool, str]:
         """Is rank r gone (exited, crashed, dead), and how to say it."""
         now = time.monotonic() if now is None else now
         if r == self.rank:
@@ -66,8 +67,8 @@ class PeerTable:
                     "job's cgroup since it started: out of host memory")
         return ""
 
-    def views(self, peers: dict[int, dict[str, Any]], own: dict[str, Any], world_size: int,
-              now: float) -> dict[int, dict[str, Any]]:
+    def views(self, peers: Mapping[int, Heartbeat], own: Heartbeat, world_size: int,
+              now: float) -> dict[int, PeerView]:
         """Every rank's heartbeat as the rules read it: gone or not, and a rank whose guard
         has not answered for a while shown as quiet and not blocked."""
         views = {}
@@ -75,7 +76,7 @@ class PeerTable:
             hb = own if r == self.rank else peers.get(r)
             if hb is None:
                 continue
-            v = dict(hb)
+            v: PeerView = {**hb}
             v["gone"], v["state_text"] = self.gone(r, hb, now)
             stale = self.stale_for(r, now)
             if not v["gone"] and stale > 3 * self.interval:

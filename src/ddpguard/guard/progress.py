@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .heartbeat import Heartbeat
 from .stacks import is_library_file
 from .timeline import BACKWARD, FORWARD, LOOP, Timeline
 
@@ -166,7 +167,8 @@ class Progress:
         """One number that moves whenever this rank does any training work."""
         return self.batches + self.steps + self.forwards
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Heartbeat:
+        """The progress keys of this rank's heartbeat."""
         ep = self.loaders.get(self._epoch_site) if self._epoch_site else None
         return {
             "epoch": self.epoch,

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from . import channel
+from .records import Report
 from .stacks import short_text
 
 __all__ = ["format_text", "write_json", "report_path", "load", "announce", "LAUNCH_ENV"]
@@ -37,8 +39,9 @@ def report_path(report_dir: str | None, run_id: str, rank: int) -> str:
                              os.path.join(base, f"ddpguard-{safe}-{stamp}-rank{rank}.json"))
 
 
-def write_json(path: str, report: dict[str, Any]) -> str:
-    """Write atomically: a half-written report after os._exit would be worse than none."""
+def write_json(path: str, report: Mapping[str, Any]) -> str:
+    """Write atomically: a half-written report after os._exit would be worse than none.
+    `report` is a `Report`, as assembled or as read back and finished by the launcher."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump({"version": VERSION, "launch_id": os.environ.get(LAUNCH_ENV),
@@ -62,7 +65,8 @@ def load(path: str) -> dict[str, Any]:
     return data
 
 
-def format_text(report: dict[str, Any], path: str | None) -> str:
+def format_text(report: Mapping[str, Any], path: str | None) -> str:
+    """The stop block, from a `Report` (built here, or read back from its file)."""
     d = report["diagnosis"]
     me = report["reporter_rank"]
     lines = [
@@ -93,14 +97,14 @@ def format_text(report: dict[str, Any], path: str | None) -> str:
     return short_text("\n".join(lines))
 
 
-def _attempt_text(report: dict[str, Any]) -> str:
+def _attempt_text(report: Mapping[str, Any]) -> str:
     """Which attempt, once torchrun has restarted the job: a later attempt's report is not
     the first one's."""
     k = report.get("attempt")
     return f", attempt {k}" if isinstance(k, int) and k > 0 else ""
 
 
-def announce(report: dict[str, Any], path: str | None) -> None:
+def announce(report: Report, path: str | None) -> None:
     """Say that this rank stopped the job. Under `ddpguard run` one line (the launcher prints
     the block from the JSON file, so it appears once whatever the ranks' streams are); alone,
     the whole block. Both through the guard's own descriptor, never the script's streams."""
