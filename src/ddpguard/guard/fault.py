@@ -21,10 +21,10 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 from . import workers
-from .stacks import is_library_file
+from .stacks import Frame, is_library_file
 
 __all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks"]
 
@@ -141,7 +141,7 @@ def read_fault(path: str | None) -> str:
         return ""
 
 
-def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[dict[str, Any]]]:
+def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[Frame]]:
     """A dead rank's stacks from its fault log, in the report's format (outermost first,
     'name (ident)' keys): the thread that stood in a collective first, since that is the
     one the report must name, then the training thread, then the rest."""
@@ -149,7 +149,7 @@ def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[dic
     if not threads:
         return {}
     order = sorted(threads, key=lambda t: (_collective(t) is None, not t.main))
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Frame]] = {}
     for t in order:
         name = "MainThread" if t.main else "thread"
         out[f"{name} ({t.ident}) at {head}"] = [

@@ -8,7 +8,8 @@ training thread is blocked inside a collective. It is a private API: everything 
 it by feature and degrades to `available = False`, and the monitor then falls back to reading
 Python stacks.
 
-An entry, as published between ranks, is a small list: [group, seq, op, sizes, dtypes, done].
+An entry, as published between ranks, is a small list (`Entry`): [group, seq, op, sizes,
+dtypes, done], and on NCCL its state.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 __all__ = [
     "Ledger",
     "Status",
+    "Entry",
     "compact",
     "signature",
     "first_pending",
@@ -30,6 +32,7 @@ __all__ = [
     "cross_wait",
     "desync",
     "describe_entry",
+    "entry_key",
     "FR_DEFAULT_SIZE",
 ]
 
@@ -49,6 +52,17 @@ _SYMMETRIC = {"all_reduce", "broadcast", "allreduce_coalesced", "all_reduce_coal
 # group name -> (last enqueued, last completed) sequence numbers.
 Status = dict[str, tuple[int, int]]
 Entry = list[Any]
+"""One flight-recorder entry (`compact`), as it travels in heartbeats and digests (a JSON
+list, so a list here too): position 0 the group's name (str; waiting.SETUP_GROUP for a
+set-up wait), 1 its sequence number in that group (int; -1 for a set-up wait), 2 the op
+('all_reduce'), 3 the input sizes (list of shapes), 4 the input dtypes (list of str),
+5 retired (bool), and on NCCL 6 the device state ('scheduled' | 'started' | 'completed').
+`entry_key` gives (group, seq), what lines entries up across ranks."""
+
+
+def entry_key(entry: Sequence[Any]) -> tuple[str, int]:
+    """(group, seq): the same collective on every rank of the group."""
+    return entry[0], entry[1]
 
 
 def _op_name(profiling_name: str) -> str:
@@ -156,14 +170,14 @@ class Ledger:
         out = {}
         for raw in data.get("entries") or []:
             e = compact(raw)
-            if e is None or (e[0], e[1]) not in wanted:
+            if e is None or entry_key(e) not in wanted:
                 continue
             frames = raw.get("frames") or []
             user = next((f for f in frames if not is_library_file(f.get("filename", ""))),
                         frames[0] if frames else None)
             if user is not None:
-                out[(e[0], e[1])] = (f"{user.get('filename')}:{user.get('line')} in "
-                                     f"{user.get('name')}")
+                out[entry_key(e)] = (f"{user.get('filename')}:{user.get('line')} in "
+                                      f"{user.get('name')}")
         return out
 
     def created_ns(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -171,8 +185,8 @@ class Ledger:
         out = {}
         for raw in self._read(True).get("entries") or []:
             e = compact(raw)
-            if e is not None and (e[0], e[1]) in wanted and raw.get("time_created_ns"):
-                out[(e[0], e[1])] = int(raw["time_created_ns"])
+            if e is not None and entry_key(e) in wanted and raw.get("time_created_ns"):
+                out[entry_key(e)] = int(raw["time_created_ns"])
         return out
 
     def origins(self) -> list[tuple[Entry, int, int]]:
@@ -248,7 +262,7 @@ def pending_mismatch(blocked: Mapping[int, Sequence[Entry]]
         for e in blocked[rank]:
             if e[1] < 0:
                 continue  # a set-up wait has no sequence number to line up
-            key = (e[0], e[1])
+            key = entry_key(e)
             if key in seen:
                 r0, e0 = seen[key]
                 if signature(e0) != signature(e):
@@ -266,7 +280,7 @@ def cross_wait(blocked: Mapping[int, Sequence[Entry]], members: Mapping[str, Seq
     if len(blocked) < world_size or any(not v for v in blocked.values()):
         return None
     firsts = {r: first_pending(v) for r, v in blocked.items()}
-    keys = {(e[0], e[1]) + signature(e) for e in firsts.values() if e is not None}
+    keys = {entry_key(e) + signature(e) for e in firsts.values() if e is not None}
     if len(keys) <= 1:
         return None  # all wait on the same collective: slow, not provably stuck
     # Ranks forming a group wait for its other members, whom a stack does not name: several
@@ -300,7 +314,7 @@ def desync(digests: Mapping[int, Sequence[Entry]]) -> tuple[int, int, Entry, Ent
     by_key: dict[tuple[str, int], list[tuple[int, Entry]]] = {}
     for rank, entries in digests.items():
         for e in entries:
-            by_key.setdefault((e[0], e[1]), []).append((rank, e))
+            by_key.setdefault(entry_key(e), []).append((rank, e))
     for key in sorted(by_key, key=lambda k: (k[1], k[0])):
         items = by_key[key]
         base_rank, base = items[0]

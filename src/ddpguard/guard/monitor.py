@@ -41,6 +41,7 @@ from .peers import PeerTable
 from .progress import Progress, install_hooks, uninstall_hooks
 from .rules import Decision, decide
 from .stacks import (
+    Frame,
     activity,
     blocked_call,
     capture_thread,
@@ -93,7 +94,7 @@ class Guard:
         self._pending: list[Entry] = []
         self._pending_key: Any = None
         self._blocked_since: float | None = None
-        self._frames: list[dict[str, Any]] = []
+        self._frames: list[Frame] = []
         self._doing = ("running", "starting")
         self._where = "?"
         self._waiting: str | None = None

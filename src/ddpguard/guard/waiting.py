@@ -18,6 +18,9 @@ import os
 import sys
 from typing import Any
 
+from .ledger import Entry
+from .stacks import Frame
+
 __all__ = ["WAIT_NAMES", "waiting_call", "waits_now"]
 
 # Calls that wait for a device or a collective to finish.
@@ -120,7 +123,7 @@ SETUP_WAITS = frozenset({"new_group", "new_subgroups", "new_subgroups_by_enumera
 SETUP_GROUP = "set-up"
 
 
-def setup_wait(frames: list[dict[str, Any]]) -> str | None:
+def setup_wait(frames: list[Frame]) -> str | None:
     """The torch.distributed set-up call the stack waits in ('new_group', ...), or None.
     `frames` as stacks.capture_thread gives them, outermost first."""
     for fr in frames:
@@ -129,7 +132,7 @@ def setup_wait(frames: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def setup_entry(name: str) -> list[Any]:
+def setup_entry(name: str) -> Entry:
     """A ledger-shaped entry for a set-up wait, so the deadlock rules can compare it with the
     other ranks' pending collectives: it never matches a real collective, and two ranks in
     the same set-up call match each other."""
