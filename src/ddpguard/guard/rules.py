@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from .heartbeat import PeerView
 from .ledger import cross_wait, describe_entry, first_pending, pending_mismatch
 from .uneven import uneven_proof
 
 __all__ = ["Decision", "decide", "notice_due"]
 
-View = Mapping[str, Any]
+View = PeerView
 
 
 @dataclasses.dataclass(frozen=True)

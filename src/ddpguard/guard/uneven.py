@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from .heartbeat import LoaderInfo, PeerView
 from .ledger import Entry, describe_entry, first_pending, signature
 from .stacks import short_path
 
 __all__ = ["UnevenProof", "uneven_proof", "counts_text", "short_path_of"]
 
-View = Mapping[str, Any]
+View = PeerView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,7 @@ def _site(text: str | None) -> str:
     return short_path_of(text) if text else "?"
 
 
-def _open_passes(v: View) -> list[tuple[str, Mapping[str, Any]]]:
+def _open_passes(v: View) -> list[tuple[str, LoaderInfo]]:
     return [(site, info) for site, info in sorted((v.get("loaders") or {}).items())
             if info.get("key") and not info.get("end")]
 
@@ -106,7 +106,7 @@ def _ended(v: View, key: str) -> _Ended | None:
     return next((e for k, e in _all_ended(v) if k == key), None)
 
 
-def _issued_in_pass(info: Mapping[str, Any], first: Entry | None) -> bool:
+def _issued_in_pass(info: LoaderInfo, first: Entry | None) -> bool:
     seq0 = info.get("seq0") or {}
     if first is None or not seq0:
         return int(info.get("batches") or 0) >= 1
@@ -115,9 +115,10 @@ def _issued_in_pass(info: Mapping[str, Any], first: Entry | None) -> bool:
     return bool(first[1] > seq0.get(first[0], -1))
 
 
-def _longer(info: Mapping[str, Any], ended: _Ended) -> bool:
-    if info.get("len") is not None and ended.length is not None:
-        return int(info["len"]) > ended.length
+def _longer(info: LoaderInfo, ended: _Ended) -> bool:
+    length = info.get("len")
+    if length is not None and ended.length is not None:
+        return int(length) > ended.length
     return int(info.get("batches") or 0) > ended.batches
 
 
@@ -194,7 +195,7 @@ def uneven_proof(views: Mapping[int, View], world_size: int, *, grace: float,
     return None
 
 
-def _reason(views: Mapping[int, View], w: int, site: str, info: Mapping[str, Any],
+def _reason(views: Mapping[int, View], w: int, site: str, info: LoaderInfo,
             first: Entry | None, finished: list[tuple[int, _Ended]]) -> str:
     f, ended = finished[0]
     at = info.get("at") or ended.at
