@@ -23,28 +23,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+
+from .records import Position, RankRecord, SeqEntry
 
 __all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death",
            "left_at", "inside_loop"]
 
 
-class SeqEntry(TypedDict):
-    g: str            # process group
-    seq: int          # its sequence number in that group
-    op: str
-    sig: str          # what must agree across ranks (ledger.signature), as text
-    desc: str         # 'all_reduce #57 (group 0) 65 Float'
-    done: bool
-    phase: str        # forward | backward | loop (timeline.py)
-    epoch: int
-    batches: int
-    fwd: int
-    tfwd: int
-    bwd: int
-    steps: int
-    thread: str       # '' for the training thread, else the issuing Python thread's name
-    line: str | None  # where the rank's own code issued it, when known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +62,7 @@ class Finding:
 _PHASE_OF_KIND = {"ddp_forward": "forward", "backward": "backward"}
 
 
-def spots(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mapping[str, Any]]
+def spots(records: Sequence[RankRecord], positions: Mapping[int, Position]
           ) -> dict[int, Spot]:
     """Each rank's place; ranks whose heartbeat predates the counters are left out."""
     out: dict[int, Spot] = {}
@@ -120,11 +105,11 @@ def spots(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mapping[
     return out
 
 
-def _where(s: Spot, pos: Mapping[str, Any]) -> str:
+def _where(s: Spot, pos: Position) -> str:
     return str(pos.get("user") or (s.waits["line"] if s.waits else None) or "?")
 
 
-def second_thread(records: Sequence[Mapping[str, Any]]) -> Finding | None:
+def second_thread(records: Sequence[RankRecord]) -> Finding | None:
     """An entry issued by a thread other than the training thread, where another rank's
     training thread issued the entry of the same number: the group numbers collectives in the
     order a rank issues them, whatever the thread, so they pair across threads."""
@@ -159,7 +144,7 @@ def _phase_words(phase: str) -> str:
             "loop": "in the loop's own code"}.get(phase, phase)
 
 
-def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Mapping[str, Any]],
+def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                      sources: Mapping[str, list[str]]) -> Finding | None:
     """Rank b ran as many training forwards as rank a but fewer backwards, and a waits in a
     collective (or b left): b skipped the backward of a step that a is in."""
@@ -238,13 +223,13 @@ def inside_loop(source: list[str], for_line: int, line: int) -> bool:
     return True
 
 
-def _unfinished_pass(rec: Mapping[str, Any], positions: Mapping[int, Mapping[str, Any]],
+def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
                      sources: Mapping[str, list[str]]) -> str | None:
     """'its pass over the DataLoader at f:l ended after 6 of 32 batches' when the rank
     stopped iterating a loader before its end and is no longer inside that loop."""
     hb = rec.get("hb") or {}
     pos = positions.get(int(rec["rank"])) or {}
-    callers = [tuple(c) for c in pos.get("callers") or []]
+    callers = [(c[0], c[1]) for c in pos.get("callers") or []]  # JSON gives lists
     for site, st in (hb.get("loaders") or {}).items():
         n, total = st.get("batches"), st.get("len")
         if total is None or n is None or n >= total or st.get("end") == "stop":
@@ -262,8 +247,8 @@ def _unfinished_pass(rec: Mapping[str, Any], positions: Mapping[int, Mapping[str
     return None
 
 
-def left_early(records: Sequence[Mapping[str, Any]], sp: Mapping[int, Spot],
-               positions: Mapping[int, Mapping[str, Any]],
+def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
+               positions: Mapping[int, Position],
                sources: Mapping[str, list[str]]) -> Finding | None:
     """Rank b stopped its pass over a loader before its end and is out of that loop (or
     gone), while rank a went on to a later batch and waits."""
@@ -291,7 +276,7 @@ def left_early(records: Sequence[Mapping[str, Any]], sp: Mapping[int, Spot],
     return None
 
 
-def extra_collective(sp: Mapping[int, Spot], positions: Mapping[int, Mapping[str, Any]]
+def extra_collective(sp: Mapping[int, Spot], positions: Mapping[int, Position]
                      ) -> Finding | None:
     """Rank a waits in a collective its loop's own code issued where rank b, at the same
     number, is in a collective of DDP's forward or backward: a collective b does not issue
@@ -315,8 +300,8 @@ def extra_collective(sp: Mapping[int, Spot], positions: Mapping[int, Mapping[str
     return None
 
 
-def extra_before_death(records: Sequence[Mapping[str, Any]],
-                       positions: Mapping[int, Mapping[str, Any]]) -> Finding | None:
+def extra_before_death(records: Sequence[RankRecord],
+                       positions: Mapping[int, Position]) -> Finding | None:
     """A rank died inside a collective (its fault log puts it in one: the transport aborted
     it) just after a survivor's loop issued a collective its earlier batches never issued:
     the ranks had run the same collectives batch after batch, so the dead rank's collective
@@ -351,7 +336,7 @@ def extra_before_death(records: Sequence[Mapping[str, Any]],
     return None
 
 
-def explain(records: Sequence[Mapping[str, Any]], positions: Mapping[int, Mapping[str, Any]],
+def explain(records: Sequence[RankRecord], positions: Mapping[int, Position],
             sources: Mapping[str, list[str]]) -> Finding | None:
     """The strongest cause the aligned sequences show, or None."""
     found = second_thread(records)

@@ -8,11 +8,31 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from .align import SeqEntry
 from .heartbeat import Heartbeat
 from .stacks import Frame
 
-__all__ = ["Trigger", "RankDump", "RankRecord", "Position", "Diagnosis", "Report"]
+__all__ = ["SeqEntry", "Trigger", "RankDump", "RankRecord", "Position", "Diagnosis", "Report"]
+
+
+class SeqEntry(TypedDict):
+    """One collective of a rank's recent sequence, placed in its loop (sequence.py); align.py
+    lines the ranks' sequences up."""
+
+    g: str            # process group
+    seq: int          # its sequence number in that group
+    op: str
+    sig: str          # what must agree across ranks (ledger.signature), as text
+    desc: str         # 'all_reduce #57 (group 0) 65 Float'
+    done: bool
+    phase: str        # forward | backward | loop (timeline.py)
+    epoch: int
+    batches: int
+    fwd: int
+    tfwd: int
+    bwd: int
+    steps: int
+    thread: str       # '' for the training thread, else the issuing Python thread's name
+    line: str | None  # where the rank's own code issued it, when known
 
 
 class Trigger(TypedDict):
@@ -51,8 +71,9 @@ class RankRecord(TypedDict, total=False):
     lanes: list[list[Any]]
 
 
-class Position(TypedDict):
-    """Where a rank is (diagnose.rank_position)."""
+class Position(TypedDict, total=False):
+    """Where a rank is (diagnose.rank_position gives every key; the alignment reads a rank
+    without one as an empty position)."""
 
     kind: str
     doing: str

@@ -9,8 +9,8 @@ import logging
 import threading
 from typing import Any
 
-from .align import SeqEntry
 from .ledger import Ledger, describe_entry, signature
+from .records import SeqEntry
 from .timeline import LOOP, Timeline, mark_at
 
 __all__ = ["recent", "add_lines", "KEEP"]
