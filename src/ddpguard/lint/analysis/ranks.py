@@ -177,8 +177,9 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         last = info.callee_last(node)
         fns = info.funcs.get(last, [])  # this file's own definition wins over the name
         home: Table = info
-        if not fns:
-            # a project's own predicate, read where it is defined (`comm.main_proc()`)
+        if not fns and last in info.rank_funcs:
+            # a project's own predicate, read where it is defined (`comm.main_proc()`; the
+            # walk learnt its name from crossfile.rank_function_seeds)
             home, fns = _defined_elsewhere(info, node)
         if len(fns) == 1 and fns[0].body and isinstance(fns[0].body[-1], ast.Return):
             ret = fns[0].body[-1].value
