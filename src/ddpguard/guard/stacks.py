@@ -12,7 +12,7 @@ import sys
 import sysconfig
 import threading
 import traceback
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "Frame",
@@ -30,7 +30,13 @@ __all__ = [
     "short_text",
 ]
 
-Frame = dict[str, Any]
+class Frame(TypedDict):
+    """One frame of a stack, outermost first in a list, as reports and dumps carry it."""
+
+    file: str
+    line: int
+    func: str
+    code: str               # its source line, stripped ('' when unknown)
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/ddpguard
 _LIB_DIRS = tuple(
