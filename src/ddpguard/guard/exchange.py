@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from .config import GuardConfig
 from .heartbeat import Heartbeat
-from .ledger import Ledger, describe_entry, desync
+from .ledger import Entry, Ledger, describe_entry, desync
 from .rules import Decision
 from .store import GuardStore
 
@@ -26,6 +26,32 @@ __all__ = ["Exchange"]
 log = logging.getLogger("ddpguard.guard")
 WINDOW = 32
 SLOTS = ("dig/req", "dig/creq")
+
+# (rank a, rank b, a's entry, b's entry): the first collective number two ranks disagree on.
+Found = tuple[int, int, Entry, Entry]
+
+
+class DigestRequest(TypedDict, total=False):
+    """A request in a `dig/req` or `dig/creq` slot: every rank answers under `dig/<id>/<rank>`
+    with its entries in the window (and where it issued the `frames` ones)."""
+
+    id: str
+    win: dict[str, list[int]]        # group -> [first seq, last seq]
+    frames: list[list[Any]]          # [group, seq] whose issuing line is wanted
+
+
+class DigestReply(TypedDict, total=False):
+    entries: list[Entry]
+    frames: list[list[Any]]          # [group, seq, 'file:line in func']
+
+
+class _Round(TypedDict):
+    """The judge's periodic request still waiting for answers."""
+
+    id: str
+    win: dict[str, list[int]]
+    at: float
+    ranks: list[int]
 
 
 class Exchange:
@@ -40,7 +66,7 @@ class Exchange:
         self.world_size = world_size
         self.config = config
         self._served: set[str] = set()
-        self._open: dict[str, Any] | None = None
+        self._open: _Round | None = None
         self._issued = 0
         self._last_hi: dict[str, int] = {}
         self._next = time.monotonic() + config.digest_interval
@@ -52,7 +78,7 @@ class Exchange:
         if not self.ledger.available:
             return
         for slot in SLOTS:
-            req = control.get(slot)
+            req: DigestRequest | None = control.get(slot)  # from the store: may be anything
             if not isinstance(req, dict):
                 continue
             rid = req.get("id")
@@ -62,11 +88,11 @@ class Exchange:
             self.answer(req)
             log.debug("answered %s %s", slot, rid)
 
-    def answer(self, req: dict[str, Any]) -> None:
+    def answer(self, req: DigestRequest) -> None:
         win = {k: (int(v[0]), int(v[1])) for k, v in (req.get("win") or {}).items()}
         mine = [e for e in self.ledger.entries() if e[0] in win
                 and win[e[0]][0] <= e[1] <= win[e[0]][1]]
-        reply: dict[str, Any] = {"entries": mine}
+        reply: DigestReply = {"entries": mine}
         want = {(str(p), int(s)) for p, s in req.get("frames") or []}
         if want:
             try:
@@ -126,12 +152,13 @@ class Exchange:
 
     # -- the failure paths ------------------------------------------------------------------------
 
-    def frames(self, found: tuple[int, int, list[Any], list[Any]], wait: float = 8.0
+    def frames(self, found: Found, wait: float = 8.0
                ) -> dict[int, str]:
         """Ask the two ranks where they issued the two entries (their recorders' stacks)."""
         ra, rb, ea, eb = found
         rid = f"f{self.rank}-{time.monotonic_ns()}"
-        req = {"id": rid, "win": {ea[0]: [ea[1], ea[1]]}, "frames": [[ea[0], ea[1]]]}
+        req: DigestRequest = {"id": rid, "win": {ea[0]: [ea[1], ea[1]]},
+                              "frames": [[ea[0], ea[1]]]}
         self.store.set("dig/creq", req)
         out: dict[int, str] = {}
         deadline = time.monotonic() + wait
@@ -150,7 +177,7 @@ class Exchange:
         return out
 
     @staticmethod
-    def describe(found: tuple[int, int, list[Any], list[Any]], where: dict[int, str]) -> str:
+    def describe(found: Found, where: dict[int, str]) -> str:
         ra, rb, ea, eb = found
         return (f"collective #{ea[1]} of group {ea[0]} differs between ranks: rank {ra} ran "
                 f"{describe_entry(ea)} at {where.get(ra, '?')}, rank {rb} ran "
@@ -159,7 +186,7 @@ class Exchange:
                 "neither (a DDP buffer broadcast on some ranks only, or a collective inside a "
                 "rank-conditional branch).")
 
-    def _gather(self, base: str, wait: float) -> dict[int, list[Any]]:
+    def _gather(self, base: str, wait: float) -> dict[int, list[Entry]]:
         """The other ranks' entries under `base/<rank>`, as many as arrive within `wait` s
         (the failure path only)."""
         others = [r for r in range(self.world_size) if r != self.rank]
