@@ -1,6 +1,6 @@
 """Hang-guard benchmark, with the guard's DEFAULT settings: `python bench/guard.py`.
 
-1. Healthy programs (tests/guard_scripts/scenarios.py) whose long work lasts --dur seconds
+1. Healthy programs (tests/guard/scripts/scenarios.py) whose long work lasts --dur seconds
    (default 70, past the 45 s no-sign-of-life limit and the 60 s first notice): how many
    the guard leaves running.
 2. Broken programs: for proven deadlocks, seconds from the last rank blocking to the report
@@ -10,7 +10,7 @@
    how long).
 3. Overhead: steps/s of a DDP script whose steps take --step-ms (20-100 ms), guard on against
    off, interleaved runs; median of the per-pair ratios with the spread.
-4. Life of the whole rank (tests/guard_scripts/life_scenarios.py): rank 0 works outside its
+4. Life of the whole rank (tests/guard/scripts/life_scenarios.py): rank 0 works outside its
    training thread for --life-dur seconds (default 105: 60 s past the 45 s no-life limit) while
    rank 1 waits in barrier(): a multiprocessing.Pool.map, a subprocess, a ThreadPoolExecutor
    writing, a download trickling in from a local HTTP server. How many the guard leaves running.
@@ -35,14 +35,14 @@ from pathlib import Path
 from ddpguard.guard.procs import kill_tree
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = "tests/guard_scripts/scenarios.py"
+SCRIPT = "tests/guard/scripts/scenarios.py"
 HEALTHY = ["ckpt_barrier", "slow_first_step", "slow_first_backward", "rank0_eval_tensors",
            "rank0_eval_loader", "slow_first_batch", "step_spike", "nanogpt_eval",
            "accelerate_wait", "final_ckpt_after_exit", "val_same_helper", "random_step_times"]
 PROVEN = ["mismatch_before_training", "cond_barrier", "eval_rank0_bn", "uneven_tail",
           "early_exit", "crash", "desync_broadcast"]
 STALLS = ["infinite_loop", "blocked_read", "loader_worker_deadlock", "frozen"]
-LIFE_SCRIPT = "tests/guard_scripts/life_scenarios.py"
+LIFE_SCRIPT = "tests/guard/scripts/life_scenarios.py"
 LIFE = ["pool", "subprocess", "thread_writes", "http"]
 
 

@@ -1,6 +1,6 @@
 """What the stop protocol (failing.py) and the crash path (crash.py) need of a rank's guard,
 as a Protocol: they depend on this, not on the monitor, so no module of the package imports
-the monitor back (tests/test_guard_layers.py checks it)."""
+the monitor back (tests/guard/test_guard_layers.py checks it)."""
 
 from __future__ import annotations
 

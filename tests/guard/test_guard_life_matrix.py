@@ -2,7 +2,7 @@
 subprocess, a worker thread, a trickling download) while rank 1 waits in barrier(); the guard
 must leave the job running. A child that is stuck is no life: that job is stopped.
 
-Runs tests/guard_scripts/life_scenarios.py through `ddpguard run` on 2 gloo ranks with shortened
+Runs tests/guard/scripts/life_scenarios.py through `ddpguard run` on 2 gloo ranks with shortened
 settings (bench/guard.py runs the healthy cases at the defaults): the work lasts DUR seconds,
 more than twice NO_LIFE, so a guard that did not see it would stop the job.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/life_scenarios.py"
+SCRIPT = "tests/guard/scripts/life_scenarios.py"
 DUR = 7.0
 SHORT = {"DDPGUARD_NO_LIFE": "3", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DUMP_WAIT": "2"}
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_work_outside_the_training_thread_is_left_running(case, tmp_path):
     # Rank 1 really waited, and the guard saw rank 0's work as the kind of life it is.
     notices = [ln for ln in res.stderr.splitlines() if "has waited" in ln]
     assert notices, res.stderr[-3000:]
-    assert any("rank 0 is at tests/guard_scripts/life_scenarios.py" in n
+    assert any("rank 0 is at tests/guard/scripts/life_scenarios.py" in n
                and HEALTHY[case] in n for n in notices), notices
 
 

@@ -1,8 +1,8 @@
 """DDP programs whose rank 0 works OUTSIDE its training thread while rank 1 waits in barrier():
 the guard must see the work as life (healthy cases) and see a stuck child as none (broken).
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/life_scenarios.py --case CASE --dur 8
-    python tests/guard_scripts/life_scenarios.py --serve --dur 8   # the trickling HTTP server
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/life_scenarios.py --case CASE --dur 8
+    python tests/guard/scripts/life_scenarios.py --serve --dur 8   # the trickling HTTP server
 
 Healthy: pool (tokenizing with multiprocessing.Pool.map, the "main process first" pattern),
 subprocess (compressing a checkpoint in a child), thread_writes (a ThreadPoolExecutor writes

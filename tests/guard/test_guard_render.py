@@ -20,7 +20,7 @@ from ddpguard.guard.report import load
 from ddpguard.reporting import render
 from ddpguard.reporting import trace as trace_mod
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DEADLOCK = FIXTURES / "guard_report_deadlock_2ranks.json"
 KILLED = FIXTURES / "guard_report_killed_8ranks.json"
 OLD = FIXTURES / "guard_report_old_format.json"

@@ -1,7 +1,7 @@
 """The NCCL pattern on CPU: collectives issued with async_op=True and waited for later, the way
 a GPU rank's host returns from NCCL at once and waits in Work.wait(), a synchronise or .item().
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/async_scenarios.py --case CASE --wait W
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/async_scenarios.py --case CASE --wait W
 
 --wait is how the host waits: `wait` (Work.wait()), `poll` (a busy loop on is_completed(),
 which spins a core like CUDA's default synchronisation), `future` (work.get_future().wait()).

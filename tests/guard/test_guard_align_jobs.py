@@ -1,8 +1,8 @@
 """The four broken programs whose report had the right facts and the wrong title, as real
-2-rank gloo jobs through `ddpguard run` (tests/guard_scripts/align_scenarios.py): each must
+2-rank gloo jobs through `ddpguard run` (tests/guard/scripts/align_scenarios.py): each must
 be stopped with the title the ranks' aligned sequences show, its line, and its culprit. Each
 job stops at its fault, so each case is a job of its own. The near twins of each title are in
-tests/test_guard_align.py."""
+tests/guard/test_guard_align.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/align_scenarios.py"
+SCRIPT = "tests/guard/scripts/align_scenarios.py"
 SHORT = {"DDPGUARD_NO_LIFE": "3", "DDPGUARD_DUMP_WAIT": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The hang guard on real programs: healthy ones it must leave running, broken ones it must stop
-and explain. Each runs through `ddpguard run` on 2 gloo ranks (tests/guard_scripts/scenarios.py).
+and explain. Each runs through `ddpguard run` on 2 gloo ranks (tests/guard/scripts/scenarios.py).
 
 Timeouts are shortened through the environment (the defaults run in bench/guard.py): the long
 work of a healthy program lasts DUR seconds, more than twice NO_LIFE, so a guard that judged
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/scenarios.py"
+SCRIPT = "tests/guard/scripts/scenarios.py"
 DUR = 4.0
 SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DIGEST_INTERVAL": "1",
          "DDPGUARD_DUMP_WAIT": "2"}
@@ -94,7 +94,7 @@ def test_healthy_programs_are_left_running(group, tmp_path):
     notices = [ln for ln in res.stderr.splitlines() if "has waited" in ln]
     assert notices, res.stderr[-3000:]
     for loop in lines:
-        assert any(f"is at tests/guard_scripts/{where} " in n for n in notices
+        assert any(f"is at tests/guard/scripts/{where} " in n for n in notices
                    for where in loop), (sorted(loop), notices)
 
 
@@ -107,8 +107,8 @@ BROKEN = [
     ("eval_rank0_bn", "forward_on_some_ranks", ["broadcast #", "all_reduce #"], None),
     ("uneven_tail", "uneven_batches",
      ["rank 0: 8, rank 1: 7",
-      f"`for` at tests/guard_scripts/{line_of('(xb, yb) in enumerate(loader)')}",
-      f"created at tests/guard_scripts/{line_of('loader = DataLoader(data')}"], [1]),
+      f"`for` at tests/guard/scripts/{line_of('(xb, yb) in enumerate(loader)')}",
+      f"created at tests/guard/scripts/{line_of('loader = DataLoader(data')}"], [1]),
     ("early_exit", "left_early", ["rank 1 exited", "rank 0 waits in all_reduce #"], [1]),
     ("infinite_loop", "no_life", ["rank 1 has shown no sign of life",
                                   line_of("while True:")], [1]),
@@ -165,7 +165,7 @@ def test_crashed_rank_is_named_with_where_the_others_waited(tmp_path):
     res, took = run_case("crash", tmp_path)
     assert res.returncode in (1, 17) and took < 90, res.stderr[-3000:]
     assert ("ddpguard: rank 1 crashed: ValueError: bad record in shard 7 at "
-            f"tests/guard_scripts/{line_of('bad record in shard 7')}") in res.stderr
+            f"tests/guard/scripts/{line_of('bad record in shard 7')}") in res.stderr
     # The crashed rank lingers until the waiting rank has written the report.
     rep = _report(tmp_path)
     assert rep["diagnosis"]["cause"] == "crashed_rank" and rep["diagnosis"]["culprits"] == [1]
@@ -181,8 +181,8 @@ def test_desync_is_named_instead_of_the_nonsense_error(tmp_path):
     err = res.stderr
     assert "ddpguard: the real cause: collective #" in err, err[-3000:]
     assert "differs between ranks" in err and "5056 Byte" in err and "16 Float" in err
-    assert f"tests/guard_scripts/{line_of('dist.broadcast(state, src=0)')}" in err
-    assert f"tests/guard_scripts/{line_of('model(x[:8])  # DDP')}" in err
+    assert f"tests/guard/scripts/{line_of('dist.broadcast(state, src=0)')}" in err
+    assert f"tests/guard/scripts/{line_of('model(x[:8])  # DDP')}" in err
 
 
 def test_killed_rank_survivor_says_where_it_waited(tmp_path):
@@ -200,11 +200,11 @@ def test_mismatched_sizes_gloo_aborts_and_the_survivor_names_it(tmp_path):
     res, _ = run_case("mismatch_sizes", tmp_path)
     assert res.returncode != 0
     assert "SIGABRT" in res.stderr
-    assert f"ddpguard: rank 1 stopped at tests/guard_scripts/{line_of('mismatch_sizes')}" \
+    assert f"ddpguard: rank 1 stopped at tests/guard/scripts/{line_of('mismatch_sizes')}" \
         in res.stderr or "rank 0 died" in res.stderr, res.stderr[-3000:]
     # The aborted rank's own last line, from its fault log, not only the survivor's.
     assert "(Fatal Python error: Aborted) inside torch.distributed.all_reduce called at " \
-        f"tests/guard_scripts/{line_of('torch.ones(4 if rank == 0 else 5)')}" in res.stderr, \
+        f"tests/guard/scripts/{line_of('torch.ones(4 if rank == 0 else 5)')}" in res.stderr, \
         res.stderr[-3000:]
     # Only the aborted rank's fault log stays (the survivor removed its empty one).
     faults = [p.name for p in tmp_path.glob("ddpguard-fault-*")]

@@ -16,7 +16,7 @@ from helpers import ROOT, child_env, run_cli
 from ddpguard.guard.procs import kill_tree
 from ddpguard.testing import free_port
 
-SCRIPTS = ROOT / "tests" / "guard_scripts"
+SCRIPTS = ROOT / "tests" / "guard" / "scripts"
 JOB = str(SCRIPTS / "launch_job.py")
 BUG = "launch_job.py:23"  # the line marked 'the BUG'
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/promises.py"
+SCRIPT = "tests/guard/scripts/promises.py"
 pytestmark = pytest.mark.slow
 
 

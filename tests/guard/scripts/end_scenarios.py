@@ -2,7 +2,7 @@
 timeout, a rank aborted inside gloo, a DataLoader worker killed. One --case per job on 2 gloo
 ranks; --init forms the group with ddpguard.init() instead of init_process_group.
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/end_scenarios.py --case pg_timeout
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/end_scenarios.py --case pg_timeout
 """
 
 import argparse

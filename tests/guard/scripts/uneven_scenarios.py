@@ -11,7 +11,7 @@
 The guard must leave each of them running to the end (a plain loop over such shards is
 scenarios.py's uneven_tail, which it must stop).
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/uneven_scenarios.py --case agree
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/uneven_scenarios.py --case agree
 """
 
 import argparse

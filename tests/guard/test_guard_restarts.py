@@ -12,7 +12,7 @@ from helpers import ROOT, child_env, run_cli
 
 pytestmark = pytest.mark.slow
 
-JOB = str(ROOT / "tests" / "guard_scripts" / "restart_job.py")
+JOB = str(ROOT / "tests" / "guard" / "scripts" / "restart_job.py")
 
 
 def _run(tmp_path: Path, restarts: int, fail: str):

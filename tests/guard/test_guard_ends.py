@@ -1,7 +1,7 @@
 """Ends of a job that are not hangs get a report, the stop block and exit 17: a collective that
 fails on the process group's own timeout, a rank aborted inside gloo (a collective from a
 second thread), a DataLoader worker killed by SIGKILL. Each on a real 2-rank gloo job
-(tests/guard_scripts/end_scenarios.py) under `ddpguard run` and with `ddpguard.init()` in
+(tests/guard/scripts/end_scenarios.py) under `ddpguard run` and with `ddpguard.init()` in
 ranks started by hand (as srun starts them: nothing wraps the script, no launcher prints the
 block); the wording in one process."""
 
@@ -33,7 +33,7 @@ from ddpguard.guard.fault import fault_stacks, last_words, parse_fault
 from ddpguard.guard.verdict import signal_text
 from ddpguard.testing import free_port, loopback_env
 
-SCRIPT = "tests/guard_scripts/end_scenarios.py"
+SCRIPT = "tests/guard/scripts/end_scenarios.py"
 LAUNCHES = ["ddpguard_run", "init_by_hand"]
 
 
@@ -129,8 +129,8 @@ def test_rank_aborted_by_gloo_gives_the_mismatch_with_both_lines(how, tmp_path):
     assert f"likely cause: {d['title']}" in block, block
     thread_line, ddp_line = line_of("dist.all_reduce(torch.ones(3))"), line_of("loss.backward()")
     assert (f"inside torch.distributed.all_reduce called from a second thread (not the "
-            f"training thread) at tests/guard_scripts/{thread_line} in metrics_sync") in block
-    assert "rank 0 waited in all_reduce #" in block and f"issued at tests/guard_scripts/" \
+            f"training thread) at tests/guard/scripts/{thread_line} in metrics_sync") in block
+    assert "rank 0 waited in all_reduce #" in block and f"issued at tests/guard/scripts/" \
         f"{ddp_line}" in block
     # The dead rank is shown where its fault log says it was: in the thread's collective.
     pos = d["positions"]
@@ -146,7 +146,7 @@ def test_killed_loader_worker_names_the_loader_line_and_the_signal(how, tmp_path
     loop = line_of("for step, (xb, yb) in enumerate(loader):")
     assert "likely cause: a DataLoader worker was killed" in block, block
     assert "was killed by SIGKILL, a worker of the loader iterated at " \
-           f"tests/guard_scripts/{loop}" in block, err[-6000:]
+           f"tests/guard/scripts/{loop}" in block, err[-6000:]
     assert "OOM killer" in block, block  # what the cgroup says (or that it cannot tell)
     d = _report(tmp_path)["diagnosis"]
     assert d["cause"] == "loader_worker_killed" and d["culprits"] == [1]

@@ -1,6 +1,6 @@
 """A tiny DDP training script with switchable, deliberate mistakes (one per guard test).
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/train.py --case CASE
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/train.py --case CASE
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """The report's title from the ranks' aligned collective sequences (guard/align.py), on
 made-up records: each title with its near twin, the same facts but one, that must get another
 title. The real 2-rank jobs of the four cases found on real code are in
-tests/test_guard_align_jobs.py."""
+tests/guard/test_guard_align_jobs.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Healthy and broken DDP programs for the hang guard, one per --case, on 2+ gloo ranks.
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/scenarios.py --case CASE --dur 8
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/scenarios.py --case CASE --dur 8
 
 Healthy cases do long but live work on one rank while the others wait (the guard must leave
 them running); broken ones hang, desync or crash (the guard must stop them and say why).

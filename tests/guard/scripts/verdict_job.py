@@ -1,6 +1,6 @@
 """A DDP job that silences its own output the way real training scripts do, then breaks.
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/verdict_job.py --case CASE \
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/verdict_job.py --case CASE \
         --silence 0:print+streams,1:fd2+logging
 
 --silence RANK:WAYS,...  per rank, any of: print (builtins.print replaced by `def p(*a)`, as

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/train.py"
+SCRIPT = "tests/guard/scripts/train.py"
 pytestmark = pytest.mark.slow
 
 

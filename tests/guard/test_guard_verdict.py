@@ -1,6 +1,6 @@
 """The guard's verdict reaches the user whatever the script does to its own output (issue 24).
 
-Real `ddpguard run` jobs on 2 gloo ranks (tests/guard_scripts/verdict_job.py). Each broken
+Real `ddpguard run` jobs on 2 gloo ranks (tests/guard/scripts/verdict_job.py). Each broken
 case runs twice with the four ways real scripts silence a rank split across the two ranks and
 swapped, so every way is tried on rank 0 (the usual reporter) and on the other rank:
 replacing `builtins.print` with `def p(*a)`, `sys.stdout = sys.stderr = /dev/null`,
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/verdict_job.py"
+SCRIPT = "tests/guard/scripts/verdict_job.py"
 SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_DUMP_WAIT": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
 BLOCK = "=============== ddpguard:"
 # Each way on each rank across the two jobs of a case.
@@ -34,7 +34,7 @@ def line_of(snippet: str) -> str:
     lines = (ROOT / SCRIPT).read_text().splitlines()
     found = [i + 1 for i, text in enumerate(lines) if snippet in text]
     assert len(found) == 1, (snippet, found)
-    return f"tests/guard_scripts/verdict_job.py:{found[0]}"
+    return f"tests/guard/scripts/verdict_job.py:{found[0]}"
 
 
 # case -> (cause, culprits or None, texts that must be in the printed block)

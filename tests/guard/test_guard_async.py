@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
-SCRIPT = "tests/guard_scripts/async_scenarios.py"
+SCRIPT = "tests/guard/scripts/async_scenarios.py"
 SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DUMP_WAIT": "2"}
 pytestmark = pytest.mark.slow
 

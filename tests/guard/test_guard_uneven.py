@@ -223,13 +223,13 @@ def test_hooks_mark_how_each_pass_ended():
 
 
 def _line(snippet: str) -> int:
-    lines = (ROOT / "tests" / "test_guard_uneven.py").read_text().splitlines()
+    lines = (ROOT / "tests" / "guard" / "test_guard_uneven.py").read_text().splitlines()
     found = [i + 1 for i, t in enumerate(lines) if snippet in t and "_line(" not in t]
     assert len(found) == 1, found
     return found[0]
 
 
-SCRIPT = "tests/guard_scripts/uneven_scenarios.py"
+SCRIPT = "tests/guard/scripts/uneven_scenarios.py"
 
 
 @pytest.mark.slow

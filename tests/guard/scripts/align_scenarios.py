@@ -1,7 +1,7 @@
 """Broken DDP programs whose report title must come from the ranks' aligned collective
 sequences (docs/guard.md, "What the report says"), one per --case, on 2 gloo ranks.
 
-    ddpguard run --nproc-per-node 2 tests/guard_scripts/align_scenarios.py --case CASE
+    ddpguard run --nproc-per-node 2 tests/guard/scripts/align_scenarios.py --case CASE
 
 skip_backward   rank 1 skips the backward of one batch (a local check `continue`s past it)
 left_early      rank 1 leaves its loop on its own clock and waits in the final barrier

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-GUARD = Path(__file__).resolve().parent.parent / "src" / "ddpguard" / "guard"
+GUARD = Path(__file__).resolve().parents[2] / "src" / "ddpguard" / "guard"
 
 
 def _imports() -> dict[str, set[str]]:
