@@ -257,7 +257,7 @@ def _blocked_outside(records: list[RankRecord], pos: dict[int, Position],
     for c in culprits:
         p = pos.get(c)
         # Waiting for a child process that shows no life is the child's stall: no_life.
-        if p is not None and p["blocked_in"] and not p["child_wait"] and waiting:
+        if p is not None and p.get("blocked_in") and not p.get("child_wait") and waiting:
             w = waiting[0]
             return Finding("blocked_outside", (
                 f"rank {c} is {p['doing']} at {p['user']}, a call outside torch that uses no "
