@@ -10,8 +10,8 @@ import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from .heartbeat import Heartbeat
 from .ledger import describe_entry, first_pending
 from .stacks import short_text
 
@@ -77,7 +77,7 @@ def worker_death(text: str) -> WorkerDeath | None:
     return None
 
 
-def peer_doing(r: int, hb: Mapping[str, Any] | None, gone: str = "",
+def peer_doing(r: int, hb: Heartbeat | None, gone: str = "",
                silent: float = 0.0) -> str:
     """'rank 0 was alive and working (...) at f:l' / 'rank 0 was itself blocked in barrier #7
     (group 0) at f:l' / 'rank 0 had exited', from its last heartbeat; `silent`: seconds since
