@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from . import channel
 from .heartbeat import Heartbeat
 from .store import GuardStore
 
@@ -43,6 +44,24 @@ class Board:
         """Start the takeover clock now (when the guard thread starts ticking), not at
         construction: waiting for slow peers to start must not look like a silent judge."""
         self._changed_at = time.monotonic() if now is None else now
+
+    def await_peers(self, limit: float) -> None:
+        """Every rank, at start: return once every rank's guard holds its store connection
+        (or after `limit` s, with one line). Without this, a rank that finishes a short script
+        could take the store (hosted by rank 0 outside torchrun) down while a slower peer is
+        still connecting, and that peer would fail at start-up."""
+        n = self.store.add("started", 1)
+        deadline = time.monotonic() + limit
+        pause = 0.005
+        while n < self.world_size and time.monotonic() < deadline:
+            # Backing off keeps a thousand starting ranks from flooding the store.
+            pause = min(0.25, pause * 2)
+            time.sleep(pause)
+            n = self.store.add("started", 0)
+        if n < self.world_size:
+            channel.write(f"ddpguard: guard on rank {self.rank}: only {n} of "
+                          f"{self.world_size} ranks started a guard within {limit:.0f} s; start "
+                          "every rank with the same guard setting")
 
     def create(self) -> None:
         """Every rank, at start: the control keys exist (empty) before anyone reads them."""

@@ -17,7 +17,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from . import channel
 from .board import Board
 from .config import GuardConfig
 from .exchange import Exchange
@@ -124,30 +123,11 @@ class Guard:
         self.issue_sites.install()
         self.fault_log.start(self.config.report_dir, self.run_id, self.rank)
         self._publish()
-        self._await_peers()
+        self.board.await_peers(max(30.0, self.config.dead_after))
         self.board.watch_from()
         self._thread = threading.Thread(target=self._run, name="ddpguard-guard", daemon=True)
         self._thread.start()
         return self
-
-    def _await_peers(self) -> None:
-        """Return once every rank's guard holds its store connection. Without this, a rank
-        that finishes a short script could take the store (hosted by rank 0 outside torchrun)
-        down while a slower peer is still connecting, and that peer would fail at start-up."""
-        key = "started"
-        limit = max(30.0, self.config.dead_after)
-        n = self.store.add(key, 1)
-        deadline = time.monotonic() + limit
-        pause = 0.005
-        while n < self.world_size and time.monotonic() < deadline:
-            # Backing off keeps a thousand starting ranks from flooding the store.
-            pause = min(0.25, pause * 2)
-            time.sleep(pause)
-            n = self.store.add(key, 0)
-        if n < self.world_size:
-            channel.write(f"ddpguard: guard on rank {self.rank}: only {n} of "
-                          f"{self.world_size} ranks started a guard within {limit:.0f} s; start "
-                          "every rank with the same guard setting")
 
     def stop(self, state: str = "exited", error: str | None = None) -> None:
         """Publish the final state (peers then know this rank left on purpose) and join."""
@@ -190,11 +170,6 @@ class Guard:
                 self._thread.join(timeout=5)
             self.failure.fail(Decision("desync", found), self.read_peers())
 
-    @property
-    def mismatch(self) -> str | None:
-        """The loader-length notice, if the ranks' lengths differed (never a stop by itself)."""
-        return self.lengths.mismatch
-
     # -- store access (guard thread, and the failure path) -------------------------------------
 
     def _st(self) -> GuardStore:
@@ -228,7 +203,7 @@ class Guard:
         now = time.monotonic()
         snap.update(Heartbeat(
             rank=self.rank, pid=os.getpid(), host=self.host, seq=self._seq, state=self.state,
-            error=self.error, mismatch=self.mismatch, t=time.time(),
+            error=self.error, mismatch=self.lengths.mismatch, t=time.time(),
             ledger=self.status if self.ledger.available else None,
             blocked=self._blocked_since is not None,
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
