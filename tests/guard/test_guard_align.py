@@ -103,6 +103,19 @@ def test_twin_every_backward_run_is_not_a_skipped_backward():
     assert d["cause"] == "mismatch", d["cause"]
 
 
+def test_twin_a_collective_inside_the_forward_of_the_same_batch_is_not_a_skipped_backward():
+    # Lightning runs training_step inside DDP's forward: rank 0 waits in a barrier its model
+    # code issued there, in batch 3's forward; rank 1 is in batch 3's gradient all-reduce.
+    # Rank 0 has one backward fewer only because it has not reached it.
+    inside = [(SCRIPT, 6, "<module>"), (f"{TORCH}nn/parallel/distributed.py", 1, "forward"),
+              (SCRIPT, 13, "training_step"), (f"{TORCH}distributed/distributed_c10d.py", 1,
+                                               "barrier")]
+    recs = [rec(0, inside, pending=[entry(22, "barrier", ((1,),))], batches=3, fwd=3, bwd=2),
+            rec(1, BWD, pending=[entry(22, sizes=((5,),))], batches=3, fwd=3, bwd=3)]
+    d = diag(recs)
+    assert d["cause"] != "skipped_backward", d
+
+
 def test_twin_an_evaluation_forward_that_shifted_the_numbers_is_not_a_skipped_backward():
     # Rank 0 evaluated once through the wrapper (its buffer broadcast paired with rank 1's
     # next training forward); now rank 0's training forward of batch 3 meets rank 1's

@@ -155,6 +155,11 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                 continue
             if sa.waits is None:
                 continue
+            if sb.waits is not None and sb.phase == "forward" and sb.batches <= sa.batches:
+                # b is still inside the forward of the same batch (a collective of the
+                # model's own code there, as a Lightning training_step issues): b has not
+                # reached its backward yet, so it cannot have skipped it.
+                continue
             batch = sa.batches
             now = (f"already in {sb.waits['desc']} ({_phase_words(sb.phase)}, batch "
                    f"{sb.batches})" if sb.waits else
