@@ -168,6 +168,27 @@ def test_twin_a_training_forward_while_a_peer_left_its_loop_is_a_rank_that_left(
     assert f"{SCRIPT}:5" in d["explanation"] and d["culprits"] == [1]
 
 
+def test_a_rank_that_broke_out_to_an_evaluation_loop_left_early():
+    # Rank 1 `break`s after drawing its 5th batch and runs an evaluation loop (more batches
+    # of another loader, a barrier of its own); rank 0 is in the same training pass, in the
+    # backward of its 5th batch. The global batch counts say rank 1 is ahead; the pass it
+    # left says it left early.
+    val = f"{SCRIPT}:20"
+    recs = [rec(0, BWD, pending=[entry(31)], batches=5, fwd=5, bwd=4,
+                loaders={f"{SCRIPT}:3": {"epoch": 0, "batches": 5, "len": 10, "end": ""}}),
+            rec(1, coll(11, "barrier"), pending=[entry(31, "barrier", ())], batches=7, fwd=6,
+                bwd=4, loaders={f"{SCRIPT}:3": {"epoch": 0, "batches": 5, "len": 10,
+                                                "end": "drop"},
+                                val: {"epoch": 0, "batches": 2, "len": 10, "end": ""}})]
+    d = diag(recs)
+    assert d["cause"] == "left_early", d
+    assert d["culprits"] == [1]
+    assert f"iterated at {SCRIPT}:3 ended after 5 of 10 batches" in d["explanation"]
+    # The twin: rank 0 ran its training pass to the end too: nobody is left in that pass.
+    recs[0]["hb"]["loaders"][f"{SCRIPT}:3"]["end"] = "stop"
+    assert diag(recs)["cause"] != "left_early"
+
+
 def test_a_rank_that_exited_before_the_end_of_its_pass_left_early():
     recs = [rec(0, FWD, pending=[entry(25, "broadcast", ((16,),))], batches=7, fwd=7, bwd=6),
             rec(1, None, batches=6, fwd=6, bwd=6, state="exited")]

@@ -229,9 +229,10 @@ def inside_loop(source: list[str], for_line: int, line: int) -> bool:
 
 
 def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
-                     sources: Mapping[str, list[str]]) -> str | None:
-    """'its pass over the DataLoader at f:l ended after 6 of 32 batches' when the rank
-    stopped iterating a loader before its end and is no longer inside that loop."""
+                     sources: Mapping[str, list[str]]) -> tuple[str, int, str] | None:
+    """(site, batches drawn, 'its pass over the DataLoader at f:l ended after 6 of 32
+    batches') when the rank stopped iterating a loader before its end and is no longer
+    inside that loop."""
     hb = rec.get("hb") or {}
     pos = positions.get(int(rec["rank"])) or {}
     callers = [(c[0], c[1]) for c in pos.get("callers") or []]  # JSON gives lists
@@ -248,8 +249,17 @@ def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
                 continue
             if any(f == path and inside_loop(src, int(num), ln) for f, ln in callers):
                 continue
-        return f"its pass over the DataLoader iterated at {site} ended after {n} of {total} batches"
+        return (str(site), int(n),
+                f"its pass over the DataLoader iterated at {site} ended after {n} of {total} "
+                "batches")
     return None
+
+
+def _in_pass(rec: RankRecord, site: str, drawn: int) -> bool:
+    """Is the rank still in its pass over the loader iterated at `site`, having drawn at
+    least `drawn` batches of it?"""
+    st = ((rec.get("hb") or {}).get("loaders") or {}).get(site)
+    return st is not None and not st.get("end") and int(st.get("batches") or 0) >= drawn
 
 
 def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
@@ -262,14 +272,17 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
         sb = sp[b]
         if sb.phase not in ("loop", "gone"):
             continue
-        # Ahead: a later batch, or the same batch drawn and its forward begun (a `break`
-        # right after the batch was drawn).
-        ahead = [a for a in sorted(sp) if a != b and sp[a].waits is not None
-                 and (sp[a].batches, sp[a].tfwd) > (sb.batches, sb.tfwd)]
-        if not ahead:
+        left = _unfinished_pass(recs[b], positions, sources)
+        if left is None:
             continue
-        why = _unfinished_pass(recs[b], positions, sources)
-        if why is None:
+        site, drawn, why = left
+        # Ahead: a later batch, or the same batch drawn and its forward begun (a `break`
+        # right after the batch was drawn); or, where b went on to another loader (an
+        # evaluation after a `break`), still in the pass b left, at or past b's last batch.
+        ahead = [a for a in sorted(sp) if a != b and sp[a].waits is not None
+                 and ((sp[a].batches, sp[a].tfwd) > (sb.batches, sb.tfwd)
+                      or _in_pass(recs[a], site, drawn))]
+        if not ahead:
             continue
         a = ahead[0]
         now = (f"waits in {sb.waits['desc']} at {_where(sb, positions.get(b) or {})}"
