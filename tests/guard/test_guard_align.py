@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ddpguard.guard.align import inside_loop, left_at
+from ddpguard.guard.align import inside_loop, left_at, way_out
 from ddpguard.guard.diagnose import diagnose
 from ddpguard.guard.report import format_text
 from ddpguard.guard.stacks import blocked_call
@@ -345,3 +345,18 @@ def test_a_pending_entry_the_recorder_has_retired_is_not_where_a_rank_waits():
     for r in recs:
         r["hb"]["pending"].insert(0, retired)
     assert diag(recs)["cause"] == "skipped_backward"
+
+
+def test_way_out_names_the_one_statement_that_leaves_the_loop():
+    loop = ["for i, b in enumerate(loader):",     # 1
+            "    if rank == 1 and i == 4:",       # 2
+            "        break",                      # 3
+            "    if bad(b): continue",            # 4 (stays in the loop)
+            "    step(b)",                        # 5
+            "evaluate()"]                         # 6
+    assert way_out({"t.py": loop}, "t.py:1") == "t.py:3 `break`"
+    # Twins: two ways out (the report does not guess which), none, an unknown file.
+    two = [*loop[:5], "    if done(): return", "evaluate()"]
+    assert way_out({"t.py": two}, "t.py:1") is None
+    assert way_out({"t.py": SOURCE}, "t.py:3") is None
+    assert way_out({}, "t.py:1") is None

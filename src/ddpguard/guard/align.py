@@ -193,6 +193,22 @@ def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
     return None
 
 
+_EXIT = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(break|return|raise)\b")
+
+
+def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
+    """'file:line `if ...: break`': the one statement in the body of the `for` at `site` that
+    leaves the loop before its end; None when there is no such line or more than one (the
+    report then does not guess which)."""
+    path, _, num = site.rpartition(":")
+    src = sources.get(path)
+    if src is None or not num.isdigit():
+        return None
+    found = [n for n in range(int(num) + 1, len(src) + 1)
+             if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
+    return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
 def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
     """Rank a waits in a collective inside a forward through the wrapper and has run more
     forwards outside training (evaluation) than rank b, which is not in that forward."""
@@ -287,6 +303,9 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
         a = ahead[0]
         now = (f"waits in {sb.waits['desc']} at {_where(sb, positions.get(b) or {})}"
                if sb.waits else f"{sb.state}" if sb.phase == "gone" else "is out of the loop")
+        out = way_out(sources, site)
+        if out:
+            why += f" (the loop's one way out: {out})"
         return Finding("left_early", (
             f"rank {b} left its training loop early: {why}; it {now}, while rank {a} went on "
             f"to batch {sp[a].batches} and waits in {sp[a].waits['desc']}"  # type: ignore[index]
