@@ -62,26 +62,8 @@ def _calls(stop):
 
 
 def _kinds(target, samples=6, interval=0.25):
-    stop = threading.Event()
-    _SETTLED.clear()
-    t = threading.Thread(target=target, args=(stop,), daemon=True)
-    t.start()
-    time.sleep(0.2)
-    # A target that computes first is sampled once it is done: on a loaded machine its work
-    # can outlast the first samples, and that work is rightly life.
-    if getattr(target, "settles", False):
-        assert _SETTLED.wait(60), "the target never finished its work"
-    life = LifeSignals(t.ident, t.native_id)
-    kinds = []
-    try:
-        for _ in range(samples):
-            time.sleep(interval)
-            kinds.append(life.sample(progress=0))
-    finally:
-        stop.set()
-        _SPINNING[0] = False
-        t.join(5)
-    return kinds
+    """Kinds seen while `target` runs as the training thread (the sampler's default look)."""
+    return _whole_rank_kinds(target, samples=samples, interval=interval)
 
 
 @pytest.mark.parametrize("target, at_least", [(_compute, 5), (_write, 5), (_calls, 2)])
