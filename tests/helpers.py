@@ -71,7 +71,7 @@ def lint_paths(paths: list[Path], selection: Selection | None = None) -> list[Fi
 
 
 # -- the lint tests (tests/lint/): one way each to lint a snippet or a corpus file --------
-LINT_CORPUS = ROOT / "tests" / "lint_corpus"
+LINT_FIXTURES = ROOT / "tests" / "lint" / "fixtures"
 ALL_BUT_PRINT = Selection(select=("ALL",), ignore=("DDP018",))
 HEAD_DDP = """\
 import os
@@ -90,7 +90,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 """
-CACHE_LEADER = "fp_cache_leader_eval.py"
+CACHE_LEADER = "DDP005_cache_leader_eval.py"
 def codes_after_head(src: str, select: tuple[str, ...] = ("ALL",)) -> list[str]:
     """The codes reported for `src` after HEAD_DDP's imports, with `select`."""
     source = HEAD_DDP + textwrap.dedent(src)
@@ -120,35 +120,35 @@ def snippet_codes(src: str) -> list[str]:
     return [c for c, _ in snippet_lines(src)]
 
 
-def corpus_lines(name: str, old: str = "", new: str = "") -> list[tuple[str, int]]:
-    """(code, line) of a tests/lint_corpus file, `old` replaced by `new` (ALL_BUT_PRINT)."""
-    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
+def fixture_lines(name: str, old: str = "", new: str = "") -> list[tuple[str, int]]:
+    """(code, line) of a fixture (tests/lint/fixtures), `old` replaced by `new` (ALL_BUT_PRINT)."""
+    source = (LINT_FIXTURES / name).read_text(encoding="utf-8")
     if old:
         assert old in source, old
         source = source.replace(old, new)
     return [(f.code, f.line) for f in lint_with_defaults(source, name, ALL_BUT_PRINT)]
 
 
-def corpus_lines_once(name: str, old: str = "", new: str = "",
+def fixture_lines_once(name: str, old: str = "", new: str = "",
                       selection: Selection | None = None) -> list[tuple[str, int]]:
-    """As corpus_lines, `old` present exactly once, with `selection` (WITH_WRITES)."""
-    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
+    """As fixture_lines, `old` present exactly once, with `selection` (WITH_WRITES)."""
+    source = (LINT_FIXTURES / name).read_text(encoding="utf-8")
     if old:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     return [(f.code, f.line) for f in lint_source(source, name, selection)]
 
 
-def corpus_line_of(name: str, text: str) -> int:
-    """The line of a tests/lint_corpus file that holds `text` (exactly one)."""
-    lines = (LINT_CORPUS / name).read_text(encoding="utf-8").splitlines()
+def fixture_line_of(name: str, text: str) -> int:
+    """The line of a fixture (tests/lint/fixtures) that holds `text` (exactly one)."""
+    lines = (LINT_FIXTURES / name).read_text(encoding="utf-8").splitlines()
     [n] = [i for i, line in enumerate(lines, 1) if text in line]
     return n
 
 
 def cache_leader_findings(*edits: str) -> list[tuple[str, int, str]]:
     """The fixture's findings after each (old, new) pair of `edits` is applied once."""
-    source = (LINT_CORPUS / CACHE_LEADER).read_text(encoding="utf-8")
+    source = (LINT_FIXTURES / CACHE_LEADER).read_text(encoding="utf-8")
     for old, new in zip(edits[::2], edits[1::2], strict=True):
         assert source.count(old) == 1, old
         source = source.replace(old, new)

@@ -13,8 +13,8 @@ import pytest
 from helpers import (
     ALL_BUT_PRINT,
     HEAD_SCHEDULE,
-    corpus_lines,
     ddp_source,
+    fixture_lines,
     inline_lines,
     lint_paths,
     lint_source,
@@ -117,14 +117,14 @@ def test_continue_in_an_inner_loop_is_no_exit() -> None:
 
 
 def test_leader_first_as_two_plain_ifs() -> None:
-    name = "fp_leader_first_plain_if.py"
-    assert corpus_lines(name) == []
+    name = "DDP005_leader_first_plain_if.py"
+    assert fixture_lines(name) == []
     # Rank 0 no longer lets the others go: they wait at line 12 for a barrier rank 0 never
     # makes, while rank 0 goes on to the loop's barrier.
-    got = corpus_lines(name, "        dist.barrier()  # rank 0 lets them go\n", "        pass\n")
+    got = fixture_lines(name, "        dist.barrier()  # rank 0 lets them go\n", "        pass\n")
     assert ("DDP005", 12) in got
     # A rank-0-only exit between the pair leaves the others in their barrier.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "    if expected is not None and len(items) < expected:",
         "    if dist.get_rank() == 0 and expected and len(items) < expected:",
@@ -134,17 +134,17 @@ def test_leader_first_as_two_plain_ifs() -> None:
 
 
 def test_both_sides_of_one_broadcast() -> None:
-    name = "fp_broadcast_two_sides.py"
-    assert corpus_lines(name) == []
+    name = "DDP005_broadcast_two_sides.py"
+    assert fixture_lines(name) == []
     # The receivers go on to an all_reduce where the sender waits in a barrier.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "    data = payload[0]\n    assert data is not None\n    dist.barrier()",
         "    data = payload[0]\n    dist.all_reduce(torch.zeros(1))",
     )
     assert "DDP005" in [c for c, _ in got]
     # An assert that can fire (not a type-checker narrowing) before the sender's broadcast.
-    got = corpus_lines(name, "assert obj is not None", "assert obj.numel() > 0")
+    got = fixture_lines(name, "assert obj is not None", "assert obj.numel() > 0")
     assert got == [("DDP022", 15)]
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import LINT_CORPUS as CORPUS
+from helpers import LINT_FIXTURES as CORPUS
 from helpers import run_cli
 
-WRONG = str(CORPUS / "seed004_train_ddp_wrong.py")
+WRONG = str(CORPUS / "seeds_004_train_ddp_wrong.py")
 
 
 def test_text_output_and_exit_one() -> None:
@@ -27,7 +27,7 @@ def test_text_output_and_exit_one() -> None:
 
 def test_preview_findings_alone_do_not_fail_the_run(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(CORPUS.joinpath("seed004_train_ddp_wrong.py").read_text()
+    script.write_text(CORPUS.joinpath("seeds_004_train_ddp_wrong.py").read_text()
                       .replace("shuffle=True, ", "").replace(", shuffle=True", ""))
     r = run_cli("lint", "--no-config", str(script))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -42,7 +42,7 @@ def test_preview_findings_alone_do_not_fail_the_run(tmp_path: Path) -> None:
 
 
 def test_clean_exit_zero() -> None:
-    r = run_cli("lint", "--no-config", str(CORPUS / "good_class_trainer.py"))
+    r = run_cli("lint", "--no-config", str(CORPUS / "seeds_good_class_trainer.py"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "All checks passed" in r.stdout
 

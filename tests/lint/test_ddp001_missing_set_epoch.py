@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from helpers import (
     codes_after_head,
-    corpus_line_of,
-    corpus_lines_once,
     ddp_source,
     finding_lines,
+    fixture_line_of,
+    fixture_lines_once,
     lint_source,
     snippet_codes,
 )
@@ -59,31 +59,31 @@ def test_validation_sampler_needs_no_set_epoch() -> None:
     assert snippet_codes(src.replace("val_set", "train_set")) == ["DDP001"]
 
 
-GAN = "fp_gan_hook_reseed.py"
+GAN = "DDP001_gan_hook_reseed.py"
 
 
 def test_gan_hooks_and_reseeded_loaders_are_quiet() -> None:
-    assert corpus_lines_once(GAN) == []
+    assert fixture_lines_once(GAN) == []
 
 
 def test_a_step_after_every_backward_is_no_accumulation() -> None:
     # Take the discriminator's step out and its backward passes pile up before the
     # generator's step every n_critic iterations: accumulation without no_sync.
-    step = corpus_line_of(GAN, "opt_g.step()")
-    assert corpus_lines_once(GAN, "            opt_d.step()\n", "") == [("DDP013", step - 1)]
+    step = fixture_line_of(GAN, "opt_g.step()")
+    assert fixture_lines_once(GAN, "            opt_d.step()\n", "") == [("DDP013", step - 1)]
 
 
 def test_a_set_epoch_in_a_hook_called_from_elsewhere_counts() -> None:
-    loop = corpus_line_of(GAN, "    def train(self, epochs):") + 1
-    assert corpus_lines_once(
+    loop = fixture_line_of(GAN, "    def train(self, epochs):") + 1
+    assert fixture_lines_once(
         GAN, "        self.trainer.loader.sampler.set_epoch(epoch)\n", "        pass\n"
     ) == [("DDP001", loop)]
 
 
 def test_a_sampler_made_each_epoch_with_the_epoch_as_seed_shuffles_anew() -> None:
-    loop = corpus_line_of(GAN, 'dist.init_process_group("nccl")') + 1
+    loop = fixture_line_of(GAN, 'dist.init_process_group("nccl")') + 1
     # A fresh sampler with a constant seed repeats the same order every epoch.
-    assert corpus_lines_once(GAN, "seed=epoch)", "seed=0)") == [("DDP001", loop)]
+    assert fixture_lines_once(GAN, "seed=epoch)", "seed=0)") == [("DDP001", loop)]
 
 
 def test_a_sampler_that_moves_its_own_epoch_needs_no_set_epoch() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from helpers import (
     ALL_BUT_PRINT,
-    LINT_CORPUS,
-    corpus_lines,
+    LINT_FIXTURES,
+    fixture_lines,
     inline_lines,
     lint_paths_with_defaults,
     lint_with_defaults,
@@ -19,11 +19,11 @@ from ddpguard.lint import RULES, Selection
 
 
 def test_tensor_split_into_a_multiple_of_the_world_size_is_even() -> None:
-    name = "fp_leader_first_plain_if.py"
-    got = corpus_lines(name, "// (max_batch * world) + 1) * world", "// max_batch + 1)")
+    name = "DDP005_leader_first_plain_if.py"
+    got = fixture_lines(name, "// (max_batch * world) + 1) * world", "// max_batch + 1)")
     assert got == [("DDP003", 23)]
     # chunk() may return fewer pieces than asked: not proven even.
-    assert corpus_lines(name, ".tensor_split(num_batches)", ".chunk(num_batches)") == [
+    assert fixture_lines(name, ".tensor_split(num_batches)", ".chunk(num_batches)") == [
         ("DDP003", 23)
     ]
 
@@ -67,7 +67,7 @@ def validate(keys, rank):
 def test_manual_shard_rule_is_off_by_default() -> None:
     # 0 true in 11 findings on real code over every corpus: below the 90 % bar.
     assert RULES["DDP003"].default is False
-    src = (LINT_CORPUS / "miss_manual_shard.py").read_text(encoding="utf-8")
+    src = (LINT_FIXTURES / "DDP003_manual_shard.py").read_text(encoding="utf-8")
     assert [f.code for f in lint_with_defaults(src, "t.py")] == []
     assert [
         f.code for f in lint_with_defaults(src, "t.py", Selection(extend_select=("DDP003",)))
@@ -76,9 +76,9 @@ def test_manual_shard_rule_is_off_by_default() -> None:
 
 def test_shares_of_a_padded_list_stay_quiet_with_the_rule_selected() -> None:
     # The rule is off by default; these shards must stay even under it.
-    assert corpus_lines("fp_sharding.py") == []
-    assert corpus_lines(
-        "fp_sharding.py",
+    assert fixture_lines("DDP003_even_sharding.py") == []
+    assert fixture_lines(
+        "DDP003_even_sharding.py",
         "    padded = files + files[: (-len(files)) % world_size]\n"
         "    return padded[rank::world_size]",
         "    return files[rank::world_size]",
@@ -86,12 +86,12 @@ def test_shares_of_a_padded_list_stay_quiet_with_the_rule_selected() -> None:
 
 
 def test_a_share_padded_from_itself_is_even() -> None:
-    name = "fp_padded_sampler.py"
-    assert corpus_lines(name) == []
+    name = "DDP003_padded_sampler.py"
+    assert fixture_lines(name) == []
     # Without the padding and the assert, the stride cut is uneven again.
-    got = corpus_lines(name, "        indices += indices[: self.total_size - len(indices)]\n", "")
+    got = fixture_lines(name, "        indices += indices[: self.total_size - len(indices)]\n", "")
     assert got == []  # the assert on the share's length still proves it
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "        indices += indices[: self.total_size - len(indices)]\n"
         "        indices = indices[self.rank:self.total_size:self.num_replicas]\n"
@@ -100,7 +100,7 @@ def test_a_share_padded_from_itself_is_even() -> None:
     )
     assert got == [("DDP003", 22)]
     # An assert about another list proves nothing about this share.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "        indices += indices[: self.total_size - len(indices)]\n"
         "        indices = indices[self.rank:self.total_size:self.num_replicas]\n"

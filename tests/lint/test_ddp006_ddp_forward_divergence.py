@@ -5,7 +5,7 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 from __future__ import annotations
 
 from helpers import (
-    LINT_CORPUS,
+    LINT_FIXTURES,
     cache_leader_lines,
     ddp_source,
     finding_lines,
@@ -16,7 +16,7 @@ from helpers import (
 
 
 def test_helper_forward_severity_follows_buffers() -> None:
-    source = (LINT_CORPUS / "miss_eval_helper.py").read_text(encoding="utf-8")
+    source = (LINT_FIXTURES / "DDP006_eval_helper.py").read_text(encoding="utf-8")
     [f] = lint_with_defaults(source)
     assert (f.code, f.severity) == ("DDP006", "warning") and "call at line 29" in f.message
     with_bn = source.replace("torch.nn.ReLU()", "torch.nn.BatchNorm1d(8)")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from helpers import (
     ALL_BUT_PRINT,
-    corpus_line_of,
-    corpus_lines_once,
     ddp_source,
+    fixture_line_of,
+    fixture_lines_once,
     inline_lines,
     lint_paths,
     lint_paths_with_defaults,
@@ -133,35 +133,35 @@ def test_a_helper_named_like_torch_save_is_still_left_to_its_caller(tmp_path: Pa
     ]
 
 
-TRAINER = "fp_leader_decorator_and_paths.py"
+TRAINER = "DDP007_leader_decorator_and_paths.py"
 
 
-TOOL = "fp_tool_stub_memo.py"
+TOOL = "DDP007_tool_stub_memo.py"
 
 
 def test_the_trainer_is_quiet() -> None:
-    assert corpus_lines_once(TRAINER) == []
+    assert fixture_lines_once(TRAINER) == []
 
 
 def test_a_leader_only_decorator_guards_the_method() -> None:
     # `@main_process` runs the save on rank 0 alone; without it every rank saves.
-    save = corpus_line_of(TRAINER, 'f"ckpt_{epoch}.pt"')
-    assert corpus_lines_once(TRAINER, "    @main_process\n", "") == [("DDP007", save - 1)]
+    save = fixture_line_of(TRAINER, 'f"ckpt_{epoch}.pt"')
+    assert fixture_lines_once(TRAINER, "    @main_process\n", "") == [("DDP007", save - 1)]
 
 
 def test_a_per_rank_path_passed_by_the_caller_is_one_file_per_rank() -> None:
     # The sharded arm names the rank in the path it hands to `_write`; take the rank out
     # and the ranks > 0 write rank 0's file.
-    write = corpus_line_of(TRAINER, "torch.save(self.model.state_dict(), path)")
-    assert corpus_lines_once(TRAINER, 'f"best_w{self.rank}.th"', '"best_w.th"') == [
+    write = fixture_line_of(TRAINER, "torch.save(self.model.state_dict(), path)")
+    assert fixture_lines_once(TRAINER, 'f"best_w{self.rank}.th"', '"best_w.th"') == [
         ("DDP007", write)
     ]
 
 
 def test_an_assert_before_a_collective_is_its_own_rule_off_by_default() -> None:
     assert RULES["DDP022"].default is False and RULES["DDP019"].default is True
-    line = corpus_line_of(TRAINER, "assert len(gathered) == world")
-    assert corpus_lines_once(TRAINER, selection=ALL_BUT_PRINT) == [("DDP022", line)]
+    line = fixture_line_of(TRAINER, "assert len(gathered) == world")
+    assert fixture_lines_once(TRAINER, selection=ALL_BUT_PRINT) == [("DDP022", line)]
     # A raise is a failure too: torchrun ends the job when one rank fails, so it
     # is DDP022 with the assert, off by default; a rank that returns in good
     # order leaves the others waiting: DDP019, on by default.
@@ -169,9 +169,9 @@ def test_an_assert_before_a_collective_is_its_own_rule_off_by_default() -> None:
         "assert len(gathered) == world",
         "if len(gathered) != world:\n                raise ValueError(world)",
     )
-    assert corpus_lines_once(TRAINER, *raise_) == []
-    assert corpus_lines_once(TRAINER, *raise_, selection=ALL_BUT_PRINT) == [("DDP022", line + 1)]
-    returned = corpus_lines_once(
+    assert fixture_lines_once(TRAINER, *raise_) == []
+    assert fixture_lines_once(TRAINER, *raise_, selection=ALL_BUT_PRINT) == [("DDP022", line + 1)]
+    returned = fixture_lines_once(
         TRAINER,
         "assert len(gathered) == world",
         "if len(gathered) != world:\n                return None",
@@ -180,38 +180,38 @@ def test_an_assert_before_a_collective_is_its_own_rule_off_by_default() -> None:
 
 
 def test_the_tool_is_quiet() -> None:
-    assert corpus_lines_once(TOOL) == []
-    assert corpus_lines_once(TOOL, selection=ALL_BUT_PRINT) == []
+    assert fixture_lines_once(TOOL) == []
+    assert fixture_lines_once(TOOL, selection=ALL_BUT_PRINT) == []
 
 
 def test_an_assert_that_refuses_ddp_ends_the_distributed_run() -> None:
-    save = corpus_line_of(TOOL, "torch.save(")
-    assert corpus_lines_once(
+    save = fixture_line_of(TOOL, "torch.save(")
+    assert fixture_lines_once(
         TOOL, '    assert not args.distributed, "this tool does not work with DDP"\n', ""
     ) == [("DDP007", save)]
     # An assert that a distributed run passes ends nothing.
-    assert corpus_lines_once(TOOL, "assert not args.distributed", "assert args.distributed") == [
+    assert fixture_lines_once(TOOL, "assert not args.distributed", "assert args.distributed") == [
         ("DDP007", save)
     ]
 
 
 def test_a_stub_is_no_exit_to_report() -> None:
-    line = corpus_line_of(TOOL, "raise NotImplementedError(")
-    assert corpus_lines_once(
+    line = fixture_line_of(TOOL, "raise NotImplementedError(")
+    assert fixture_lines_once(
         TOOL, "raise NotImplementedError(", "raise RuntimeError(", selection=ALL_BUT_PRINT
     ) == [("DDP022", line)]
 
 
 def test_a_constant_false_test_is_never_taken() -> None:
-    line = corpus_line_of(TOOL, "return -1")
-    assert corpus_lines_once(TOOL, "if False and path.exists():", "if path.exists():") == [
+    line = fixture_line_of(TOOL, "return -1")
+    assert fixture_lines_once(TOOL, "if False and path.exists():", "if path.exists():") == [
         ("DDP019", line)
     ]
 
 
 def test_a_memoised_helper_is_unknown() -> None:
     # Without the cache rank 0 runs score(best) alone, and its all_gather waits for the others.
-    got = corpus_lines_once(TOOL, "    @functools.cache\n", "")
+    got = fixture_lines_once(TOOL, "    @functools.cache\n", "")
     assert [c for c, _ in got] == ["DDP005"]
 
 

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 from helpers import (
     ALL_BUT_PRINT,
-    LINT_CORPUS,
-    corpus_lines,
+    LINT_FIXTURES,
     ddp_source,
     finding_lines,
+    fixture_lines,
     lint_source,
     lint_with_defaults,
 )
 
 
 def test_the_bare_model_saved_in_the_mode_that_never_wraps() -> None:
-    name = "fp_wrapper_save_by_mode.py"
-    assert corpus_lines(name) == []
+    name = "DDP008_wrapper_save_by_mode.py"
+    assert fixture_lines(name) == []
     # Wrapped on every run: the else arm now saves the wrapper, which the resume cannot read.
-    got = corpus_lines(
+    got = fixture_lines(
         name, "    if ddp:\n        unet = DDP(", "    if True:\n        unet = DDP("
     )
     assert got == [("DDP008", 31)]
     # The same wrap written as `if not ddp: pass else: wrap` is the same mode.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "    if ddp:\n        unet = DDP(unet, device_ids=[device])\n",
         "    if not ddp:\n        pass\n    else:\n        unet = DDP(unet, device_ids=[device])\n",
@@ -33,7 +33,7 @@ def test_the_bare_model_saved_in_the_mode_that_never_wraps() -> None:
 
 
 def test_a_strict_load_of_another_model_is_not_this_checkpoints_resume() -> None:
-    name = "fp_wrapper_save_by_mode.py"
+    name = "DDP008_wrapper_save_by_mode.py"
     no_resume = (
         "    if args.resume:\n        unet.load_state_dict(torch.load(args.unet, "
         "map_location=device))\n"
@@ -43,7 +43,7 @@ def test_a_strict_load_of_another_model_is_not_this_checkpoints_resume() -> None
     got = [
         c
         for c, _ in lint_with_defaults(
-            (LINT_CORPUS / name)
+            (LINT_FIXTURES / name)
             .read_text(encoding="utf-8")
             .replace(no_resume, "")
             .replace("    if ddp:\n        unet = DDP(", wrapped),

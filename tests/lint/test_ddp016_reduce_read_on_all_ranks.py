@@ -5,7 +5,7 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 from __future__ import annotations
 
 from helpers import (
-    corpus_lines,
+    fixture_lines,
     snippet_codes,
 )
 
@@ -25,12 +25,12 @@ def test_guard_after_early_return_in_reduce_helper() -> None:
 
 
 def test_reduced_value_read_only_behind_the_callees_guard() -> None:
-    name = "fp_reduce_read_in_callee.py"
-    assert corpus_lines(name) == []
-    assert corpus_lines(name, "        if not is_main():\n            return None\n", "") == [
+    name = "DDP016_reduce_read_in_callee.py"
+    assert fixture_lines(name) == []
+    assert fixture_lines(name, "        if not is_main():\n            return None\n", "") == [
         ("DDP016", 20)
     ]
     # Handed to a builtin that reads it right there, on every rank.
-    assert corpus_lines(name, "return self.summarize(stats)", "return float(stats)") == [
+    assert fixture_lines(name, "return self.summarize(stats)", "return float(stats)") == [
         ("DDP016", 20)
     ]

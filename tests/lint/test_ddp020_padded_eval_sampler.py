@@ -5,8 +5,8 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 from __future__ import annotations
 
 from helpers import (
-    corpus_lines,
     ddp_source,
+    fixture_lines,
     lint_source,
 )
 
@@ -14,17 +14,17 @@ from ddpguard.lint import Selection
 
 
 def test_results_stored_by_sample_index_count_each_sample_once() -> None:
-    name = "fp_eval_keyed_by_index.py"
-    assert corpus_lines(name) == []
+    name = "DDP020_eval_keyed_by_index.py"
+    assert fixture_lines(name) == []
     # Concatenated in order instead: the padded repeats reach the features twice.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "        features.index_copy_(0, torch.cat(index_parts), torch.cat(feat_parts))\n",
         "        features = torch.cat([features, *feat_parts])\n",
     )
     assert got == [("DDP020", 12)]
     # Stored by the gathered index through a subscript: still keyed.
-    got = corpus_lines(
+    got = fixture_lines(
         name,
         "        features.index_copy_(0, torch.cat(index_parts), torch.cat(feat_parts))\n",
         "        all_idx = torch.cat(index_parts)\n"

@@ -1,11 +1,10 @@
 """The engine: every rule's basic case, selection and `# noqa`, severities, DDP000, the seeds'
-scripts, the fixtures' `# expect:` markers (tests/lint_corpus), the torch floor, and rank
-provenance."""
+NCCL variables' messages, the torch floor, and rank provenance. The fixtures' markers
+(tests/lint/fixtures) are read by test_fixtures.py."""
 
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from helpers import (
     ALL_BUT_PRINT,
     HEAD_DDP,
     HEAD_SCHEDULE,
-    LINT_CORPUS,
+    LINT_FIXTURES,
     codes_after_head,
     lint_paths_with_defaults,
     lint_with_defaults,
@@ -69,75 +68,25 @@ def test_syntax_error_reported_with_line() -> None:
     assert "syntax" in f.message
 
 
-def corpus_codes(name: str) -> set[str]:
-    return {f.code for f in lint_file(LINT_CORPUS / name, Selection(select=("ALL",)))}
-
-
-def test_seed004_wrong_flagged() -> None:
-    found = corpus_codes("seed004_train_ddp_wrong.py")
-    assert {"DDP001", "DDP002"} <= found
-    # The seed blames drop_last=False, but torch's DistributedSampler pads every rank to the
-    # same number of samples: equal step counts, equal last batch. Not a finding.
-    assert "DDP003" not in found
-
-
-def test_seed004_fixed_clean_for_data_rules() -> None:
-    assert not corpus_codes("seed004_train_ddp_fixed.py") & {
-        "DDP001",
-        "DDP002",
-        "DDP003",
-        "DDP004",
-        "DDP005",
-        "DDP006",
-    }
-
-
-def test_seed000_eval_on_rank0_through_ddp() -> None:
-    assert "DDP006" in corpus_codes("seed000_eval_rank0.py")
-    assert "DDP012" in corpus_codes("seed000_setup.py")
-
-
-def test_seed001_get_reduced() -> None:
-    found = corpus_codes("seed001_torchrun.py")
-    assert "DDP016" in found
-    assert "DDP003" not in found  # a plain DistributedSampler pads: no uneven last batch
-    assert "DDP009" not in found  # it converts to SyncBatchNorm before wrapping
-
-
 def test_seed003_and_004_nccl_variables() -> None:
     # A variable nothing reads (DDP011, on by default); deprecated names torch still reads
     # and warns about (DDP023, off by default).
-    msgs = [f.message for f in lint_file(LINT_CORPUS / "seed003_nccl_timeout.py")]
+    msgs = [f.message for f in lint_file(LINT_FIXTURES / "DDP011_seed003_nccl_timeout.py")]
     assert len(msgs) == 1 and "NCCL_TIMEOUT does not exist" in msgs[0]
     msgs = [
         f.message
         for f in lint_file(
-            LINT_CORPUS / "seed003_nccl_timeout.py", Selection(extend_select=("DDP023",))
+            LINT_FIXTURES / "DDP011_seed003_nccl_timeout.py", Selection(extend_select=("DDP023",))
         )
     ]
     assert any("NCCL_BLOCKING_WAIT is deprecated" in m for m in msgs)
     assert len(msgs) == 2  # TORCH_NCCL_BLOCKING_WAIT is the right name
-    assert corpus_codes("seed004_debug_env.py") == {"DDP023"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "good_function_loop.py",
-        "good_class_trainer.py",
-        "good_hf_style.py",
-        "seed004_train_ddp_fixed.py",
-    ],
-)
-def test_correct_styles_no_false_positives(name: str) -> None:
-    bad = {f"DDP00{i}" for i in range(1, 8)}
-    assert not corpus_codes(name) & bad
 
 
 def test_lint_does_not_import_torch() -> None:
     code = (
         "import sys; from ddpguard.lint import lint_paths; "
-        f"lint_paths([{str(LINT_CORPUS)!r}]); print('torch' in sys.modules)"
+        f"lint_paths([{str(LINT_FIXTURES)!r}]); print('torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
@@ -505,27 +454,3 @@ def test_every_rule_has_cases() -> None:
 def test_require_backward_grad_sync_counts_as_no_sync() -> None:
     src = CASES["DDP013"][0] + "model.require_backward_grad_sync = False\n"
     assert "DDP013" not in codes_after_head(src)
-
-
-_EXPECT = re.compile(r"#\s*expect:\s*(DDP\d{3})")
-
-
-FIXTURES = sorted(p.name for p in LINT_CORPUS.glob("*.py") if p.name.startswith(("fp_", "miss_")))
-
-
-@pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_findings_exact(name: str) -> None:
-    """Each fixture marks the lines that must be reported; nothing else may be."""
-    source = (LINT_CORPUS / name).read_text(encoding="utf-8")
-    want = sorted(
-        (m.group(1), i)
-        for i, line in enumerate(source.splitlines(), 1)
-        for m in _EXPECT.finditer(line)
-    )
-    # Default and preview rules, plus the off-by-default ones the fixture marks (DDP022 ...).
-    extra = tuple(sorted({c for c, _ in want if not RULES[c].default}))
-    got = sorted(
-        (f.code, f.line)
-        for f in lint_with_defaults(source, name, Selection(extend_select=extra, preview=True))
-    )
-    assert got == want
