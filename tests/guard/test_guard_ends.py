@@ -311,3 +311,39 @@ def test_a_workers_signal_is_known_when_torch_only_saw_it_exit():
     term.join(10)
     assert workers.exit_signal(term.pid) == "SIGTERM"
     assert workers.dead_worker() == (proc.pid, "SIGKILL")
+
+
+def test_launcher_composes_the_report_from_the_fault_logs(tmp_path):
+    """No rank left to report: the dead rank's fatal dump and the survivor's SIGTERM dump (no
+    fatal line: it was ended, it did not fail) give the verdict, read by `ddpguard run`. Logs
+    of another launch, and logs without a fatal dump, prove nothing."""
+    from ddpguard.guard.fault import HEADER
+    from ddpguard.launch.postmortem import clear_logs, compose, read_logs
+
+    src = tmp_path / "train.py"
+    src.write_text("import torch.distributed as dist\n" * 9 +
+                   "if rank == 0:\n    dist.all_reduce(t)\nloss.backward()\n")
+    dead = (f"{HEADER} rank=0 world=2 pid=11 main=0x{MAIN:016x} launch=L1\n"
+            f"Fatal Python error: Aborted\n\nCurrent thread 0x{MAIN:016x} (most recent call "
+            f"first):\n  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
+            f"  File \"{src}\", line 11 in <module>\n")
+    ended = (f"{HEADER} rank=1 world=2 pid=12 main=0x{MAIN:016x} launch=L1\n"
+             f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+             f"  File \"{src}\", line 12 in <module>\n")
+    (tmp_path / "ddpguard-fault-x-rank0-11.txt").write_text(dead)
+    (tmp_path / "ddpguard-fault-x-rank1-12.txt").write_text(ended)
+    (tmp_path / "ddpguard-fault-y-rank0-13.txt").write_text(dead.replace("launch=L1",
+                                                                          "launch=L2"))
+    assert parse_fault(ended, MAIN)[0] == ""  # a SIGTERM dump has no fatal line
+    logs = read_logs(str(tmp_path), "L1")
+    assert [(log.rank, bool(log.fatal)) for log in logs] == [(0, True), (1, False)]
+    rep = compose(logs)
+    assert rep is not None and rep["reporter_rank"] is None
+    d = rep["diagnosis"]
+    assert d["cause"] == "conditional_collective", d
+    assert f"{src}:11" in rep["reason"] and "rank 1 was ended by the launcher" in rep["reason"]
+    assert [r["state"] for r in rep["ranks"]] == ["dead", "running"]
+    assert compose([log for log in logs if not log.fatal]) is None
+    clear_logs(str(tmp_path), "L1", keep=False)
+    assert sorted(p.name for p in tmp_path.glob("ddpguard-fault-*")) == [
+        "ddpguard-fault-x-rank0-11.txt", "ddpguard-fault-y-rank0-13.txt"]

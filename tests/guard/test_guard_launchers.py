@@ -18,7 +18,8 @@ from ddpguard.testing import free_port
 
 SCRIPTS = ROOT / "tests" / "guard" / "scripts"
 JOB = str(SCRIPTS / "launch_job.py")
-BUG = "launch_job.py:23"  # the line marked 'the BUG'
+BUG = "launch_job.py:25"  # the line marked 'the BUG'
+ABORT = "launch_job.py:27"  # the line marked 'the ABORT'
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node=2"]
 
@@ -63,6 +64,22 @@ def test_spawn_inside_main(tmp_path: Path) -> None:
     res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
                      str(free_port()), "--bug", tmp_path=tmp_path)
     _stopped(res, took)
+
+
+def test_spawn_rank_that_hosts_the_store_aborted_by_gloo(tmp_path: Path) -> None:
+    """Rank 0 hosts the store (tcp:// init) and gloo aborts it on a size mismatch; mp.spawn
+    ends rank 1 with SIGTERM milliseconds later, before any guard can report: the launcher
+    composes the report from the ranks' fault logs (it used to end with exit 1, no report)."""
+    res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
+                     str(free_port()), "--abort", tmp_path=tmp_path)
+    _stopped(res, took, line=ABORT)
+    block = res.stderr[res.stderr.index("likely cause:"):]
+    assert "a collective inside a rank-conditional branch" in block, block[:2000]
+    assert "rank 0 [dead]" in block and "from the fault logs" in res.stderr, block[:2000]
+    # The logs the report was composed from stay beside it; nothing else is left.
+    left = sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert [n for n in left if n.endswith(".json")] and all(
+        n.startswith("ddpguard-") for n in left), left
 
 
 def test_a_script_that_spawns_is_not_started_once_per_rank(tmp_path: Path) -> None:

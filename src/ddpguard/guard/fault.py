@@ -19,14 +19,22 @@ import faulthandler
 import linecache
 import os
 import re
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import IO
 
 from . import workers
 from .stacks import Frame, is_library_file
 
-__all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks"]
+__all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks", "fault_meta",
+           "HEADER"]
+
+# The log's first line: who wrote it, so that `ddpguard run` can read a dead job's logs
+# without any rank alive to tell it (launch/postmortem.py).
+HEADER = "# ddpguard fault log"
+_SIGTERM_OWNER: list[int] = []  # the pid that registered the SIGTERM dump (forks drop it)
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _COLLECTIVES = frozenset({
@@ -42,7 +50,8 @@ class FaultLog:
         self.path: str | None = None
         self._fh: IO[str] | None = None
 
-    def start(self, directory: str | None, run_id: str, rank: int) -> str | None:
+    def start(self, directory: str | None, run_id: str, rank: int, world_size: int = 0,
+              main_ident: int | None = None, launch_id: str | None = None) -> str | None:
         workers.install()
         if faulthandler.is_enabled():
             return None  # the script's own choice
@@ -51,12 +60,34 @@ class FaultLog:
             os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f"ddpguard-fault-{run_id}-rank{rank}-{os.getpid()}.txt")
             self._fh = open(path, "w")  # noqa: SIM115 (kept open for the signal handler)
+            main = main_ident if main_ident is not None else threading.main_thread().ident
+            self._fh.write(f"{HEADER} rank={rank} world={world_size} pid={os.getpid()} "
+                           f"main=0x{main or 0:016x} launch={launch_id or '-'}\n")
+            self._fh.flush()
             faulthandler.enable(self._fh, all_threads=True)
+            self._dump_on_sigterm()
         except (OSError, ValueError, RuntimeError):
             return None
         self.path = path
         atexit.register(self.stop)  # a normal exit leaves nothing behind
         return path
+
+    def _dump_on_sigterm(self) -> None:
+        """A launcher ends the surviving ranks with SIGTERM the moment one rank dies (mp.spawn
+        within milliseconds, torchrun's agent within 0.1 s): too soon for their guards to
+        write a report. Their stacks at that moment, dumped by faulthandler's C handler
+        before the default action ends the process, are what `ddpguard run` composes the
+        report from. Only where nothing handles SIGTERM yet: a handler of the script's own
+        (or one it installs later) keeps the signal."""
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or self._fh is None:
+            return
+        faulthandler.register(signal.SIGTERM, self._fh, all_threads=True, chain=True)
+        _SIGTERM_OWNER[:] = [os.getpid()]
+        if not hasattr(os, "register_at_fork"):
+            return
+        if not getattr(_after_fork, "registered", False):
+            os.register_at_fork(after_in_child=_after_fork)
+            _after_fork.registered = True  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         """Stop listening and remove the file, unless a fatal signal already wrote into it
@@ -66,12 +97,32 @@ class FaultLog:
             return
         with contextlib.suppress(Exception):
             faulthandler.disable()
+        if [os.getpid()] == _SIGTERM_OWNER:
+            with contextlib.suppress(Exception):
+                faulthandler.unregister(signal.SIGTERM)
+            _SIGTERM_OWNER.clear()
         with contextlib.suppress(OSError):
             self._fh.close()
         if self.path:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         self._fh, self.path = None, None
+
+
+def _after_fork() -> None:
+    """A forked child (a DataLoader worker) ended by SIGTERM must not dump its stacks into
+    its rank's log, through the descriptor they share."""
+    if _SIGTERM_OWNER and _SIGTERM_OWNER[0] != os.getpid():
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signal.SIGTERM)
+
+
+def fault_meta(text: str) -> dict[str, str]:
+    """The header's fields (rank, world, pid, main, launch), {} for a log without one. Pure."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith(HEADER):
+        return {}
+    return dict(kv.split("=", 1) for kv in first[len(HEADER):].split() if "=" in kv)
 
 
 @dataclass(frozen=True)
@@ -85,9 +136,11 @@ class FaultThread:
 
 
 def parse_fault(text: str, main_ident: int | None) -> tuple[str, list[FaultThread]]:
-    """(first line, threads) of a faulthandler dump. Pure."""
-    lines = text.strip().splitlines()
-    head = lines[0].strip() if lines else ""
+    """(first line, threads) of a faulthandler dump. Pure. The first line is the fatal
+    error ('Fatal Python error: Aborted'); '' for a dump without one (the stacks a SIGTERM
+    left: the rank was ended, it did not fail)."""
+    lines = [ln for ln in text.strip().splitlines() if not ln.startswith(HEADER)]
+    head = lines[0].strip() if lines and not _THREAD.match(lines[0]) else ""
     want = f"0x{main_ident:016x}" if main_ident else None
     threads: list[FaultThread] = []
     current: str | None = None
@@ -152,7 +205,7 @@ def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[Fra
     out: dict[str, list[Frame]] = {}
     for t in order:
         name = "MainThread" if t.main else "thread"
-        out[f"{name} ({t.ident}) at {head}"] = [
+        out[f"{name} ({t.ident}) at {head or 'its end (ended by SIGTERM)'}"] = [
             {"file": p, "line": ln, "func": fn, "code": linecache.getline(p, ln).strip()}
             for p, ln, fn in reversed(t.frames)]
     return out

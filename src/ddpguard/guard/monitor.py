@@ -38,6 +38,7 @@ from .life import LifeSignals
 from .notices import Notices
 from .peers import PeerTable
 from .progress import Progress, install_hooks, uninstall_hooks
+from .report import LAUNCH_ENV
 from .rules import Decision, decide
 from .stacks import (
     Frame,
@@ -121,7 +122,8 @@ class Guard:
         self.progress.on_epoch = self.lengths.on_pass
         install_hooks(self.progress)
         self.issue_sites.install()
-        self.fault_log.start(self.config.report_dir, self.run_id, self.rank)
+        self.fault_log.start(self.config.report_dir, self.run_id, self.rank, self.world_size,
+                             self._main_ident, os.environ.get(LAUNCH_ENV))
         self._publish()
         self.board.await_peers(max(30.0, self.config.dead_after))
         self.board.watch_from()

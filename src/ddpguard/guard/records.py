@@ -109,7 +109,7 @@ class Report(TypedDict, total=False):
     created: float
     t_start: float
     run_id: str
-    reporter_rank: int
+    reporter_rank: int | None        # None: composed by `ddpguard run` (launch/postmortem.py)
     world_size: int
     diagnosis: Diagnosis
     ranks: list[RankRecord]

@@ -71,7 +71,8 @@ def format_text(report: Mapping[str, Any], path: str | None) -> str:
     me = report["reporter_rank"]
     lines = [
         "",
-        f"=============== ddpguard: {report['event']} (report of rank {me} of "
+        f"=============== ddpguard: {report['event']} (report of "
+        f"{'rank ' + str(me) if me is not None else 'ddpguard run, from the fault logs'} of "
         f"{report['world_size']}{_attempt_text(report)}) ===============",
         f"likely cause: {d['title']}",
         f"  {d['explanation']}",

@@ -19,6 +19,8 @@ from ddpguard.guard.config import EXIT_CODE
 from ddpguard.guard.poller import Poller
 from ddpguard.guard.verdict import NATIVE_SIGNALS, find_reports, print_verdict, signal_text
 
+from .postmortem import clear_logs, postmortem
+
 __all__ = ["Launch", "AttemptWatch", "conclude", "end_leftovers", "explain_failures",
            "attempt_of", "verdict_reports"]
 
@@ -89,6 +91,12 @@ def conclude(failed: bool, failures: dict[int, Any], launch: Launch, oom0: int |
     reports = find_reports(launch.report_dir, launch.launch_id)
     final = verdict_reports(reports, markers.last_attempt(launch.report_dir, launch.launch_id))
     markers.clear(launch.report_dir, launch.launch_id)
+    if failed and not final:
+        # No rank was left to report (a native abort took the others with it): the ranks'
+        # fault logs still say where each stood.
+        found = postmortem(launch.report_dir, launch.launch_id)
+        final = [(found[0], dict(found[1]))] if found else []
+    clear_logs(launch.report_dir, launch.launch_id, keep=bool(final))
     if not failed:
         return 0
     lines = explain_failures(failures, oom0, logs, bool(final))

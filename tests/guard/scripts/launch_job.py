@@ -4,7 +4,9 @@
 - env:   one process per rank started by a launcher that sets RANK/WORLD_SIZE (torchrun,
          `python -m torch.distributed.launch`, which also passes --local-rank)
 - slurm: one process per SLURM task, rank and size from SLURM_PROCID / SLURM_NTASKS
-With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG').
+With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG'); with --abort,
+rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
+marked 'the ABORT'), the rank that hosts the store under spawn.
 """
 
 import argparse
@@ -15,35 +17,40 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def body(rank: int, bug: bool) -> None:
+def body(rank: int, bug: bool, abort: bool = False) -> None:
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
     if bug and rank == 0:
         dist.all_reduce(t)  # the BUG: rank 0 only
+    if abort and rank == 0:
+        dist.all_reduce(torch.ones(1))  # the ABORT: rank 0 only, one number
+    if abort:
+        dist.all_reduce(torch.ones(256))
     dist.barrier()
     print(f"rank {rank} finished", flush=True)
     dist.destroy_process_group()
 
 
-def spawned(rank: int, world: int, port: int, bug: bool) -> None:
+def spawned(rank: int, world: int, port: int, bug: bool, abort: bool) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    body(rank, bug)
+    body(rank, bug, abort)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--launch", choices=["spawn", "env", "slurm"], required=True)
     p.add_argument("--bug", action="store_true")
+    p.add_argument("--abort", action="store_true")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--local-rank", "--local_rank", type=int, default=None)
     a = p.parse_args()
     if a.launch == "spawn":
-        mp.spawn(spawned, args=(2, a.port, a.bug), nprocs=2)
+        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort), nprocs=2)
     elif a.launch == "env":
         dist.init_process_group("gloo")
-        body(dist.get_rank(), a.bug)
+        body(dist.get_rank(), a.bug, a.abort)
     else:
         rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank,

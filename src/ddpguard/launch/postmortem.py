@@ -1,0 +1,156 @@
+"""The report of a job whose ranks could not write one: a rank died inside native code (gloo
+aborts a collective the others did not match, a segfault) and took the survivors with it
+before their guards could report. Under mp.spawn the rank that dies may host the store the
+guards talk through; mp.spawn and torchrun's agent end the other ranks with SIGTERM within
+milliseconds of the death.
+
+What outlives them is on disk: each rank's fault log (guard/fault.py), with the dead rank's
+stacks at its fatal signal and the survivors' stacks at the SIGTERM that ended them. `ddpguard
+run` reads this launch's logs and diagnoses from them as the guard would have: the dead rank's
+collective and line against where the others stood.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import time
+from dataclasses import dataclass
+
+from ddpguard.guard.diagnose import diagnose
+from ddpguard.guard.fault import fault_meta, fault_stacks, last_words, parse_fault, read_fault
+from ddpguard.guard.heartbeat import Heartbeat
+from ddpguard.guard.records import RankRecord, Report
+from ddpguard.guard.report import write_json
+
+__all__ = ["RankLog", "read_logs", "compose", "postmortem", "clear_logs"]
+
+
+@dataclass(frozen=True)
+class RankLog:
+    """One rank's fault log: the rank, its pid, its training thread, and the dump in it
+    (`fatal`: the fatal error's line, '' when only a SIGTERM's stacks or nothing)."""
+
+    path: str
+    rank: int
+    world: int
+    pid: int
+    main: int | None
+    fatal: str
+    dumped: bool
+
+
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return int(text or "", 0)
+    except ValueError:
+        return default
+
+
+def _all_logs(report_dir: str, launch_id: str) -> list[tuple[float, RankLog]]:
+    out = []
+    for path in glob.glob(os.path.join(glob.escape(report_dir), "ddpguard-fault-*.txt")):
+        text = read_fault(path)
+        meta = fault_meta(text)
+        if meta.get("launch") != launch_id or "rank" not in meta:
+            continue
+        main = _int(meta.get("main")) or None
+        head, threads = parse_fault(text, main)
+        log = RankLog(path, _int(meta.get("rank"), -1), _int(meta.get("world")),
+                      _int(meta.get("pid")), main, head, bool(threads))
+        with contextlib.suppress(OSError):
+            out.append((os.path.getmtime(path), log))
+    return out
+
+
+def read_logs(report_dir: str, launch_id: str) -> list[RankLog]:
+    """This launch's fault logs in `report_dir`, the newest per rank (a restarted job's
+    last attempt)."""
+    found: dict[int, tuple[float, RankLog]] = {}
+    for mtime, log in _all_logs(report_dir, launch_id):
+        if log.rank >= 0 and mtime >= found.get(log.rank, (-1.0, log))[0]:
+            found[log.rank] = (mtime, log)
+    return [log for _, log in sorted(found.values(), key=lambda x: x[1].rank)]
+
+
+def compose(logs: list[RankLog]) -> Report | None:
+    """The report the logs prove, or None: only a rank that died of a fatal signal explains
+    a job that ended without a report. Pure but for reading the logs and the source lines."""
+    dead = [log for log in logs if log.fatal and log.dumped]
+    if not dead:
+        return None
+    world = max([log.world for log in logs] + [log.rank + 1 for log in logs])
+    by_rank = {log.rank: log for log in logs}
+    records: list[RankRecord] = []
+    sources: dict[str, list[str]] = {}
+    for r in range(world):
+        log = by_rank.get(r)
+        stacks = fault_stacks(log.path, log.main) if log is not None and log.dumped else {}
+        state = ("dead" if log is not None and log.fatal else "running" if stacks
+                 else "missing")
+        hb: Heartbeat = ({"rank": r, "pid": log.pid, "fault": log.path,
+                          "main": log.main, "kind": "unknown",
+                          "doing": "no stack (it left no dump)"} if log is not None else {})
+        records.append({"rank": r, "state": state, "hb": hb, "error": None,
+                        "stacks": stacks or None, "issued": {}, "ddp_training": None,
+                        "sequence": [], "lanes": []})
+        for frames in stacks.values():
+            for f in frames:
+                sources.setdefault(f["file"], _lines(f["file"]))
+    first = dead[0]
+    words = last_words(first.path, first.main)
+    survivors = [log.rank for log in logs if not log.fatal and log.dumped]
+    mismatch = "did not match" in words
+    reason = (f"rank {first.rank} died{words}"
+              + (f"; {_ranks(survivors)} ended by the launcher a moment later, "
+                 "before the guard could report (the stacks at that moment are below)"
+                 if survivors else ""))
+    diag = diagnose(records, sources, "mismatch" if mismatch else "peer_gone", reason,
+                    [log.rank for log in dead])
+    now = time.time()
+    report: Report = {"event": "training hang detected", "reason": reason, "proof": True,
+            "created": now, "t_start": now, "run_id": "", "reporter_rank": None,
+            "world_size": world, "diagnosis": diag, "ranks": records, "config": {},
+            "finished_by": "launcher",
+            "notes": [f"composed by `ddpguard run` from the ranks' fault logs "
+                      f"({', '.join(os.path.basename(log.path) for log in logs if log.dumped)}): "
+                      "no rank was left to write the report"]}
+    return report
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} was"
+    return f"ranks {', '.join(map(str, ranks))} were"
+
+
+def _lines(path: str) -> list[str]:
+    import linecache
+
+    return linecache.getlines(path)
+
+
+def postmortem(report_dir: str, launch_id: str) -> tuple[str, Report] | None:
+    """Compose and write this launch's report from its fault logs, if they prove anything."""
+    rep = compose(read_logs(report_dir, launch_id))
+    if rep is None:
+        return None
+    path = os.path.join(report_dir, f"ddpguard-{launch_id[:12]}-{time.strftime('%Y%m%d-%H%M%S')}"
+                        "-launcher.json")
+    try:
+        write_json(path, {**rep, "launch_id": launch_id})
+    except OSError:
+        return None
+    return path, rep
+
+
+def clear_logs(report_dir: str, launch_id: str, keep: bool) -> None:
+    """Remove this launch's fault logs that hold no fatal dump (ranks that ended normally
+    remove theirs; a rank ended by a signal cannot). `keep`: a report names them."""
+    if keep:
+        return
+    for _, log in _all_logs(report_dir, launch_id):
+        if not log.fatal:
+            with contextlib.suppress(OSError):
+                os.unlink(log.path)
