@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ddpguard.guard.align import inside_loop, left_at, way_out
+from ddpguard.guard.align import inside_loop, left_at, skip_before, way_out
 from ddpguard.guard.diagnose import diagnose
 from ddpguard.guard.report import format_text
 from ddpguard.guard.stacks import blocked_call
@@ -360,3 +360,27 @@ def test_way_out_names_the_one_statement_that_leaves_the_loop():
     assert way_out({"t.py": two}, "t.py:1") is None
     assert way_out({"t.py": SOURCE}, "t.py:3") is None
     assert way_out({}, "t.py:1") is None
+
+
+def test_a_rank_that_skipped_a_backward_and_exited_is_named_with_the_loops_one_skip():
+    """The blind trial's case: rank 1 `continue`d past one backward, ran on (its gradient
+    all-reduces paired with rank 0's next ones) and exited at its end; its stack is gone, so
+    the line comes from the loop around rank 0's backward: its one `continue` before it."""
+    recs = [rec(0, BWD, pending=[entry(40)], batches=32, fwd=32, bwd=32),
+            rec(1, None, batches=32, fwd=32, bwd=31, state="exited")]
+    d = diag(recs, cause="peer_gone", culprits=[1])
+    assert d["cause"] == "skipped_backward", d
+    assert said(f"one way past the backward before {SCRIPT}:9: {SCRIPT}:8 "
+                "`if not torch.isfinite(loss): continue`", d), d["explanation"]
+
+
+def test_skip_before_needs_exactly_one_continue_of_the_loop_itself():
+    assert skip_before(SOURCES, (SCRIPT, 9)) == f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"
+    # Twins: a `continue` of an inner loop is not the step's; two skips are not guessed
+    # between; a backward outside any loop has none.
+    inner = [*SOURCE[:7], "        for p in ps:", "            if p is None: continue",
+             "        loss.backward()"]
+    assert skip_before({SCRIPT: inner}, (SCRIPT, 10)) is None
+    two = [*SOURCE[:6], "        if xb is None: continue", *SOURCE[6:]]
+    assert skip_before({SCRIPT: two}, (SCRIPT, 10)) is None
+    assert skip_before({SCRIPT: ["loss.backward()"]}, (SCRIPT, 1)) is None

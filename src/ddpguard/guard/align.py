@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from .records import Position, RankRecord, SeqEntry
 
 __all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death",
-           "left_at", "inside_loop"]
+           "left_at", "inside_loop", "skip_before"]
 
 
 
@@ -173,6 +173,13 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                 left = left_at(sources, sb.user_line, sa.user_line)
             if left:
                 text += f". Between the forward and the backward, rank {b} left the step at {left}"
+            elif sa.phase == "backward":
+                # b's stack no longer shows where it left the step (it went on, or it is
+                # gone): the loop itself may have one way past the backward.
+                skip = skip_before(sources, sa.user_line)
+                if skip:
+                    text += (f". The loop has one way past the backward before {_at(sa)}: "
+                             f"{skip}")
             return Finding("skipped_backward", text, (b,))
     return None
 
@@ -191,6 +198,51 @@ def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
         if _LEAVE.match(src[n - 1]):
             return f"{forward[0]}:{n} `{src[n - 1].strip()}`"
     return None
+
+
+def _at(s: Spot) -> str:
+    return f"{s.user_line[0]}:{s.user_line[1]}" if s.user_line else "it"
+
+
+_SKIP = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?continue\b")
+_LOOP = re.compile(r"^\s*(?:async\s+)?(?:for|while)\b")
+
+
+def skip_before(sources: Mapping[str, list[str]], backward: tuple[str, int] | None) -> str | None:
+    """'file:line `continue`': the one `continue` of the innermost loop around the backward's
+    line that comes before it; None when there is none or more than one."""
+    if not backward:
+        return None
+    src = sources.get(backward[0]) or []
+    line = backward[1]
+    if not 0 < line <= len(src):
+        return None
+    indent = len(src[line - 1]) - len(src[line - 1].lstrip())
+    head = None
+    for n in range(line - 1, 0, -1):
+        text = src[n - 1]
+        if not text.strip() or text.strip().startswith("#"):
+            continue
+        ind = len(text) - len(text.lstrip())
+        if ind < indent:
+            if _LOOP.match(text):
+                head = n
+                break
+            if re.match(r"^\s*(?:async\s+)?(?:def|class)\b", text):
+                return None
+            indent = ind
+    if head is None:
+        return None
+    found = [n for n in range(head + 1, line)
+             if inside_loop(src, head, n) and _SKIP.match(src[n - 1])
+             and not _in_inner_loop(src, head, n)]
+    return f"{backward[0]}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
+def _in_inner_loop(src: list[str], head: int, line: int) -> bool:
+    """Is `line` inside a loop nested in the loop at `head` (its `continue` is that loop's)?"""
+    return any(_LOOP.match(src[n - 1]) and inside_loop(src, n, line)
+               for n in range(head + 1, line))
 
 
 _EXIT = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(break|return|raise)\b")
