@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ddpguard.guard.align import inside_loop, left_at, skip_before, way_out
+from ddpguard.guard.loops import inside_loop, left_at, skip_before, way_out
 from ddpguard.guard.diagnose import diagnose
 from ddpguard.guard.report import format_text
 from ddpguard.guard.stacks import blocked_call
@@ -375,7 +375,8 @@ def test_a_rank_that_skipped_a_backward_and_exited_is_named_with_the_loops_one_s
 
 
 def test_skip_before_needs_exactly_one_continue_of_the_loop_itself():
-    assert skip_before(SOURCES, (SCRIPT, 9)) == f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"
+    assert skip_before(SOURCES, (SCRIPT, 9)) == \
+        f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"
     # Twins: a `continue` of an inner loop is not the step's; two skips are not guessed
     # between; a backward outside any loop has none.
     inner = [*SOURCE[:7], "        for p in ps:", "            if p is None: continue",

@@ -24,10 +24,10 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
+from .loops import inside_loop, left_at, skip_before, way_out
 from .records import Position, RankRecord, SeqEntry
 
-__all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death",
-           "left_at", "inside_loop", "skip_before"]
+__all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death"]
 
 
 
@@ -184,81 +184,8 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
     return None
 
 
-_LEAVE = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(continue|break|return|raise)\b")
-
-
-def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
-            backward: tuple[str, int] | None) -> str | None:
-    """'file:line `continue`': the first statement between a forward's line and a backward's
-    line (same file) that leaves the step."""
-    if not forward or not backward or forward[0] != backward[0] or forward[1] >= backward[1]:
-        return None
-    src = sources.get(forward[0]) or []
-    for n in range(forward[1] + 1, min(backward[1], len(src) + 1)):
-        if _LEAVE.match(src[n - 1]):
-            return f"{forward[0]}:{n} `{src[n - 1].strip()}`"
-    return None
-
-
 def _at(s: Spot) -> str:
     return f"{s.user_line[0]}:{s.user_line[1]}" if s.user_line else "it"
-
-
-_SKIP = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?continue\b")
-_LOOP = re.compile(r"^\s*(?:async\s+)?(?:for|while)\b")
-
-
-def skip_before(sources: Mapping[str, list[str]], backward: tuple[str, int] | None) -> str | None:
-    """'file:line `continue`': the one `continue` of the innermost loop around the backward's
-    line that comes before it; None when there is none or more than one."""
-    if not backward:
-        return None
-    src = sources.get(backward[0]) or []
-    line = backward[1]
-    if not 0 < line <= len(src):
-        return None
-    indent = len(src[line - 1]) - len(src[line - 1].lstrip())
-    head = None
-    for n in range(line - 1, 0, -1):
-        text = src[n - 1]
-        if not text.strip() or text.strip().startswith("#"):
-            continue
-        ind = len(text) - len(text.lstrip())
-        if ind < indent:
-            if _LOOP.match(text):
-                head = n
-                break
-            if re.match(r"^\s*(?:async\s+)?(?:def|class)\b", text):
-                return None
-            indent = ind
-    if head is None:
-        return None
-    found = [n for n in range(head + 1, line)
-             if inside_loop(src, head, n) and _SKIP.match(src[n - 1])
-             and not _in_inner_loop(src, head, n)]
-    return f"{backward[0]}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
-
-
-def _in_inner_loop(src: list[str], head: int, line: int) -> bool:
-    """Is `line` inside a loop nested in the loop at `head` (its `continue` is that loop's)?"""
-    return any(_LOOP.match(src[n - 1]) and inside_loop(src, n, line)
-               for n in range(head + 1, line))
-
-
-_EXIT = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(break|return|raise)\b")
-
-
-def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
-    """'file:line `if ...: break`': the one statement in the body of the `for` at `site` that
-    leaves the loop before its end; None when there is no such line or more than one (the
-    report then does not guess which)."""
-    path, _, num = site.rpartition(":")
-    src = sources.get(path)
-    if src is None or not num.isdigit():
-        return None
-    found = [n for n in range(int(num) + 1, len(src) + 1)
-             if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
-    return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
 
 
 def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
@@ -281,19 +208,6 @@ def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
                 f"forward through the wrapper that is not a training step ({sa.evals} such "
                 f"forwards on rank {a}, {sb.evals} on rank {b}); rank {b} is {where}"), (a,))
     return None
-
-
-def inside_loop(source: list[str], for_line: int, line: int) -> bool:
-    """Is `line` inside the body of the `for` at `for_line` (1-based, same file)?"""
-    if not 0 < for_line < line <= len(source):
-        return False
-    text = source[for_line - 1]
-    indent = len(text) - len(text.lstrip())
-    for n in range(for_line + 1, line + 1):
-        s = source[n - 1]
-        if s.strip() and not s.strip().startswith("#") and len(s) - len(s.lstrip()) <= indent:
-            return False
-    return True
 
 
 def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],

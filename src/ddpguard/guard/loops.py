@@ -1,0 +1,102 @@
+"""Where a rank left its step or its loop, read from the script's own lines. Pure.
+
+A rank that skipped a backward or broke out of its loop has usually moved on by the time the
+guard reports (another loader, a later batch, or gone), so its stack no longer shows the
+statement. The loop's source still does: the statements between a forward and a backward
+that leave the step, a loop's one `continue` before its backward, its one way out. Each is
+named only when the lines leave no choice; the report never guesses between two.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+__all__ = ["inside_loop", "left_at", "skip_before", "way_out"]
+
+
+def inside_loop(source: list[str], for_line: int, line: int) -> bool:
+    """Is `line` inside the body of the `for` at `for_line` (1-based, same file)?"""
+    if not 0 < for_line < line <= len(source):
+        return False
+    text = source[for_line - 1]
+    indent = len(text) - len(text.lstrip())
+    for n in range(for_line + 1, line + 1):
+        s = source[n - 1]
+        if s.strip() and not s.strip().startswith("#") and len(s) - len(s.lstrip()) <= indent:
+            return False
+    return True
+
+
+_LEAVE = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(continue|break|return|raise)\b")
+
+
+def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
+            backward: tuple[str, int] | None) -> str | None:
+    """'file:line `continue`': the first statement between a forward's line and a backward's
+    line (same file) that leaves the step."""
+    if not forward or not backward or forward[0] != backward[0] or forward[1] >= backward[1]:
+        return None
+    src = sources.get(forward[0]) or []
+    for n in range(forward[1] + 1, min(backward[1], len(src) + 1)):
+        if _LEAVE.match(src[n - 1]):
+            return f"{forward[0]}:{n} `{src[n - 1].strip()}`"
+    return None
+
+
+_SKIP = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?continue\b")
+_LOOP = re.compile(r"^\s*(?:async\s+)?(?:for|while)\b")
+
+
+def skip_before(sources: Mapping[str, list[str]],
+                backward: tuple[str, int] | None) -> str | None:
+    """'file:line `continue`': the one `continue` of the innermost loop around the backward's
+    line that comes before it; None when there is none or more than one."""
+    if not backward:
+        return None
+    src = sources.get(backward[0]) or []
+    line = backward[1]
+    if not 0 < line <= len(src):
+        return None
+    indent = len(src[line - 1]) - len(src[line - 1].lstrip())
+    head = None
+    for n in range(line - 1, 0, -1):
+        text = src[n - 1]
+        if not text.strip() or text.strip().startswith("#"):
+            continue
+        ind = len(text) - len(text.lstrip())
+        if ind < indent:
+            if _LOOP.match(text):
+                head = n
+                break
+            if re.match(r"^\s*(?:async\s+)?(?:def|class)\b", text):
+                return None
+            indent = ind
+    if head is None:
+        return None
+    found = [n for n in range(head + 1, line)
+             if inside_loop(src, head, n) and _SKIP.match(src[n - 1])
+             and not _in_inner_loop(src, head, n)]
+    return f"{backward[0]}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
+def _in_inner_loop(src: list[str], head: int, line: int) -> bool:
+    """Is `line` inside a loop nested in the loop at `head` (its `continue` is that loop's)?"""
+    return any(_LOOP.match(src[n - 1]) and inside_loop(src, n, line)
+               for n in range(head + 1, line))
+
+
+_EXIT = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(break|return|raise)\b")
+
+
+def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
+    """'file:line `if ...: break`': the one statement in the body of the `for` at `site` that
+    leaves the loop before its end; None when there is no such line or more than one (the
+    report then does not guess which)."""
+    path, _, num = site.rpartition(":")
+    src = sources.get(path)
+    if src is None or not num.isdigit():
+        return None
+    found = [n for n in range(int(num) + 1, len(src) + 1)
+             if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
+    return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
