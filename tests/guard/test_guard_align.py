@@ -8,8 +8,8 @@ from __future__ import annotations
 import queue
 import threading
 
-from ddpguard.guard.loops import inside_loop, left_at, skip_before, way_out
 from ddpguard.guard.diagnose import diagnose
+from ddpguard.guard.loops import inside_loop, left_at, skip_before, way_out
 from ddpguard.guard.report import format_text
 from ddpguard.guard.stacks import blocked_call
 
