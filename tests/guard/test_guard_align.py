@@ -220,6 +220,23 @@ def test_extra_collective_names_its_line_and_its_conditional_twin():
     assert diag(recs)["cause"] == "conditional_collective"
 
 
+def test_rank_tests_as_real_scripts_spell_them_make_a_conditional_collective():
+    # The tutorials' `gpu == 0` (the process index under mp.spawn), a trainer's
+    # `self.global_rank`, `is_master()`; the twin: a test of something else.
+    for test, cause in [("if (i + 1) % 10 == 0 and gpu == 0:", "conditional_collective"),
+                        ("if self.global_rank == 0:", "conditional_collective"),
+                        ("if is_master():", "conditional_collective"),
+                        ("if (i + 1) % 10 == 0:", "extra_collective"),
+                        ("if torch.cuda.is_available():", "extra_collective")]:
+        src = [*SOURCE[:3], f"        {test}", *SOURCE[4:]]
+        recs = [rec(0, coll(5, "all_reduce"), pending=[entry(9, sizes=((4,),))], batches=5,
+                    fwd=4, bwd=4, loaders={}),
+                rec(1, FWD, pending=[entry(9, "broadcast", ((16,),))], batches=5, fwd=5,
+                    bwd=4, loaders={})]
+        d = diagnose(recs, {SCRIPT: src}, cause="mismatch", reason="r", culprits=[0, 1])
+        assert d["cause"] == cause, (test, d["cause"])
+
+
 def test_twin_two_collectives_of_the_loop_itself_are_a_plain_mismatch():
     # Both ranks wait in collectives their loops issued: nothing shows which one is extra.
     recs = [rec(0, coll(5, "all_reduce"), pending=[entry(9, sizes=((4,),))], batches=5,
