@@ -95,3 +95,24 @@ def test_set_epoch_warning_only_for_the_same_sampler_reused():
         warnings.simplefilter("always")
         progress.loader_iter("train.py:20", reused)
     assert any("without set_epoch()" in str(w.message) for w in caught)
+
+
+def test_report_keeps_the_last_word_of_a_rank_that_exited():
+    """A rank that said it exited is silent because it is gone: the report shows it exited,
+    not "not answering (process stopped or frozen?)"; its twin, a running rank gone silent,
+    is shown as not answering."""
+    from ddpguard.guard.assemble import assemble
+    from ddpguard.guard.config import GuardConfig
+    from ddpguard.guard.peers import PeerTable
+    from ddpguard.guard.rules import Decision
+
+    table = PeerTable(0, "h", 0.5, 10.0)
+    table._seq[1] = (3, 0.0)  # rank 1's heartbeat last changed long ago
+    for state, shown in [("exited", False), ("running", True)]:
+        hb = {"rank": 1, "state": state, "host": "other", "pid": 1, "doing": "its loop"}
+        rep = assemble(Decision("peer_gone", "r", (1,)), {1: hb}, {}, rank=0, world_size=2,
+                       own={"rank": 0, "state": "running"}, table=table, run_id="x",
+                       config=GuardConfig())
+        one = rep["ranks"][1]
+        assert one["state"] == state
+        assert ("not answering" in str(one["hb"].get("doing"))) is shown, one

@@ -35,7 +35,10 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
         state = (hb or {}).get("state", "missing")
         if hb is None:
             state = "missing"
-        elif r != rank and not dump and table.stale_for(r, now) > 3 * interval:
+        elif (r != rank and not dump and state == "running"
+              and table.stale_for(r, now) > 3 * interval):
+            # (A rank that said it exited or crashed is silent because it is gone: its last
+            # word stands.)
             # Its guard stopped answering: what it last said it was doing is stale.
             hb = {**hb, "kind": "unknown", "blocked": False, "pending": [],
                   "doing": f"not answering for {table.stale_for(r, now):.0f} s "
