@@ -90,13 +90,14 @@ class ModuleInfo:
     guarded_calls: list[CallRec] = field(default_factory=list)  # calls under a rank test
     path: str = "<string>"
     file_set: object = None            # crossfile.FileSet: the other files on the command line
-    gloo_only: bool = False           # a "gloo" backend and no CUDA anywhere
-    no_sync: bool = False
     uses_cuda: bool = False
     distributed: bool = False
     multi_node: bool = False
+    # Spellings one rule interprets, noted during the one walk so that no rule walks the tree
+    # again: "no_sync" (an attribute, a call, `require_backward_grad_sync = ...`; DDP013),
+    # "join" (`model.join`; DDP003), "gloo" (the string; DDP010).
+    spelled: set[str] = field(default_factory=set)
     batchnorm: bool = False
-    joins: bool = False               # DDP's `model.join`: uneven inputs handled
     wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known

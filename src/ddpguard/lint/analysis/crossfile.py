@@ -26,7 +26,6 @@ class FileSet:
     def __init__(self, infos: list[ModuleInfo]) -> None:
         self.index: dict[str, list[ModuleInfo]] = {}
         self.multi = len(infos) > 1   # a lone file resolves nothing elsewhere
-        self.joins = any(uses_join(i) for i in infos)   # uneven inputs handled by DDP
         # Some file sets the CUDA device per process (often where the group is formed).
         self.sets_device = self.multi and any(r.last == "set_device" for i in infos
                                               for r in i.calls)
@@ -289,12 +288,6 @@ def runs_as_a_group(info: ModuleInfo) -> bool:
     one process, and its one write is no race."""
     return any(r.last.startswith(_GROUP_CALLS) or sets_up_group(r.last) or is_collective(r)
                for r in info.calls)
-
-
-def uses_join(info: ModuleInfo) -> bool:
-    """DDP's `model.join()` or torch's generic `Join` context: ranks may run out of inputs at
-    different steps without a hang."""
-    return info.joins or any(v.endswith("join.Join") for v in info.aliases.values())
 
 
 def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:

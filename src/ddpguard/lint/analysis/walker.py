@@ -67,7 +67,7 @@ def _is_main_guard(test: ast.expr) -> bool:
 
 
 class Walker:
-    __slots__ = ("info", "guard", "loops", "func", "in_class", "branch", "cur", "cls", "gloo")
+    __slots__ = ("info", "guard", "loops", "func", "in_class", "branch", "cur", "cls")
 
     def __init__(self, info: ModuleInfo) -> None:
         self.info = info
@@ -78,7 +78,6 @@ class Walker:
         self.branch: tuple[tuple[int, int], ...] = ()
         self.cur: ast.stmt | None = None
         self.cls: str | None = None
-        self.gloo = False
 
     def block(self, stmts: list[ast.stmt]) -> None:
         saved = self.guard
@@ -124,7 +123,7 @@ class Walker:
                     if level:
                         info.rank_names[name] = level
                     if name.endswith(".require_backward_grad_sync"):
-                        info.no_sync = True  # nanoGPT's spelling of no_sync
+                        info.spelled.add("no_sync")  # nanoGPT's spelling of no_sync
                 else:
                     self.expr(tgt)
         elif t is _Expr:
@@ -250,11 +249,11 @@ class Walker:
                     elif attr[0] == "B" and attr.startswith("BatchNorm"):
                         info.batchnorm = True
                     elif attr == "join" and _model_like(node.value):  # type: ignore[union-attr]
-                        info.joins = True
+                        info.spelled.add("join")
                     elif attr == "no_sync":
                         # also where it is not called here: `ctx = model.no_sync if micro
                         # else nullcontext`, then `with ctx():` (SAM-Med3D)
-                        info.no_sync = True
+                        info.spelled.add("no_sync")
                     node = node.value  # type: ignore[union-attr]
                     t = type(node)
                     if t is not Attribute:
@@ -294,7 +293,7 @@ class Walker:
                     info.distributed = True
                 if last in _FLAG_LASTS:
                     if last == "no_sync":
-                        info.no_sync = True
+                        info.spelled.add("no_sync")
                     elif last == "DistributedDataParallel":
                         # the same test as ModuleInfo.is_ddp_call
                         info.wraps_ddp = info.wraps_ddp or not foreign_ddp(info.qualify(f))
@@ -332,7 +331,7 @@ class Walker:
                     elif v in ("cuda", "nccl"):
                         info.uses_cuda = True
                     elif v == "gloo":
-                        self.gloo = True
+                        info.spelled.add("gloo")
                     elif v == "LOCAL_RANK":
                         info.distributed = True
                 continue
@@ -389,7 +388,6 @@ def build(tree: ast.Module, path: str = "<string>",
     info._memo.clear()
     info._last.clear()
     walker.block(tree.body)
-    info.gloo_only = walker.gloo and not info.uses_cuda
     _guard_functions(info)
     return info
 

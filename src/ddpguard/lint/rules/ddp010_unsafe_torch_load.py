@@ -56,7 +56,7 @@ def ddp010(info: ModuleInfo) -> Iterator[Hit]:
             yield call, "DDP010", (f"the project allows torch {floor} (pyproject.toml), where "
                                    "torch.load defaults to weights_only=False (before 2.6): "
                                    f"loading {src} unpickles arbitrary objects")
-        elif info.distributed and not info.gloo_only and kwarg(call, "map_location") is None \
+        elif info.distributed and not _gloo_only(info) and kwarg(call, "map_location") is None \
                 and not info.effective_guard(rec) \
                 and len(call.args) < 2 and not _sibling_maps(rec, loads) \
                 and not (path is not None and per_rank_path(info, path)):
@@ -65,6 +65,12 @@ def ddp010(info: ModuleInfo) -> Iterator[Hit]:
                                    "the GPU that saved them (usually cuda:0), whatever "
                                    "torch's weights_only default; that GPU pays the memory "
                                    "or OOMs")
+
+
+def _gloo_only(info: ModuleInfo) -> bool:
+    """A "gloo" backend spelled and no CUDA anywhere: a CPU script, where every rank's load
+    lands in its own memory."""
+    return "gloo" in info.spelled and not info.uses_cuda
 
 
 def _constant_path(node: ast.expr) -> bool:

@@ -51,12 +51,12 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
     DDP itself, or another file on the command line hands it the wrapper
     (`Trainer(model=ddp_model)`); neither uses `no_sync`. Other files of the repository
     may (a repository of independent scripts, one of which accumulates with no_sync)."""
-    if info.no_sync:
+    if _uses_no_sync(info):
         return
     origin = ""
     if not info.wraps_ddp:
         givers = _handed_a_wrapper(info)
-        if not givers or any(g.no_sync for g in givers):
+        if not givers or any(_uses_no_sync(g) for g in givers):
             return
         g = givers[0]
         origin = (f" (the DDP wrapper comes from {os.path.basename(g.path)}:"
@@ -70,6 +70,12 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
                 f"micro-step's backward all-reduces the gradients anyway{origin}: wrap the "
                 "micro-steps in model.no_sync()")
             return
+
+
+def _uses_no_sync(info: ModuleInfo) -> bool:
+    """`no_sync` anywhere in the module: called, bound to a name (`ctx = model.no_sync if
+    micro else nullcontext`, SAM-Med3D), or nanoGPT's `require_backward_grad_sync = ...`."""
+    return "no_sync" in info.spelled
 
 
 def _handed_a_wrapper(info: ModuleInfo) -> list[ModuleInfo]:
