@@ -402,3 +402,41 @@ def test_skip_before_needs_exactly_one_continue_of_the_loop_itself():
     two = [*SOURCE[:6], "        if xb is None: continue", *SOURCE[6:]]
     assert skip_before({SCRIPT: two}, (SCRIPT, 10)) is None
     assert skip_before({SCRIPT: ["loss.backward()"]}, (SCRIPT, 1)) is None
+
+
+
+def _batches(rank_extra, n=3):
+    """Loop-phase all-reduces, one per batch; `rank_extra`: a 1-number all_reduce issued
+    before batch n's (at line 13, under `if rank == 0:`)."""
+    out, k = [], 0
+    for b in range(1, n + 1):
+        if rank_extra and b == n:
+            k += 1
+            out.append(seq_entry(k, "all_reduce", "loop", b, b, b, b - 1, sig="ar 1",
+                                 line=f"{SCRIPT}:13 in <module>"))
+        k += 1
+        out.append(seq_entry(k, "all_reduce", "loop", b, b, b, b - 1, sig="ar 4",
+                             line=f"{SCRIPT}:5 in <module>"))
+    return out
+
+
+def test_the_sequences_part_at_an_extra_collective_named_with_its_line():
+    """gloo paired rank 0's extra one-number all_reduce with rank 1's usual one and let both
+    go on: now each waits somewhere that says nothing. The first number where the sequences
+    part, and which side is new to its loop, says it."""
+    recs = [rec(0, coll(5, "all_reduce"), pending=[entry(5, sizes=((4,),))], batches=3,
+                fwd=3, bwd=2, sequence=_batches(True)),
+            rec(1, coll(5, "all_reduce"), pending=[entry(4, sizes=((4,),))], batches=3,
+                fwd=3, bwd=2, sequence=_batches(False))]
+    d = diag(recs, cause="deadlock")
+    assert d["cause"] == "conditional_collective", d
+    assert d["culprits"] == [0]
+    assert said(f"part at number 3 (group 0): rank 0 issued all_reduce #3 (group 0) at "
+                f"{SCRIPT}:13", d), d["explanation"]
+    # Twin: the two differ at number 3, but both are each rank's usual collective (nothing
+    # new to either loop): a plain mismatch, no extra named.
+    both = _batches(False)
+    other = [dict(e, sig="ar 8") for e in both]
+    recs[0]["sequence"], recs[1]["sequence"] = both, other
+    d = diag(recs, cause="deadlock")
+    assert d["cause"] == "mismatch" and "part at number 1" in d["explanation"], d

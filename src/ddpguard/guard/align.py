@@ -14,20 +14,24 @@ across ranks names the cause, each with the facts that prove it:
 - a rank that left its loop early (its pass over the loader unfinished, its stack out of the
   loop, or gone, while others went on to later batches);
 - an extra collective on some ranks (issued by the loop's own code where the others are in
-  DDP's forward or backward).
+  DDP's forward or backward);
+- failing all of these, the first number where the sequences part (parting.py).
 Nothing is named where the places do not show it: the caller keeps the guard's decision.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 
+from .findings import Finding
+from .findings import file_line as _file_line
+from .findings import phase_words as _phase_words
 from .loops import inside_loop, left_at, skip_before, way_out
+from .parting import parted, second_thread
 from .records import Position, RankRecord, SeqEntry
 
-__all__ = ["SeqEntry", "Spot", "Finding", "spots", "explain", "extra_before_death"]
+__all__ = ["Spot", "spots", "explain"]
 
 
 
@@ -49,14 +53,6 @@ class Spot:
     @property
     def evals(self) -> int:
         return self.fwd - self.tfwd
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    cause: str
-    text: str
-    culprits: tuple[int, ...]
-    line: tuple[str, int] | None = None  # the line that issued the collective named
 
 
 _PHASE_OF_KIND = {"ddp_forward": "forward", "backward": "backward"}
@@ -107,41 +103,6 @@ def spots(records: Sequence[RankRecord], positions: Mapping[int, Position]
 
 def _where(s: Spot, pos: Position) -> str:
     return str(pos.get("user") or (s.waits["line"] if s.waits else None) or "?")
-
-
-def second_thread(records: Sequence[RankRecord]) -> Finding | None:
-    """An entry issued by a thread other than the training thread, where another rank's
-    training thread issued the entry of the same number: the group numbers collectives in the
-    order a rank issues them, whatever the thread, so they pair across threads."""
-    by_key: dict[tuple[str, int], list[tuple[int, SeqEntry]]] = {}
-    for rec in records:
-        for e in rec.get("sequence") or []:
-            by_key.setdefault((e["g"], e["seq"]), []).append((int(rec["rank"]), e))
-    for key in sorted(by_key, key=lambda k: (k[1], k[0])):
-        items = by_key[key]
-        side = [(r, e) for r, e in items if e["thread"]]
-        main = [(r, e) for r, e in items if not e["thread"]]
-        if side and main:
-            (r, e), (o, f) = side[0], main[0]
-            at = f" at {e['line']}" if e.get("line") else ""
-            return Finding("second_thread", (
-                f"rank {r}'s thread '{e['thread']}' issued {e['desc']}{at}, while rank {o}'s "
-                f"training thread issued {f['desc']} under the same number (batch "
-                f"{f['batches']}, {_phase_words(f['phase'])}): collectives are numbered in the "
-                "order a rank issues them, whatever the thread, so the two threads' "
-                "collectives pair with the wrong ones on the other ranks"), (r,))
-    return None
-
-
-def _file_line(where: str | None) -> tuple[str, int] | None:
-    """('f.py', 12) from 'f.py:12 in main'."""
-    m = re.match(r"(.+):(\d+)(?: in .*)?$", where or "")
-    return (m.group(1), int(m.group(2))) if m else None
-
-
-def _phase_words(phase: str) -> str:
-    return {"forward": "inside the DDP forward", "backward": "inside the backward",
-            "loop": "in the loop's own code"}.get(phase, phase)
 
 
 def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
@@ -303,42 +264,6 @@ def extra_collective(sp: Mapping[int, Spot], positions: Mapping[int, Position]
     return None
 
 
-def extra_before_death(records: Sequence[RankRecord],
-                       positions: Mapping[int, Position]) -> Finding | None:
-    """A rank died inside a collective (its fault log puts it in one: the transport aborted
-    it) just after a survivor's loop issued a collective its earlier batches never issued:
-    the ranks had run the same collectives batch after batch, so the dead rank's collective
-    of that number was its usual one, and the survivor's was extra."""
-    dead = [int(r["rank"]) for r in records if r.get("state") in ("dead", "crashed")
-            and (str((positions.get(int(r["rank"])) or {}).get("kind", "")) in
-                 ("ddp_forward", "backward")
-                 or str((positions.get(int(r["rank"])) or {}).get("kind", ""))
-                 .startswith("collective:"))]
-    if not dead:
-        return None
-    for rec in records:
-        seq = [e for e in rec.get("sequence") or [] if not e["thread"]]
-        if rec.get("state") != "running" or len(seq) < 4:
-            continue
-        last = seq[-1]["batches"]
-        for e in seq:  # the first odd one of the last two batches
-            if e["batches"] < last - 1 or e["phase"] != "loop":
-                continue
-            before = [f for f in seq if f["batches"] < e["batches"]]
-            if (any(f["phase"] != "loop" for f in before)
-                    and (e["phase"], e["sig"]) not in {(f["phase"], f["sig"]) for f in before}):
-                r, d = int(rec["rank"]), dead[0]
-                dpos = positions.get(d) or {}
-                at = f" at {e['line']}" if e.get("line") else ""
-                return Finding("extra_collective", (
-                    f"rank {r} issued {e['desc']}{at} from its loop's own code in batch "
-                    f"{e['batches']}, a collective none of its earlier batches issued; rank "
-                    f"{d} died inside its own collective of that point ({dpos.get('doing', '?')} "
-                    f"at {dpos.get('user', '?')}): the two were paired, and the transport "
-                    "aborted on the difference"), (r,), _file_line(e.get("line")))
-    return None
-
-
 def explain(records: Sequence[RankRecord], positions: Mapping[int, Position],
             sources: Mapping[str, list[str]]) -> Finding | None:
     """The strongest cause the aligned sequences show, or None."""
@@ -353,4 +278,5 @@ def explain(records: Sequence[RankRecord], positions: Mapping[int, Position],
     # meet a peer's backward, and the counters would read like a skipped backward. So the
     # evaluation forwards are compared first.
     return (forward_on_some_ranks(sp) or skipped_backward(sp, positions, sources)
-            or left_early(records, sp, positions, sources) or extra_collective(sp, positions))
+            or left_early(records, sp, positions, sources) or extra_collective(sp, positions)
+            or parted(records))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
-from .align import Finding, explain, extra_before_death, second_thread
+from .align import explain
+from .findings import Finding
 from .ledger import describe_entry, first_pending
+from .parting import extra_before_death, second_thread
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
     Frame,

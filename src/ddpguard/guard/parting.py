@@ -1,0 +1,129 @@
+"""Where the ranks' collective sequences part, read from the sequences alone (no places in
+the loop needed). Pure.
+
+- a collective issued by a thread other than the training thread, paired by the group with
+  another rank's training collective (the group numbers collectives in issue order);
+- the first number at which two ranks issued different collectives, and which of the two is
+  new to its rank's loop (the extra one);
+- a survivor's new collective just before a peer died inside its own (the transport aborted
+  on the difference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .findings import Finding
+from .findings import file_line as _file_line
+from .findings import phase_words as _phase_words
+from .records import Position, RankRecord, SeqEntry
+
+__all__ = ["second_thread", "parted", "extra_before_death"]
+
+
+def second_thread(records: Sequence[RankRecord]) -> Finding | None:
+    """An entry issued by a thread other than the training thread, where another rank's
+    training thread issued the entry of the same number: the group numbers collectives in the
+    order a rank issues them, whatever the thread, so they pair across threads."""
+    by_key: dict[tuple[str, int], list[tuple[int, SeqEntry]]] = {}
+    for rec in records:
+        for e in rec.get("sequence") or []:
+            by_key.setdefault((e["g"], e["seq"]), []).append((int(rec["rank"]), e))
+    for key in sorted(by_key, key=lambda k: (k[1], k[0])):
+        items = by_key[key]
+        side = [(r, e) for r, e in items if e["thread"]]
+        main = [(r, e) for r, e in items if not e["thread"]]
+        if side and main:
+            (r, e), (o, f) = side[0], main[0]
+            at = f" at {e['line']}" if e.get("line") else ""
+            return Finding("second_thread", (
+                f"rank {r}'s thread '{e['thread']}' issued {e['desc']}{at}, while rank {o}'s "
+                f"training thread issued {f['desc']} under the same number (batch "
+                f"{f['batches']}, {_phase_words(f['phase'])}): collectives are numbered in the "
+                "order a rank issues them, whatever the thread, so the two threads' "
+                "collectives pair with the wrong ones on the other ranks"), (r,))
+    return None
+
+
+def parted(records: Sequence[RankRecord]) -> Finding | None:
+    """The first number at which two ranks' training threads issued different collectives
+    (operation, sizes or types): from there on every collective pairs with the wrong one, so
+    where the ranks wait now is a consequence. Of the two, the one its rank never issued at
+    that place of its loop before (a phase and signature its earlier batches do not show)
+    is the extra one; where neither or both are new, it is a plain mismatch."""
+    seqs = {int(r["rank"]): [e for e in r.get("sequence") or [] if not e["thread"]]
+            for r in records}
+    by_key: dict[tuple[str, int], dict[int, SeqEntry]] = {}
+    for r, seq in seqs.items():
+        for e in seq:
+            by_key.setdefault((e["g"], e["seq"]), {})[r] = e
+    for key in sorted(by_key, key=lambda k: (k[1], k[0])):
+        side = by_key[key]
+        if len(side) < 2 or len({e["sig"] for e in side.values()}) < 2:
+            continue
+        (a, ea), (b, eb) = sorted(side.items())[:2]
+        new_a, new_b = _new_here(seqs[a], ea), _new_here(seqs[b], eb)
+        if new_a != new_b:
+            x, ex, y, ey = (a, ea, b, eb) if new_a else (b, eb, a, ea)
+            return Finding("extra_collective", (
+                f"the ranks' collectives part at number {ex['seq']} (group {ex['g']}): rank "
+                f"{x} issued {ex['desc']}{_at(ex)} ({_phase_words(ex['phase'])}, batch "
+                f"{ex['batches']}), a collective its earlier batches never issued there; rank "
+                f"{y} issued {ey['desc']} ({_phase_words(ey['phase'])}, batch {ey['batches']}), "
+                "its usual one. Every later collective pairs with the wrong one"), (x,),
+                _file_line(ex.get("line")))
+        return Finding("mismatch", (
+            f"the ranks' collectives part at number {ea['seq']} (group {ea['g']}): rank {a} "
+            f"issued {ea['desc']}{_at(ea)} ({_phase_words(ea['phase'])}, batch "
+            f"{ea['batches']}), rank {b} {eb['desc']}{_at(eb)} ({_phase_words(eb['phase'])}, "
+            f"batch {eb['batches']})"), (a, b), _file_line(ea.get("line")))
+    return None
+
+
+def _at(e: SeqEntry) -> str:
+    return f" at {e['line']}" if e.get("line") else ""
+
+
+def _new_here(seq: Sequence[SeqEntry], e: SeqEntry) -> bool:
+    """Did this rank issue `e`'s kind of collective (phase and signature) for the first time
+    at `e`, after earlier batches that issued collectives?"""
+    before = [f for f in seq if f["seq"] < e["seq"] and f["g"] == e["g"]]
+    earlier = [f for f in before if f["batches"] < e["batches"]]
+    return bool(earlier) and (e["phase"], e["sig"]) not in {(f["phase"], f["sig"])
+                                                           for f in before}
+
+
+def extra_before_death(records: Sequence[RankRecord],
+                       positions: Mapping[int, Position]) -> Finding | None:
+    """A rank died inside a collective (its fault log puts it in one: the transport aborted
+    it) just after a survivor's loop issued a collective its earlier batches never issued:
+    the ranks had run the same collectives batch after batch, so the dead rank's collective
+    of that number was its usual one, and the survivor's was extra."""
+    dead = [int(r["rank"]) for r in records if r.get("state") in ("dead", "crashed")
+            and (str((positions.get(int(r["rank"])) or {}).get("kind", "")) in
+                 ("ddp_forward", "backward")
+                 or str((positions.get(int(r["rank"])) or {}).get("kind", ""))
+                 .startswith("collective:"))]
+    if not dead:
+        return None
+    for rec in records:
+        seq = [e for e in rec.get("sequence") or [] if not e["thread"]]
+        if rec.get("state") != "running" or len(seq) < 4:
+            continue
+        last = seq[-1]["batches"]
+        for e in seq:  # the first odd one of the last two batches
+            if e["batches"] < last - 1 or e["phase"] != "loop":
+                continue
+            before = [f for f in seq if f["batches"] < e["batches"]]
+            if (any(f["phase"] != "loop" for f in before)
+                    and (e["phase"], e["sig"]) not in {(f["phase"], f["sig"]) for f in before}):
+                r, d = int(rec["rank"]), dead[0]
+                dpos = positions.get(d) or {}
+                at = f" at {e['line']}" if e.get("line") else ""
+                return Finding("extra_collective", (
+                    f"rank {r} issued {e['desc']}{at} from its loop's own code in batch "
+                    f"{e['batches']}, a collective none of its earlier batches issued; rank "
+                    f"{d} died inside its own collective of that point ({dpos.get('doing', '?')} "
+                    f"at {dpos.get('user', '?')}): the two were paired, and the transport "
+                    "aborted on the difference"), (r,), _file_line(e.get("line")))
+    return None
