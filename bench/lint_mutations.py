@@ -240,6 +240,10 @@ M = [
  ("35: an assignment of the group's rank expression seeds the walk", 'analysis/crossfile.py', '                    type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs', '                    False'),
  ('35: a skip on a value built from the batch', 'rules/ddp004_rank_dependent_step_count.py', '            if _empty_test(s.test, _from_the_batch(node, s, names)):', '            if _empty_test(s.test, names):'),
  ("35: only values built from the batch are the batch's", 'rules/ddp004_rank_dependent_step_count.py', '        if isinstance(st, ast.Assign) and any(\n                isinstance(n, ast.Name) and n.id in out for n in ast.walk(st.value)):', '        if isinstance(st, ast.Assign):'),
+ ("DDP025 the calling function's assignments only", "rules/ddp025_rank_kind_mixup.py", "if lo <= line <= hi]", "]"),
+ ("DDP025 a constant is the single-process path", "rules/ddp025_rank_kind_mixup.py", "             if not isinstance(v, ast.Constant)]", "             ]"),
+ ("DDP025 the launcher's --local_rank", "rules/ddp025_rank_kind_mixup.py", "    if kind == LOCAL and d.rsplit(\".\", 1)[-1] == \"local_rank\" and d.startswith((\"args.\", \"opt\")):", "    if False:"),
+ ("DDP025 torch.cuda's set_device", "rules/ddp025_rank_kind_mixup.py", "            if not (info.qualify(rec.node.func) or \"\").startswith(\"torch.cuda\") \\\n", "            if False \\\n"),
 ]
 
 

@@ -47,6 +47,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP008",
         "DDP009",
         "DDP024",
+        "DDP025",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -427,6 +428,17 @@ CASES: dict[str, tuple[str, str]] = {
         """
         sampler = DistributedSampler(val_set, shuffle=False, drop_last=True)
         dist.all_reduce(correct)
+        """,
+    ),
+    "DDP025": (
+        """
+        rank = dist.get_rank()
+        torch.cuda.set_device(rank)
+        """,
+        """
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", rank=int(os.environ["RANK"]))
         """,
     ),
     "DDP018": (

@@ -1,0 +1,100 @@
+"""DDP025 the global rank used as a device index, or the local rank as the global rank.
+
+Two spellings of one confusion, both right on one node and wrong on several:
+
+- `torch.cuda.set_device(r)` (or `DDP(..., device_ids=[r])`) with `r` read from the global
+  rank (`dist.get_rank()`, `RANK`, `SLURM_PROCID`): on the second node `r` is at least the
+  number of GPUs per node, a device that does not exist (`invalid device ordinal`), or two
+  processes of a node share a GPU.
+- `init_process_group(rank=r)` with `r` read from the local rank (`LOCAL_RANK`,
+  `SLURM_LOCALID`, the launcher's `--local_rank`): every node has a rank 0, so two processes
+  claim each rank and the rendezvous fails or waits forever.
+
+Only values whose source is certain are reported: a parameter merely named `rank` (the index
+`mp.spawn` passes, which is both on one node) is not. Fix: `LOCAL_RANK` for the device,
+`RANK` (or `dist.get_rank()`) for the process group.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.provenance import GLOBAL, LOCAL, dotted, env_level
+from ..registry import Hit, rule
+
+# The calls that return the process's rank in the default group, by kind.
+_SOURCE_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
+                 "get_node_local_rank": LOCAL}
+
+
+@rule('DDP025', 'rank-kind-mixup', 'warning',
+      'the global rank picks the GPU, or the local rank is passed as the global rank',
+      'LOCAL_RANK picks the device; RANK (dist.get_rank()) is the process-group rank')
+def ddp025(info: ModuleInfo) -> Iterator[Hit]:
+    """Reported only where the value's source is read in this file (a launcher variable or
+    torch's rank call), so the kind is known, not guessed from a name."""
+    for rec in info.calls_named("set_device", "init_process_group", "DistributedDataParallel"):
+        if rec.last == "init_process_group":
+            r = kwarg(rec.node, "rank")
+            if r is not None and (src := _source(info, r, LOCAL, rec.func)):
+                yield r, "DDP025", (
+                    f"init_process_group(rank={ast.unparse(r)}) passes the local rank "
+                    f"({src}) as the global rank: on more than one node, two processes claim "
+                    "each rank and the rendezvous fails or waits forever")
+            continue
+        if rec.last == "set_device":
+            if not (info.qualify(rec.node.func) or "").startswith("torch.cuda") \
+                    or not rec.node.args:
+                continue
+            dev: ast.expr | None = rec.node.args[0]
+        else:
+            ids = kwarg(rec.node, "device_ids")
+            dev = ids.elts[0] if isinstance(ids, ast.List) and len(ids.elts) == 1 else None
+        if dev is not None and (src := _source(info, dev, GLOBAL, rec.func)):
+            yield dev, "DDP025", (
+                f"the device index `{ast.unparse(dev)}` is the global rank ({src}): on a "
+                "second node it is at least the GPUs per node, a device that does not exist "
+                "(or shared by two processes); use the local rank")
+
+
+def _source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
+            depth: int = 0) -> str | None:
+    """Where `node` reads the rank of `kind` from, when it is that and nothing else: the
+    call or variable itself, or a name that `func` assigns only such a value (or a constant:
+    `rank = 0` on the single-process path). A parameter `func` never assigns is whatever the
+    caller passed (mp.spawn's index): no source."""
+    if isinstance(node, ast.Call):
+        last = info.callee_last(node)
+        if last in ("int", "str") and node.args:
+            return _source(info, node.args[0], kind, func, depth)
+        if _SOURCE_CALLS.get(last) == kind and not node.args and not node.keywords:
+            return f"{last}()"
+        if last in ("get", "getenv") and node.args and isinstance(node.args[0], ast.Constant) \
+                and env_level(node.args[0].value) == kind:
+            return str(node.args[0].value)
+        return None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return str(node.slice.value) if env_level(node.slice.value) == kind else None
+    d = dotted(node)
+    if d is None or depth > 3:
+        return None
+    if kind == LOCAL and d.rsplit(".", 1)[-1] == "local_rank" and d.startswith(("args.", "opt")):
+        return f"{d}, the launcher's --local_rank"
+    lo, hi = (func.lineno, func.end_lineno or func.lineno) if func else (0, 1 << 30)
+    values = [v for line, v in info.assigns.get(d, []) if lo <= line <= hi]
+    found = [_source(info, v, kind, func, depth + 1) for v in values
+             if not isinstance(v, ast.Constant)]
+    return found[0] if found and all(found) else None
+
+
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(rank)  # the global rank: no such GPU on the second node
+"""
+
+RULE = ddp025
