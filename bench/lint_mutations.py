@@ -244,6 +244,11 @@ M = [
  ("DDP025 a constant is the single-process path", "rules/ddp025_rank_kind_mixup.py", "             if not isinstance(v, ast.Constant)]", "             ]"),
  ("DDP025 the launcher's --local_rank", "rules/ddp025_rank_kind_mixup.py", "    if kind == LOCAL and d.rsplit(\".\", 1)[-1] == \"local_rank\" and d.startswith((\"args.\", \"opt\")):", "    if False:"),
  ("DDP025 torch.cuda's set_device", "rules/ddp025_rank_kind_mixup.py", "            if not (info.qualify(rec.node.func) or \"\").startswith(\"torch.cuda\") \\\n", "            if False \\\n"),
+ ("DDP026 from the block's first loop on", "rules/ddp026_collective_under_join.py", "        lo, hi = min(loops), block.end_lineno or block.lineno", "        lo, hi = block.body[0].lineno, block.end_lineno or block.lineno"),
+ ("DDP026 a join that throws at the first end", "rules/ddp026_collective_under_join.py", "    if isinstance(throw, ast.Constant) and throw.value is True:", "    if False:"),
+ ("DDP026 DDP's join is a model's", "rules/ddp026_collective_under_join.py", "        if owner is None or not any(h in owner.lower() for h in (\"model\", \"ddp\", \"net\")):", "        if owner is None:"),
+ ("DDP026 a collective through a function of the file", "rules/ddp026_collective_under_join.py", "    callees: list[Func] = info.local_callees(rec)", "    callees: list[Func] = []"),
+ ("DDP026 torch's Join", "rules/ddp026_collective_under_join.py", "    elif not (info.qualify(f) or \"\").endswith(\"join.Join\"):", "    elif True:"),
 ]
 
 

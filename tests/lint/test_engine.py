@@ -48,6 +48,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP009",
         "DDP024",
         "DDP025",
+        "DDP026",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -439,6 +440,20 @@ CASES: dict[str, tuple[str, str]] = {
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", rank=int(os.environ["RANK"]))
+        """,
+    ),
+    "DDP026": (
+        """
+        with model.join():
+            for b in loader:
+                model(b).sum().backward()
+                dist.all_reduce(t)
+        """,
+        """
+        with model.join():
+            for b in loader:
+                model(b).sum().backward()
+        dist.all_reduce(t)
         """,
     ),
     "DDP018": (
