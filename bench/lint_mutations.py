@@ -249,6 +249,11 @@ M = [
  ("DDP026 DDP's join is a model's", "rules/ddp026_collective_under_join.py", "        if owner is None or not any(h in owner.lower() for h in (\"model\", \"ddp\", \"net\")):", "        if owner is None:"),
  ("DDP026 a collective through a function of the file", "rules/ddp026_collective_under_join.py", "    callees: list[Func] = info.local_callees(rec)", "    callees: list[Func] = []"),
  ("DDP026 torch's Join", "rules/ddp026_collective_under_join.py", "    elif not (info.qualify(f) or \"\").endswith(\"join.Join\"):", "    elif True:"),
+ ("DDP027 bound in the else arm too", "rules/ddp027_rank_only_binding.py", "if n not in _names_bound(st.orelse)", "if True"),
+ ("DDP027 bound before the rank test", "rules/ddp027_rank_only_binding.py", "                     and not any(line < st.lineno for line in bound.get(n, []))}", "                     }"),
+ ("DDP027 a read under a rank test again", "rules/ddp027_rank_only_binding.py", "        if st.lineno <= after or _guarded(info, st, stmts):", "        if st.lineno <= after:"),
+ ("DDP027 a rank-tested conditional expression", "rules/ddp027_rank_only_binding.py", "        if isinstance(n, ast.IfExp) and info.rank_level(n.test):", "        if False:"),
+ ("DDP027 a collective follows the read", "rules/ddp027_rank_only_binding.py", "            if follow:", "            if True:"),
 ]
 
 

@@ -49,6 +49,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP024",
         "DDP025",
         "DDP026",
+        "DDP027",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -454,6 +455,21 @@ CASES: dict[str, tuple[str, str]] = {
             for b in loader:
                 model(b).sum().backward()
         dist.all_reduce(t)
+        """,
+    ),
+    "DDP027": (
+        """
+        if dist.get_rank() == 0:
+            path = "runs/a"
+        state = torch.load(path)
+        model = DDP(net)
+        """,
+        """
+        path = None
+        if dist.get_rank() == 0:
+            path = "runs/a"
+        state = torch.load(path)
+        model = DDP(net)
         """,
     ),
     "DDP018": (

@@ -1,0 +1,214 @@
+"""DDP027 a name bound under a rank test and read by every rank.
+
+```python
+if dist.get_rank() == 0:
+    save_path = make_run_dir(args)
+...
+ckpt = torch.load(os.path.join(save_path, "last.th"))   # every rank
+model = DDP(model)
+```
+
+Only the ranks that took the branch have the name; the others raise NameError (or
+UnboundLocalError) where every rank reads it, while the ranks that have it go on into the
+next collective (here the DDP constructor's broadcast) and wait there for peers that are gone.
+Reported where the name is read outside any rank test, when nothing bound it on the other
+ranks before (in the branch's `else`, earlier in the function, as a parameter) and a
+collective, a DDP wrap or a training step follows the read in the same function. A read
+guarded again by the rank (`pbar if is_main else loader`, `if rank == 0: writer.add(...)`) is
+fine. Fix: bind the name on every rank (compute it everywhere, or broadcast it).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ..analysis.context import Func, ModuleInfo, is_collective
+from ..registry import At, Hit, rule
+
+_SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+@rule('DDP027', 'rank-only-binding', 'warning',
+      'a name bound only under a rank test and read by every rank before a collective',
+      'bind it on every rank (compute it everywhere, or broadcast it)')
+def ddp027(info: ModuleInfo) -> Iterator[Hit]:
+    if not info.distributed or not info.split_funcs:
+        return
+    scopes: list[tuple[Func | None, list[ast.stmt]]] = []
+    if 0 in info.split_funcs:
+        scopes.append((None, info.tree.body))
+    for fns in info.funcs.values():
+        scopes += [(fn, fn.body) for fn in fns if id(fn) in info.split_funcs]
+    for func, body in scopes:
+        yield from _scope(info, func, body)
+
+
+def _scope(info: ModuleInfo, func: Func | None, body: list[ast.stmt]) -> Iterator[Hit]:
+    stmts = list(_statements(body))
+    bound = _bindings(stmts)
+    params = _params(func)
+    for st in stmts:
+        if not isinstance(st, ast.If) or not info.rank_level(st.test):
+            continue
+        only_here = {n for n in _names_bound(st.body) if n not in _names_bound(st.orelse)
+                     and n not in params
+                     and not any(line < st.lineno for line in bound.get(n, []))}
+        end = st.end_lineno or st.lineno
+        for name in sorted(only_here):
+            read = _first_open_read(info, stmts, name, end)
+            if read is None or any(end < line < read.lineno for line in bound.get(name, [])):
+                continue
+            follow = _collective_after(info, func, read.lineno)
+            if follow:
+                yield At(read.lineno, read.col_offset), "DDP027", (
+                    f"`{name}` is bound only where `{ast.unparse(st.test)}` holds (line "
+                    f"{st.lineno}) but read by every rank at line {read.lineno}: the other "
+                    f"ranks raise NameError there while the ranks that have it go on to "
+                    f"{follow} and wait for them")
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of a scope, nested blocks included, not those of inner functions."""
+    for st in body:
+        yield st
+        if isinstance(st, _SCOPE_STOP):
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(st, field, []) or [])
+        for h in getattr(st, "handlers", []) or []:
+            yield from _statements(h.body)
+
+
+def _targets(st: ast.stmt) -> list[ast.expr]:
+    if isinstance(st, ast.Assign):
+        return st.targets
+    if isinstance(st, ast.AnnAssign | ast.AugAssign) and st.value is not None:
+        return [st.target]
+    if isinstance(st, ast.For | ast.AsyncFor):
+        return [st.target]
+    if isinstance(st, ast.With | ast.AsyncWith):
+        return [i.optional_vars for i in st.items if i.optional_vars is not None]
+    return []
+
+
+def _names_of(st: ast.stmt) -> Iterator[str]:
+    for t in _targets(st):
+        for n in ast.walk(t):
+            if isinstance(n, ast.Name):
+                yield n.id
+    if isinstance(st, ast.Import | ast.ImportFrom):
+        for a in st.names:
+            yield (a.asname or a.name).split(".")[0]
+    if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        yield st.name
+    if isinstance(st, ast.Global | ast.Nonlocal):
+        yield from st.names
+
+
+def _names_bound(body: list[ast.stmt]) -> set[str]:
+    return {n for st in _statements(body) for n in _names_of(st)}
+
+
+def _bindings(stmts: list[ast.stmt]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for st in stmts:
+        line = 0 if isinstance(st, ast.Global | ast.Nonlocal) else st.lineno
+        for n in _names_of(st):
+            out.setdefault(n, []).append(line)
+    return out
+
+
+def _params(func: Func | None) -> set[str]:
+    if func is None:
+        return set()
+    a = func.args
+    names = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+    return {x.arg for x in names if x is not None}
+
+
+def _first_open_read(info: ModuleInfo, stmts: list[ast.stmt], name: str,
+                     after: int) -> ast.Name | None:
+    """The first read of `name` past line `after` that no rank test guards."""
+    for st in stmts:
+        if st.lineno <= after or _guarded(info, st, stmts):
+            continue
+        for part in _own_expressions(st):
+            hit = _open_read(info, part, name)
+            if hit is not None:
+                return hit
+    return None
+
+
+def _guarded(info: ModuleInfo, st: ast.stmt, stmts: list[ast.stmt]) -> bool:
+    """`st` sits in an arm of an `if` on the rank, or in a `try` that may swallow the error."""
+    for outer in stmts:
+        if outer is st or not (outer.lineno <= st.lineno <= (outer.end_lineno or 0)):
+            continue
+        if isinstance(outer, ast.If) and info.rank_level(outer.test):
+            return True
+        if isinstance(outer, ast.Try) and outer.handlers and any(
+                s is st or any(x is st for x in ast.walk(s)) for s in outer.body):
+            return True
+    return False
+
+
+def _own_expressions(st: ast.stmt) -> list[ast.AST]:
+    """The expressions of `st` itself, not of the statements nested in it."""
+    if isinstance(st, ast.If | ast.While):
+        return [st.test]
+    if isinstance(st, ast.For | ast.AsyncFor):
+        return [st.iter]
+    if isinstance(st, ast.With | ast.AsyncWith):
+        return [i.context_expr for i in st.items]
+    if isinstance(st, (*_SCOPE_STOP, ast.Try)):
+        return []
+    return [st]
+
+
+def _open_read(info: ModuleInfo, node: ast.AST, name: str) -> ast.Name | None:
+    """A load of `name` in `node` outside the arms of a rank-tested `x if rank0 else y` or
+    `is_main and ...`."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load):
+            return n
+        if isinstance(n, ast.IfExp) and info.rank_level(n.test):
+            continue
+        if isinstance(n, ast.BoolOp) and any(info.rank_level(v) for v in n.values):
+            continue
+        if isinstance(n, _SCOPE_STOP):
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+    return None
+
+
+def _collective_after(info: ModuleInfo, func: Func | None, line: int) -> str:
+    """What every rank reaches after `line` in the same function: a collective, a DDP wrap, a
+    backward or an optimizer step ("" for none)."""
+    for rec in info.calls:
+        if rec.func is not func or rec.node.lineno < line or rec.guard:
+            continue
+        if is_collective(rec):
+            return f"{rec.last}() at line {rec.node.lineno}"
+        if info.is_ddp_call(rec.node):
+            return f"the DDP constructor's broadcast at line {rec.node.lineno}"
+        if rec.last == "backward":
+            return f"the backward's all-reduce at line {rec.node.lineno}"
+    return ""
+
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+if dist.get_rank() == 0:
+    run_dir = make_run_dir()
+state = torch.load(run_dir + "/last.pt")  # NameError on ranks > 0
+model = DDP(net)
+"""
+
+RULE = ddp027
