@@ -254,6 +254,9 @@ M = [
  ("DDP027 a read under a rank test again", "rules/ddp027_rank_only_binding.py", "        if st.lineno <= after or _guarded(info, st, stmts):", "        if st.lineno <= after:"),
  ("DDP027 a rank-tested conditional expression", "rules/ddp027_rank_only_binding.py", "        if isinstance(n, ast.IfExp) and info.rank_level(n.test):", "        if False:"),
  ("DDP027 a collective follows the read", "rules/ddp027_rank_only_binding.py", "            if follow:", "            if True:"),
+ ("mpi4py's collectives", "analysis/context.py", "    if rec.last in MPI_COLLECTIVES:\n        return (rec.qual or \"\").startswith(\"mpi4py.\")", "    if rec.last in MPI_COLLECTIVES:\n        return False"),
+ ("a communicator bound to a name", "analysis/walker.py", "                    qual = mpi_qual(info, qual)", "                    pass"),
+ ("mpi4py's Get_rank", "analysis/provenance.py", "               \"Get_rank\": GLOBAL}", "               }"),
 ]
 
 

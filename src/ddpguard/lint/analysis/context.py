@@ -21,7 +21,12 @@ COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all
 COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
 # The only callees whose fully qualified name a rule reads (CallRec.qual); for the rest the
 # walker skips resolving it once the module is known to be distributed.
-QUALIFIED = {"save", "load", "print", *COLLECTIVE_EXACT}
+# mpi4py's collectives (a communicator's methods; lower case pickles objects, capitalised
+# sends buffers): where a program forms its group with MPI, these are its collectives too.
+MPI_COLLECTIVES = {"bcast", "Bcast", "allreduce", "Allreduce", "Reduce", "Gather", "allgather",
+                   "Allgather", "Allgatherv", "Gatherv", "Scatter", "Scatterv", "alltoall",
+                   "Alltoall", "Barrier", "Reduce_scatter", "exscan", "scan"}
+QUALIFIED = {"save", "load", "print", *COLLECTIVE_EXACT, *MPI_COLLECTIVES}
 
 
 @dataclass(slots=True)
@@ -53,9 +58,22 @@ def is_optimizer_step(call: ast.Call) -> bool:
 
 
 def is_collective(rec: CallRec) -> bool:
+    if rec.last in MPI_COLLECTIVES:
+        return (rec.qual or "").startswith("mpi4py.")
     if not (rec.last in COLLECTIVE_EXACT or rec.last.startswith(COLLECTIVE_PREFIXES)):
         return False
-    return (rec.qual or "").startswith("torch.distributed.")
+    return (rec.qual or "").startswith(("torch.distributed.", "mpi4py."))
+
+
+def mpi_qual(info: ModuleInfo, qual: str) -> str:
+    """`comm.bcast` where `comm = MPI.COMM_WORLD` (or `self.comm = ...`): mpi4py's, spelled
+    through the communicator's name."""
+    owner, _, method = qual.rpartition(".")
+    for _, v in info.assigns.get(owner, [])[:3]:
+        q = info.qualify(v.func if isinstance(v, ast.Call) else v) or ""
+        if q.startswith("mpi4py."):
+            return f"{q}.{method}"
+    return qual
 
 
 @dataclass(slots=True)

@@ -76,7 +76,8 @@ def rank_only(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 # (`hvd.rank()`, `hvd.local_rank()`, `xm.get_ordinal()`: other launchers' spellings)
 _RANK_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank": LOCAL,
                "get_node_local_rank": LOCAL, "rank": GLOBAL, "local_rank": LOCAL,
-               "get_ordinal": GLOBAL, "get_local_ordinal": LOCAL}
+               "get_ordinal": GLOBAL, "get_local_ordinal": LOCAL,
+               "Get_rank": GLOBAL}  # mpi4py: `comm.Get_rank()` (`comm.rank` reads by name)
 _ENV = {"RANK": GLOBAL, "SLURM_PROCID": GLOBAL, "OMPI_COMM_WORLD_RANK": GLOBAL,
         "PMI_RANK": GLOBAL, "LOCAL_RANK": LOCAL, "SLURM_LOCALID": LOCAL,
         "OMPI_COMM_WORLD_LOCAL_RANK": LOCAL, "MPI_LOCALRANKID": LOCAL}

@@ -6,7 +6,9 @@ import ast
 from typing import Any
 
 from .context import (
+    COLLECTIVE_EXACT,
     COLLECTIVE_PREFIXES,
+    MPI_COLLECTIVES,
     QUALIFIED,
     CallRec,
     Func,
@@ -15,6 +17,7 @@ from .context import (
     ModuleInfo,
     dotted,
     foreign_ddp,
+    mpi_qual,
 )
 from .provenance import GLOBAL, LOCAL, NONE
 from .rank_functions import _flags_set_in_arms, _guard_functions, _rank_functions_first
@@ -283,6 +286,11 @@ class Walker:
                     last = known
                 qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
+                if qual is not None and (last in MPI_COLLECTIVES or last in COLLECTIVE_EXACT
+                                         or last.startswith(COLLECTIVE_PREFIXES)) \
+                        and not qual.startswith(("torch.", "mpi4py.")) \
+                        and any(v.startswith("mpi4py") for v in aliases.values()):
+                    qual = mpi_qual(info, qual)
                 rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
                               self.func, self.branch, self.cur, callee)
                 calls.append(rec)
