@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, is_collective
+from ..analysis.context import CallRec, Func, ModuleInfo, is_collective
 from ..registry import At, Hit, rule
 
 _SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -35,25 +35,37 @@ _SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 def ddp027(info: ModuleInfo) -> Iterator[Hit]:
     if not info.distributed or not info.split_funcs:
         return
+    # Only a scope with a rank test and, on every rank, a collective somewhere can hang
+    # this way: one pass over the calls finds the last such call of each function.
+    last: dict[int, int] = {}
+    split = info.split_funcs
+    for rec in info.calls:
+        key = id(rec.func) if rec.func is not None else 0
+        if key in split and not rec.guard and _follows(info, rec):
+            last[key] = max(last.get(key, 0), rec.node.lineno)
     scopes: list[tuple[Func | None, list[ast.stmt]]] = []
-    if 0 in info.split_funcs:
+    if 0 in info.split_funcs and 0 in last:
         scopes.append((None, info.tree.body))
     for fns in info.funcs.values():
-        scopes += [(fn, fn.body) for fn in fns if id(fn) in info.split_funcs]
+        scopes += [(fn, fn.body) for fn in fns if id(fn) in info.split_funcs and id(fn) in last]
     for func, body in scopes:
-        yield from _scope(info, func, body)
+        yield from _scope(info, func, body, last[id(func) if func is not None else 0])
 
 
-def _scope(info: ModuleInfo, func: Func | None, body: list[ast.stmt]) -> Iterator[Hit]:
-    stmts = list(_statements(body))
-    bound = _bindings(stmts)
+def _scope(info: ModuleInfo, func: Func | None, body: list[ast.stmt],
+           last: int) -> Iterator[Hit]:
+    stmts = _statements(body)
+    bound: dict[str, list[int]] | None = None
     params = _params(func)
     for st in stmts:
-        if not isinstance(st, ast.If) or not info.rank_level(st.test):
+        if not isinstance(st, ast.If) or st.lineno >= last or not info.rank_level(st.test):
             continue
-        only_here = {n for n in _names_bound(st.body) if n not in _names_bound(st.orelse)
-                     and n not in params
-                     and not any(line < st.lineno for line in bound.get(n, []))}
+        here = _names_bound(st.body) - _names_bound(st.orelse) - params
+        if not here:
+            continue
+        if bound is None:
+            bound = _bindings(stmts)
+        only_here = {n for n in here if not any(line < st.lineno for line in bound.get(n, []))}
         end = st.end_lineno or st.lineno
         for name in sorted(only_here):
             read = _first_open_read(info, stmts, name, end)
@@ -68,16 +80,29 @@ def _scope(info: ModuleInfo, func: Func | None, body: list[ast.stmt]) -> Iterato
                     f"{follow} and wait for them")
 
 
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """Every statement of a scope, nested blocks included, not those of inner functions."""
-    for st in body:
-        yield st
-        if isinstance(st, _SCOPE_STOP):
+_BLOCKS = {ast.If: ("body", "orelse"), ast.For: ("body", "orelse"),
+           ast.AsyncFor: ("body", "orelse"), ast.While: ("body", "orelse"),
+           ast.With: ("body",), ast.AsyncWith: ("body",),
+           ast.Try: ("body", "handlers", "orelse", "finalbody")}
+
+
+def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Every statement of a scope in source order, nested blocks included, not those of inner
+    functions (one explicit stack: this runs for every function with a rank test)."""
+    out: list[ast.stmt] = []
+    stack: list[ast.AST] = list(reversed(body))
+    pop, push = stack.pop, stack.extend
+    while stack:
+        st = pop()
+        if type(st) is ast.ExceptHandler:
+            push(reversed(st.body))
             continue
-        for field in ("body", "orelse", "finalbody"):
-            yield from _statements(getattr(st, field, []) or [])
-        for h in getattr(st, "handlers", []) or []:
-            yield from _statements(h.body)
+        out.append(st)  # type: ignore[arg-type]
+        fields = _BLOCKS.get(type(st))
+        if fields:
+            for name in reversed(fields):
+                push(reversed(getattr(st, name)))
+    return out
 
 
 def _targets(st: ast.stmt) -> list[ast.expr]:
@@ -182,6 +207,13 @@ def _open_read(info: ModuleInfo, node: ast.AST, name: str) -> ast.Name | None:
             continue
         stack.extend(reversed(list(ast.iter_child_nodes(n))))
     return None
+
+
+def _follows(info: ModuleInfo, rec: CallRec) -> bool:
+    last = rec.last
+    return last == "backward" or is_collective(rec) or (
+        (last == "DistributedDataParallel" or last.endswith("_DDP"))
+        and info.is_ddp_call(rec.node))
 
 
 def _collective_after(info: ModuleInfo, func: Func | None, line: int) -> str:
