@@ -226,6 +226,9 @@ def test_rank_tests_as_real_scripts_spell_them_make_a_conditional_collective():
     for test, cause in [("if (i + 1) % 10 == 0 and gpu == 0:", "conditional_collective"),
                         ("if self.global_rank == 0:", "conditional_collective"),
                         ("if is_master():", "conditional_collective"),
+                        ("if self.trainer.is_global_zero:", "conditional_collective"),
+                        ("if accelerator.process_index == 0:", "conditional_collective"),
+                        ("if rank0:", "conditional_collective"),
                         ("if (i + 1) % 10 == 0:", "extra_collective"),
                         ("if torch.cuda.is_available():", "extra_collective")]:
         src = [*SOURCE[:3], f"        {test}", *SOURCE[4:]]

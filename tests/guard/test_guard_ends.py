@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, child_env, run_cli
 
+import ddpguard
 from ddpguard.guard.ends import (
     WorkerDeath,
     oom_words,
@@ -347,3 +348,38 @@ def test_launcher_composes_the_report_from_the_fault_logs(tmp_path):
     clear_logs(str(tmp_path), "L1", keep=False)
     assert sorted(p.name for p in tmp_path.glob("ddpguard-fault-*")) == [
         "ddpguard-fault-x-rank0-11.txt", "ddpguard-fault-y-rank0-13.txt"]
+
+
+def test_a_second_threads_failed_collective_noted_in_the_log_is_the_cause(tmp_path):
+    """The thread whose collective gloo paired with a peer's training collective has ended
+    (its collective failed) before anything could dump it: its note names it, and the
+    composed report's title is the second thread's, not the aborted peer's crash. The
+    survivor's training thread was inside ddpguard's crash handling when it was ended: its
+    own error's line, noted first, is where it is shown. Twin: no note, no second thread."""
+    from ddpguard.guard.fault import HEADER, fault_notes, side_collectives
+    from ddpguard.launch.postmortem import compose, read_logs
+
+    src = tmp_path / "train.py"
+    src.write_text("x = 1\n" * 30)
+    dead = (f"{HEADER} rank=1 world=2 pid=21 main=0x{MAIN:016x} launch=L\n"
+            f"Fatal Python error: Aborted\n\nCurrent thread 0x{MAIN:016x} (most recent call "
+            f"first):\n  File \"{src}\", line 17 in train\n")
+    note = (f"# ddpguard thread-error: Thread-1 (report)|all_reduce|{src}:22 in report|"
+            "RuntimeError: Connection reset by peer\n")
+    error = f"# ddpguard error: {src}:17 in train|RuntimeError: Connection reset by peer\n"
+    ours = (f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+            f"  File \"{os.path.dirname(ddpguard.__file__)}/guard/crash.py\", line 9 in x\n")
+    survivor = f"{HEADER} rank=0 world=2 pid=20 main=0x{MAIN:016x} launch=L\n"
+    (tmp_path / "ddpguard-fault-a-rank1-21.txt").write_text(dead)
+    (tmp_path / "ddpguard-fault-a-rank0-20.txt").write_text(survivor + note + error + ours)
+    assert [k for k, _ in fault_notes(survivor + note + error)] == ["thread-error", "error"]
+    assert side_collectives(survivor + note, MAIN) == [
+        ("Thread-1 (report)", "all_reduce", f"{src}:22 in report")]
+    rep = compose(read_logs(str(tmp_path), "L"))
+    assert rep is not None
+    d = rep["diagnosis"]
+    assert d["cause"] == "second_thread" and d["culprits"] == [0], d
+    assert f"{src}:22 in report" in rep["reason"]
+    assert d["positions"]["0"]["user"].startswith(f"{src}:17 in train"), d["positions"]["0"]
+    (tmp_path / "ddpguard-fault-a-rank0-20.txt").write_text(survivor + error + ours)
+    assert compose(read_logs(str(tmp_path), "L"))["diagnosis"]["cause"] != "second_thread"

@@ -142,6 +142,12 @@ def handle_exception(exc: BaseException) -> int:
 
     _quiet_sigchld()
     g: Any = guard.active()
+    if g is not None:
+        # First of all, before any store request: its launcher may end this rank at any
+        # moment once a peer died (mp.spawn within milliseconds), and then this note is what
+        # `ddpguard run` reads (launch/postmortem.py), the stack at the SIGTERM being ours,
+        # not the script's. From here the rank's end is told by its exception.
+        g.fault_log.note("error", f"{_innermost_user(exc)}|{type(exc).__name__}: {exc}")
     if g is not None and (g.failure.active or g.store_get_many(["trigger"])):
         # The guard is stopping the job and this error is its echo (a peer left the
         # collective): let the guard thread finish its report and exit.
@@ -157,11 +163,6 @@ def handle_exception(exc: BaseException) -> int:
     # sys.stderr may be /dev/null on this rank.
     channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
     waiting = waiting_on(g) if g is not None else ""
-    if g is not None:
-        # From here this rank's end is told by its exception, not by a fatal signal: remove
-        # its (empty) fault log now, as torchrun may end this rank at any moment once a peer
-        # died, before the failure path gets to it.
-        g.fault_log.stop()
     if g is not None:
         ms = timeout_ms(str(exc))
         if ms is not None:
@@ -195,6 +196,18 @@ def handle_exception(exc: BaseException) -> int:
     if g is not None and not others:
         await_report(g, g.config.grace + 3.0)
     return 1
+
+
+def _innermost_user(exc: BaseException) -> str:
+    """'file:line in func' of the error's innermost frame in the user's code, read from the
+    traceback's frames alone (no source lines: this must take microseconds)."""
+    tb, found = exc.__traceback__, ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_library_file(code.co_filename):
+            found = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return found
 
 
 def _quiet_sigchld() -> None:

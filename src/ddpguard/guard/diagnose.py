@@ -147,10 +147,12 @@ _STILL = 1.0
 _BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
                           "_distributed_broadcast_coalesced", "_sync_params_and_buffers"})
 # A test of which rank this is: `rank`, `self.global_rank`, `args.gpu == 0` (the GPU index
-# is the local rank in the tutorials that spawn one process per GPU), `is_master()`, ...
+# is the local rank in the tutorials that spawn one process per GPU), `is_master()`,
+# Lightning's `trainer.is_global_zero`, Accelerate's `process_index`, ...
 _COND = re.compile(r"\bif\b.*(\w*rank\b|\bis_main\w*|\bis_local_main\w*|\bget_rank\b|"
                    r"\bmaster_process\b|\bmain_process\b|\bis_master\w*|\bis_primary\w*|"
-                   r"\bgpu(?:_id)?\s*(?:==|!=|\bin\b)|\bis_leader\b)", re.IGNORECASE)
+                   r"\bgpu(?:_id)?\s*(?:==|!=|\bin\b)|\bis_leader\b|\w*global_zero\b|"
+                   r"\w*process_index\b|\brank_?0\b|\w*rank_zero\w*)", re.IGNORECASE)
 
 
 def rank_position(rec: RankRecord) -> Position:

@@ -87,6 +87,7 @@ class Failure:
         self._hold_exceptions()
         g = self.g
         me = g.rank
+        decision = self._own_side_thread(decision)
         dumps: dict[int, RankDump] = {}
         mine: RankDump | None = None
         if not store_lost:
@@ -133,6 +134,22 @@ class Failure:
             log.debug("could not announce the report: %s", exc)
         finally:
             self.exit()
+
+    def _own_side_thread(self, decision: Decision) -> Decision:
+        """A peer died or a collective failed, and a thread of this rank other than the
+        training thread had a collective fail: the group paired that collective with a
+        peer's training collective (the transport aborted the peer on the difference). That
+        thread is the cause, whatever the peer died of; the thread has ended, so only its
+        error, noted when it ended (fault.py), says so."""
+        side = self.g.fault_log.side
+        if decision.cause not in ("peer_gone", "mismatch") or not side:
+            return decision
+        name, op, site, _ = side[0]
+        return Decision("second_thread", (
+            f"rank {self.g.rank}'s thread {name} issued torch.distributed.{op} at {site} and "
+            "it failed: collectives are numbered in the order a rank issues them, whatever "
+            "the thread, so it paired with another rank's training collective; "
+            f"{decision.reason}"), (self.g.rank,))
 
     def follow(self, trigger: Trigger, peers: dict[int, Heartbeat]) -> None:
         """Another rank decided to stop the job: add this rank's stacks, wait for its report

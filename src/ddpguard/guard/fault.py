@@ -23,16 +23,18 @@ import signal
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from . import workers
 from .stacks import Frame, is_library_file
 
 __all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks", "fault_meta",
-           "HEADER"]
+           "fault_notes", "side_collectives", "HEADER"]
 
-# The log's first line: who wrote it, so that `ddpguard run` can read a dead job's logs
-# without any rank alive to tell it (launch/postmortem.py).
+# Every line of ours starts so (faulthandler's never do). The first says who wrote the log, so
+# that `ddpguard run` can read a dead job's logs without any rank alive to tell it
+# (launch/postmortem.py); notes follow (FaultLog.note).
+OURS = "# ddpguard "
 HEADER = "# ddpguard fault log"
 _SIGTERM_OWNER: list[int] = []  # the pid that registered the SIGTERM dump (forks drop it)
 
@@ -49,6 +51,11 @@ class FaultLog:
     def __init__(self) -> None:
         self.path: str | None = None
         self._fh: IO[str] | None = None
+        self._lock = threading.Lock()
+        self._hook: Any = None
+        # Collectives that failed in a thread other than the training thread: (thread,
+        # collective, 'file:line in func', error). The stop path reads them (failing.py).
+        self.side: list[tuple[str, str, str, str]] = []
 
     def start(self, directory: str | None, run_id: str, rank: int, world_size: int = 0,
               main_ident: int | None = None, launch_id: str | None = None) -> str | None:
@@ -69,6 +76,7 @@ class FaultLog:
         except (OSError, ValueError, RuntimeError):
             return None
         self.path = path
+        self._watch_threads()
         atexit.register(self.stop)  # a normal exit leaves nothing behind
         return path
 
@@ -89,10 +97,45 @@ class FaultLog:
             os.register_at_fork(after_in_child=_after_fork)
             _after_fork.registered = True  # type: ignore[attr-defined]
 
+    def note(self, kind: str, text: str) -> None:
+        """One line of ours in the log: what Python knew that a stack dump at the end cannot
+        show (the error a rank is handling, a thread's failed collective). It stays if the
+        rank is then ended by a signal."""
+        fh = self._fh
+        if fh is None:
+            return
+        with self._lock, contextlib.suppress(OSError, ValueError):
+            fh.write(f"{OURS}{kind}: {' '.join(text.split())}\n")
+            fh.flush()
+
+    def _watch_threads(self) -> None:
+        """A collective issued from a second thread fails there when the transport aborts the
+        peer it was paired with, and the thread ends before any dump can show it: note it."""
+        previous = threading.excepthook
+
+        def hook(args: Any) -> None:
+            try:
+                if args.thread is not threading.main_thread() and args.exc_traceback:
+                    site = _collective_site(args.exc_traceback)
+                    if site is not None:
+                        name = args.thread.name if args.thread is not None else "?"
+                        error = f"{args.exc_type.__name__}: {args.exc_value}"
+                        self.side.append((name, site[0], site[1], error))
+                        self.note("thread-error", f"{name}|{site[0]}|{site[1]}|{error}")
+            finally:
+                previous(args)
+
+        self._hook = (hook, previous)
+        threading.excepthook = hook
+
     def stop(self) -> None:
         """Stop listening and remove the file, unless a fatal signal already wrote into it
         (then it is the dead rank's last words, for the report)."""
         workers.uninstall()
+        if self._hook is not None:
+            if threading.excepthook is self._hook[0]:
+                threading.excepthook = self._hook[1]
+            self._hook = None
         if self._fh is None:
             return
         with contextlib.suppress(Exception):
@@ -117,6 +160,47 @@ def _after_fork() -> None:
             faulthandler.unregister(signal.SIGTERM)
 
 
+def _collective_site(tb: Any) -> tuple[str, str] | None:
+    """(collective, 'file:line in func') of a traceback that passes through a
+    torch.distributed collective called from the user's code. Walks the frames itself:
+    `traceback.extract_tb` reads every source line, too slow for a rank its launcher is
+    about to end."""
+    frames = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        frames.append((code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    name = next((fn for path, _, fn in frames if "torch/distributed/" in path.replace(os.sep, "/")
+                 and fn in _COLLECTIVES), None)
+    users = [f for f in frames if not is_library_file(f[0])]
+    if name is None or not users:
+        return None
+    return name, f"{users[-1][0]}:{users[-1][1]} in {users[-1][2]}"
+
+
+def fault_notes(text: str) -> list[tuple[str, str]]:
+    """(kind, text) of each note of ours in a log. Pure."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(OURS) and not line.startswith(HEADER) and ": " in line:
+            kind, _, rest = line[len(OURS):].partition(": ")
+            out.append((kind, rest))
+    return out
+
+
+def side_collectives(text: str, main_ident: int | None) -> list[tuple[str, str, str]]:
+    """(thread, collective, 'file:line in func') of every thread other than the training
+    thread that stood in a collective in the dump, or failed in one (its note). Pure."""
+    _, threads = parse_fault(text, main_ident)
+    out = [(t.ident, *found) for t in threads if not t.main
+           for found in [_collective(t)] if found is not None]
+    for kind, rest in fault_notes(text):
+        parts = rest.split("|")
+        if kind == "thread-error" and len(parts) >= 3:
+            out.append((parts[0], parts[1], parts[2]))
+    return out
+
+
 def fault_meta(text: str) -> dict[str, str]:
     """The header's fields (rank, world, pid, main, launch), {} for a log without one. Pure."""
     first = text.split("\n", 1)[0]
@@ -139,7 +223,7 @@ def parse_fault(text: str, main_ident: int | None) -> tuple[str, list[FaultThrea
     """(first line, threads) of a faulthandler dump. Pure. The first line is the fatal
     error ('Fatal Python error: Aborted'); '' for a dump without one (the stacks a SIGTERM
     left: the rank was ended, it did not fail)."""
-    lines = [ln for ln in text.strip().splitlines() if not ln.startswith(HEADER)]
+    lines = [ln for ln in text.strip().splitlines() if not ln.startswith(OURS)]
     head = lines[0].strip() if lines and not _THREAD.match(lines[0]) else ""
     want = f"0x{main_ident:016x}" if main_ident else None
     threads: list[FaultThread] = []

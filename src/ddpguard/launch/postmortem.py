@@ -14,15 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import linecache
 import os
+import re
 import time
 from dataclasses import dataclass
 
 from ddpguard.guard.diagnose import diagnose
-from ddpguard.guard.fault import fault_meta, fault_stacks, last_words, parse_fault, read_fault
+from ddpguard.guard.fault import (
+    fault_meta,
+    fault_notes,
+    fault_stacks,
+    last_words,
+    parse_fault,
+    read_fault,
+    side_collectives,
+)
 from ddpguard.guard.heartbeat import Heartbeat
 from ddpguard.guard.records import RankRecord, Report
 from ddpguard.guard.report import write_json
+from ddpguard.guard.stacks import Frame, user_frame
 
 __all__ = ["RankLog", "read_logs", "compose", "postmortem", "clear_logs"]
 
@@ -58,7 +69,7 @@ def _all_logs(report_dir: str, launch_id: str) -> list[tuple[float, RankLog]]:
         main = _int(meta.get("main")) or None
         head, threads = parse_fault(text, main)
         log = RankLog(path, _int(meta.get("rank"), -1), _int(meta.get("world")),
-                      _int(meta.get("pid")), main, head, bool(threads))
+                      _int(meta.get("pid")), main, head, bool(threads or fault_notes(text)))
         with contextlib.suppress(OSError):
             out.append((os.path.getmtime(path), log))
     return out
@@ -86,7 +97,7 @@ def compose(logs: list[RankLog]) -> Report | None:
     sources: dict[str, list[str]] = {}
     for r in range(world):
         log = by_rank.get(r)
-        stacks = fault_stacks(log.path, log.main) if log is not None and log.dumped else {}
+        stacks = _stacks(log) if log is not None else {}
         state = ("dead" if log is not None and log.fatal else "running" if stacks
                  else "missing")
         hb: Heartbeat = ({"rank": r, "pid": log.pid, "fault": log.path,
@@ -101,22 +112,50 @@ def compose(logs: list[RankLog]) -> Report | None:
     first = dead[0]
     words = last_words(first.path, first.main)
     survivors = [log.rank for log in logs if not log.fatal and log.dumped]
-    mismatch = "did not match" in words
-    reason = (f"rank {first.rank} died{words}"
-              + (f"; {_ranks(survivors)} ended by the launcher a moment later, "
-                 "before the guard could report (the stacks at that moment are below)"
-                 if survivors else ""))
-    diag = diagnose(records, sources, "mismatch" if mismatch else "peer_gone", reason,
-                    [log.rank for log in dead])
+    cause = "mismatch" if "did not match" in words else "peer_gone"
+    culprits = [log.rank for log in dead]
+    reason = f"rank {first.rank} died{words}"
+    side = [(log.rank, *found) for log in logs
+            for found in side_collectives(read_fault(log.path), log.main)]
+    if side:
+        # A collective from a second thread is paired by the group with whatever the other
+        # ranks issue next: that, not the rank the transport happened to abort, is the bug.
+        r, thread, op, site = side[0]
+        cause, culprits = "second_thread", [r]
+        reason = (f"rank {r}'s thread {thread} issued torch.distributed.{op} at {site}: "
+                  "collectives are numbered in the order a rank issues them, whatever the "
+                  "thread, so it paired with another rank's training collective; " + reason)
+    if survivors:
+        reason += (f"; {_ranks(survivors)} ended by the launcher a moment later, before the "
+                   "guard could report (the stacks at that moment are below)")
+    diag = diagnose(records, sources, cause, reason, culprits)
     now = time.time()
-    report: Report = {"event": "training hang detected", "reason": reason, "proof": True,
-            "created": now, "t_start": now, "run_id": "", "reporter_rank": None,
-            "world_size": world, "diagnosis": diag, "ranks": records, "config": {},
-            "finished_by": "launcher",
-            "notes": [f"composed by `ddpguard run` from the ranks' fault logs "
-                      f"({', '.join(os.path.basename(log.path) for log in logs if log.dumped)}): "
-                      "no rank was left to write the report"]}
+    report: Report = {
+        "event": "training hang detected", "reason": reason, "proof": True,
+        "created": now, "t_start": now, "run_id": "", "reporter_rank": None,
+        "world_size": world, "diagnosis": diag, "ranks": records, "config": {},
+        "finished_by": "launcher",
+        "notes": [f"composed by `ddpguard run` from the ranks' fault logs "
+                  f"({', '.join(os.path.basename(log.path) for log in logs if log.dumped)}): "
+                  "no rank was left to write the report"]}
     return report
+
+
+def _stacks(log: RankLog) -> dict[str, list[Frame]]:
+    """The rank's stacks from its dump; where its training thread was inside ddpguard's own
+    crash handling when it was ended (its error had unwound the script's frames), the line
+    of that error first, from the rank's note."""
+    stacks = fault_stacks(log.path, log.main) if log.dumped else {}
+    main = next(iter(stacks.values()), [])
+    if user_frame(main) is not None:
+        return stacks
+    for kind, text in fault_notes(read_fault(log.path)):
+        m = re.match(r"(.+):(\d+) in (.+?)\|(.*)$", text)
+        if kind == "error" and m:
+            frame: Frame = {"file": m.group(1), "line": int(m.group(2)), "func": m.group(3),
+                            "code": linecache.getline(m.group(1), int(m.group(2))).strip()}
+            return {f"MainThread at its error ({m.group(4)[:200]})": [frame], **stacks}
+    return stacks
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -126,8 +165,6 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _lines(path: str) -> list[str]:
-    import linecache
-
     return linecache.getlines(path)
 
 
