@@ -50,6 +50,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP025",
         "DDP026",
         "DDP027",
+        "DDP028",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -471,6 +472,10 @@ CASES: dict[str, tuple[str, str]] = {
         state = torch.load(path)
         model = DDP(net)
         """,
+    ),
+    "DDP028": (
+        "DistributedSampler(ds)\nmodel = torch.nn.DataParallel(net, device_ids=[gpu])\n",
+        "model = torch.nn.DataParallel(net, device_ids=[0, 1])\n",
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',
