@@ -246,8 +246,9 @@ def _conditional(records: list[RankRecord], pos: dict[int, Position],
 def _or_conditional(found: Finding, records: list[RankRecord],
                     pos: dict[int, Position], sources: dict[str, list[str]]) -> str:
     """An extra collective whose line sits under `if ...rank...:` is the more specific
-    conditional collective."""
-    if found.cause != "extra_collective":
+    conditional collective; so is a mismatch where a waiting rank's collective sits under one
+    and not every rank stands at that line."""
+    if found.cause not in ("extra_collective", "mismatch"):
         return found.cause
     line = found.line
     if (line and _in_conditional(sources.get(line[0]), line[1])) or _conditional(

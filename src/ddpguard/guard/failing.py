@@ -102,13 +102,11 @@ class Failure:
                     # this rank dies while collecting: the launcher prints it (report.py)
                     write_json(report_path(g.config.report_dir, g.run_id, me), {**self.build(
                         decision, peers, {me: mine}), "partial": True})
-                if decision.cause in ("mismatch", "deadlock") or (
-                        decision.cause == "peer_gone" and any(
-                            (peers.get(c) or {}).get("state") != "exited"
-                            for c in decision.culprits)):
-                    # A peer died, or the sequences may have parted before where the ranks
-                    # wait now: the alignment may name a collective this rank has left
-                    # behind, by its line. Slow (seconds): after the partial report.
+                if decision.cause == "peer_gone" and any(
+                        (peers.get(c) or {}).get("state") != "exited" for c in decision.culprits):
+                    # A peer died: the alignment may name a collective this rank has left
+                    # behind, by its line. Slow (seconds): after the partial report, and only
+                    # here (a hang's report is due within seconds of the proof).
                     add_lines(g.ledger, mine.get("sequence") or [])
                 g.store_set(f"dump/{me}", mine)
                 dumps = self._collect(peers)
