@@ -206,7 +206,7 @@ M = [
  ("accumulation in a method called once per batch", "rules/ddp013_accumulation_without_no_sync.py", "        scope = [r for r in info.calls if r.func is rec.func and not r.loops]\n    outside", "        scope = []\n    outside"),
  ("scaler.step(optimizer=...)", "analysis/context.py", ", *(k.value for k in call.keywords)]", "]"),
  ("a wrapper handed in by another file", "rules/ddp013_accumulation_without_no_sync.py", "    if not info.wraps_ddp:\n        givers = _handed_a_wrapper(info)\n        if not givers or", "    if not info.wraps_ddp:\n        givers = []\n        if True or"),
- ("the giver's no_sync", "rules/ddp013_accumulation_without_no_sync.py", "        if not givers or any(_uses_no_sync(g) for g in givers):", "        if not givers:"),
+ ("the giver's no_sync", "rules/ddp013_accumulation_without_no_sync.py", "        if not givers or any(\"no_sync\" in g.spelled for g in givers):", "        if not givers:"),
  ("a name defined twice in the tree is ambiguous", "analysis/crossfile.py", "                    if len(target) == 1 and target[0] is not caller and any(", "                    if target and target[0] is not caller and any("),
  ("the wrapper, not any argument, is handed in", "analysis/crossfile.py", "                            dotted(a) in wrapped for a in", "                            True for a in"),
  ("the innermost accumulating if first", "rules/ddp013_accumulation_without_no_sync.py", "    return [ifs[k] for k in reversed(arms) if", "    return [ifs[k] for k in arms[:1] if"),
@@ -259,6 +259,9 @@ M = [
  ("mpi4py's Get_rank", "analysis/provenance.py", "               \"Get_rank\": GLOBAL}", "               }"),
  ("DDP028 one device only", "rules/ddp028_data_parallel_per_process.py", "        if isinstance(ids, ast.List | ast.Tuple) and len(ids.elts) == 1 \\\n", "        if isinstance(ids, ast.List | ast.Tuple) \\\n"),
  ("DDP028 a program under torch.distributed", "rules/ddp028_data_parallel_per_process.py", "    if not info.distributed:\n        return\n    for rec", "    for rec"),
+ ("DDP013 no_sync is a fact of the loop", "rules/ddp013_accumulation_without_no_sync.py", "        if is_optimizer_step(rec.node) and not _uses_no_sync(info, rec) \\\n", "        if is_optimizer_step(rec.node) and \"no_sync\" not in info.spelled \\\n"),
+ ("DDP013 a caller's no_sync", "rules/ddp013_accumulation_without_no_sync.py", "        near |= callers | callees", "        near |= callees"),
+ ("DDP013 no_sync kept on an attribute", "rules/ddp013_accumulation_without_no_sync.py", "        if d is not None and any(", "        if False and any("),
 ]
 
 

@@ -3,7 +3,9 @@
 `optimizer.step()` (or AMP's `scaler.step(optimizer)`) under `if (i + 1) % k == 0` or a counter
 such as `if ni - last_opt_step >= accumulate`, in a module that wraps in DDP (also via helpers
 named `*_DDP`), with neither `no_sync` (called, or bound to a name: `ctx = model.no_sync if
-micro else nullcontext`) nor `require_backward_grad_sync` anywhere, and with a backward on the
+micro else nullcontext`) nor `require_backward_grad_sync` in the step's function, the functions
+it calls or those that call it (another loop of the file using no_sync says nothing about this
+one), and with a backward on the
 same path outside that `if` that no optimizer step follows: every micro-step all-reduces for
 nothing. A GAN's generator stepping every few discriminator steps is no accumulation (each
 backward is followed by its own step). Nor when every DDP wrap sits in the arm of a flag
@@ -51,18 +53,16 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
     DDP itself, or another file on the command line hands it the wrapper
     (`Trainer(model=ddp_model)`); neither uses `no_sync`. Other files of the repository
     may (a repository of independent scripts, one of which accumulates with no_sync)."""
-    if _uses_no_sync(info):
-        return
     origin = ""
     if not info.wraps_ddp:
         givers = _handed_a_wrapper(info)
-        if not givers or any(_uses_no_sync(g) for g in givers):
+        if not givers or any("no_sync" in g.spelled for g in givers):
             return
         g = givers[0]
         origin = (f" (the DDP wrapper comes from {os.path.basename(g.path)}:"
                   f"{min(g.ddp_names().values())})")
     for rec in info.calls_named("step"):
-        if is_optimizer_step(rec.node) \
+        if is_optimizer_step(rec.node) and not _uses_no_sync(info, rec) \
                 and any(_unstepped_backward(info, c, rec) for c in _accumulating_ifs(info, rec)) \
                 and not _wrapped_only_in_another_mode(info, rec.node):
             yield rec.node, "DDP013", (
@@ -72,10 +72,43 @@ def ddp013(info: ModuleInfo) -> Iterator[Hit]:
             return
 
 
-def _uses_no_sync(info: ModuleInfo) -> bool:
-    """`no_sync` anywhere in the module: called, bound to a name (`ctx = model.no_sync if
-    micro else nullcontext`, SAM-Med3D), or nanoGPT's `require_backward_grad_sync = ...`."""
-    return "no_sync" in info.spelled
+def _uses_no_sync(info: ModuleInfo, step: CallRec) -> bool:
+    """The loop of this step uses `no_sync`: the function that holds the step, a function it
+    calls or one that calls it (a trainer's `train_epoch` around `with model.no_sync():
+    self.training_step(b)`) spells it: called, bound to a name (`ctx = model.no_sync if micro
+    else nullcontext`, SAM-Med3D; also an attribute set elsewhere, `self.ctx =
+    model.no_sync`), or nanoGPT's `require_backward_grad_sync = ...`. A module with two loops,
+    one of them with no_sync, says nothing about the other."""
+    if "no_sync" not in info.spelled:
+        return False
+    func = step.func
+    if func is None:
+        return True  # a script's top level: the module is the loop's whole program
+    key = ("DDP013 no_sync", id(func))
+    hit = info._memo.get(key)
+    if hit is None:
+        near = {id(func)}
+        callers = {id(r.func) for r in info.calls if r.func is not None
+                   and func in info.local_callees(r)}
+        callees = {id(f) for r in info.calls if r.func is func for f in info.local_callees(r)}
+        near |= callers | callees
+        scopes = [f for fns in info.funcs.values() for f in fns if id(f) in near]
+        hit = info._memo[key] = any(_spells_no_sync(info, f) for f in scopes)
+    return bool(hit)
+
+
+def _spells_no_sync(info: ModuleInfo, func: ast.AST) -> bool:
+    for n in ast.walk(func):
+        name = n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name) \
+            else ""
+        if name in ("no_sync", "require_backward_grad_sync"):
+            return True
+        d = dotted(n) if name else None
+        if d is not None and any(
+                isinstance(a, ast.Attribute) and a.attr == "no_sync"
+                for _, v in info.assigns.get(d, [])[:3] for a in ast.walk(v)):
+            return True
+    return False
 
 
 def _handed_a_wrapper(info: ModuleInfo) -> list[ModuleInfo]:
