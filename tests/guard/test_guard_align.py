@@ -443,3 +443,26 @@ def test_the_sequences_part_at_an_extra_collective_named_with_its_line():
     recs[0]["sequence"], recs[1]["sequence"] = both, other
     d = diag(recs, cause="deadlock")
     assert d["cause"] == "mismatch" and "part at number 1" in d["explanation"], d
+
+
+
+def test_a_rank_that_broke_out_epochs_before_it_left_is_named_by_that_pass():
+    """Rank 1 `break`s out of pass 2 of 6 at batch 5; the ranks then pair shifted steps
+    until rank 1 runs out of passes and exits while rank 0 waits in its last backward. Its
+    last pass ran to the end: the short pass it remembers is the evidence, and the loop's one
+    way out is named. Twin: every rank has the same short pass (a loop capped on all ranks),
+    no evidence."""
+    loop = {f"{SCRIPT}:3": {"epoch": 5, "batches": 5, "len": 32, "key": "k/5", "end": "",
+                            "short": None}}
+    gone = {f"{SCRIPT}:3": {"epoch": 5, "batches": 32, "len": 32, "key": "k/5", "end": "stop",
+                            "short": [1, 5, 32]}}
+    src = [*SOURCE[:3], "        if rank == 1 and epoch == 1 and i == 5: break", *SOURCE[4:]]
+    recs = [rec(0, BWD, pending=[entry(90)], batches=165, fwd=165, bwd=164, loaders=loop),
+            rec(1, None, batches=165, fwd=164, bwd=164, state="exited", loaders=gone)]
+    d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
+    assert d["cause"] == "left_early", d
+    assert said(f"its pass 2 over the DataLoader iterated at {SCRIPT}:3 ended after 5 of 32", d)
+    assert said(f"one way out: {SCRIPT}:4", d), d["explanation"]
+    loop[f"{SCRIPT}:3"]["short"] = [1, 5, 32]
+    d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
+    assert "ended after 5 of 32" not in d["explanation"], d

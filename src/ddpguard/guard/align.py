@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .findings import Finding
 from .findings import file_line as _file_line
@@ -172,7 +173,8 @@ def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
 
 
 def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
-                     sources: Mapping[str, list[str]]) -> tuple[str, int, str] | None:
+                     sources: Mapping[str, list[str]],
+                     peers: Sequence[Mapping[str, Any]] = ()) -> tuple[str, int, str] | None:
     """(site, batches drawn, 'its pass over the DataLoader at f:l ended after 6 of 32
     batches') when the rank stopped iterating a loader before its end and is no longer
     inside that loop."""
@@ -195,6 +197,27 @@ def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
         return (str(site), int(n),
                 f"its pass over the DataLoader iterated at {site} ended after {n} of {total} "
                 "batches")
+    if rec.get("state") in ("exited", "dead", "crashed"):
+        return _short_pass(hb, peers)
+    return None
+
+
+def _short_pass(hb: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]
+                ) -> tuple[str, int, str] | None:
+    """A rank that is gone and whose every last pass ran to its end may still have left one
+    pass early, epochs ago (a `break`): then the ranks paired shifted steps until it ran out
+    of epochs and left. Only a short pass no peer has (a loop capped at N batches on every
+    rank is not one)."""
+    for site, st in (hb.get("loaders") or {}).items():
+        short = st.get("short")
+        if not short:
+            continue
+        if any(((p.get("loaders") or {}).get(site) or {}).get("short") == short for p in peers):
+            continue
+        k, n, total = short
+        return (str(site), int(n),
+                f"its pass {k + 1} over the DataLoader iterated at {site} ended after {n} of "
+                f"{total} batches (left before its end; its later passes ran to the end)")
     return None
 
 
@@ -215,7 +238,8 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
         sb = sp[b]
         if sb.phase not in ("loop", "gone"):
             continue
-        left = _unfinished_pass(recs[b], positions, sources)
+        left = _unfinished_pass(recs[b], positions, sources,
+                                [r.get("hb") or {} for k, r in recs.items() if k != b])
         if left is None:
             continue
         site, drawn, why = left

@@ -22,6 +22,7 @@ class LoaderInfo(TypedDict):
     end: str                    # "" open, "stop" ran out (StopIteration), "drop" left early
     seq0: dict[str, int]        # group -> last collective enqueued when the pass began
     done: list[list[Any]]       # recent passes that ran out: [key, len, batches]
+    short: list[int] | None     # the first pass left before its end: [pass, batches, len]
 
 
 class Heartbeat(TypedDict, total=False):

@@ -39,7 +39,7 @@ DONE_KEPT = 3
 
 class LoaderState:
     __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_ref",
-                 "key", "at", "end", "seq0", "done", "drop")
+                 "key", "at", "end", "seq0", "done", "drop", "short")
 
     def __init__(self, site: str) -> None:
         self.site = site
@@ -57,6 +57,9 @@ class LoaderState:
         self.seq0: dict[str, int] = {}
         # Ended passes at this site, newest last: [key, length, batches].
         self.done: list[list[Any]] = []
+        # The first pass at this site left before its end ([pass, batches, length]): a
+        # `break` epochs ago that made this rank leave early is long out of `done`.
+        self.short: list[int] | None = None
         # A weak reference to the pass's iterator, whose callback marks the pass dropped.
         self.drop: Any = None
         self.length: int | None = None
@@ -140,6 +143,9 @@ class Progress:
         if st.key != key or st.end:
             return
         st.end = how
+        if (how == "drop" and st.short is None and st.length is not None
+                and st.batches < st.length):
+            st.short = [st.epoch, st.batches, st.length]
         if how == "stop" and key is not None:
             st.done = [*st.done[-(DONE_KEPT - 1):], [key, st.length, st.batches]]
 
@@ -182,7 +188,7 @@ class Progress:
             "epoch_len": ep.length if ep else None,
             "loaders": {s: {"epoch": st.epoch, "batches": st.batches, "len": st.length,
                             "key": st.key, "at": st.at, "end": st.end, "seq0": st.seq0,
-                            "done": st.done}
+                            "done": st.done, "short": st.short}
                         for s, st in self.loaders.items()},
         }
 
