@@ -262,6 +262,7 @@ M = [
  ("DDP013 no_sync is a fact of the loop", "rules/ddp013_accumulation_without_no_sync.py", "        if is_optimizer_step(rec.node) and not _uses_no_sync(info, rec) \\\n", "        if is_optimizer_step(rec.node) and \"no_sync\" not in info.spelled \\\n"),
  ("DDP013 a caller's no_sync", "rules/ddp013_accumulation_without_no_sync.py", "        near |= callers | callees", "        near |= callees"),
  ("DDP013 no_sync kept on an attribute", "rules/ddp013_accumulation_without_no_sync.py", "        if d is not None and any(", "        if False and any("),
+ ("multi-node is a fact of the program", "analysis/crossfile.py", "        if self.multi:\n            self._multi_node_program(infos)", "        pass"),
 ]
 
 

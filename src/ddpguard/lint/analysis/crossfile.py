@@ -61,6 +61,26 @@ class FileSet:
                 self.index.setdefault(".".join(parts[-k:]), []).append(info)
             info.file_set = self
         _ddp_class_aliases(self, infos)
+        if self.multi:
+            self._multi_node_program(infos)
+
+    def _multi_node_program(self, infos: list[ModuleInfo]) -> None:
+        """Multi-node is a fact of the program, not of the file that spells it: a trainer
+        whose set-up module reads `SLURM_PROCID` or `NODE_RANK` runs on several nodes too.
+        Learnt across one import, either way (the trainer imports the set-up, or a launcher
+        that reads them imports the trainer)."""
+        if not any(i.multi_node for i in infos):
+            return
+        learnt: list[ModuleInfo] = []
+        for info in infos:
+            plain = {a.name for n in info.tree.body if isinstance(n, ast.Import)
+                     for a in n.names}
+            for qual in set(info.aliases.values()) | plain:
+                for m in self._modules(qual, info):
+                    if m.multi_node != info.multi_node:
+                        learnt.append(info if m.multi_node else m)
+        for info in learnt:
+            info.multi_node = True
 
     def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
         """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves
