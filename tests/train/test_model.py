@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -16,7 +19,7 @@ from ddpguard.model import (
     use_syncbn,
 )
 from ddpguard.precision import Precision, resolve_precision
-from ddpguard.testing import RankFailure, run_ranks
+from ddpguard.testing import run_ranks
 from ddpguard.world import World
 
 
@@ -70,9 +73,8 @@ def _accum_vs_big_batch(world: World) -> dict[str, object]:
     return {"max_diff": max(diffs), "ddp": type(model).__name__}
 
 
-def test_accumulation_equals_one_large_batch() -> None:
-    res = run_ranks(_accum_vs_big_batch, 2, timeout=90)
-    for r in res:
+def test_accumulation_equals_one_large_batch(two_rank_checks: list[dict[str, Any]]) -> None:
+    for r in [ranks["accum"] for ranks in two_rank_checks]:
         assert r["ddp"] == "DistributedDataParallel"
         assert r["max_diff"] < 1e-6, r
 
@@ -101,10 +103,11 @@ def _sync_counts(world: World, epoch_length: int, every: int) -> list[int]:
     return after
 
 
-def test_one_gradient_sync_per_optimizer_step_and_at_epoch_end() -> None:
+def test_one_gradient_sync_per_optimizer_step_and_at_epoch_end(
+        two_rank_checks: list[dict[str, Any]]) -> None:
     # 10 micro-steps, groups of 4: syncs after micro-steps 3 and 7, and a forced one after 9
     # (the short last group). One bucket for this model, so one all-reduce per sync.
-    for after in run_ranks(_sync_counts, 2, args=(10, 4), timeout=90):
+    for after in [ranks["syncs"] for ranks in two_rank_checks]:
         assert after == [0, 0, 0, 1, 1, 1, 1, 2, 2, 3]
 
 
@@ -128,8 +131,8 @@ def _bn_cpu(world: World) -> str:
     return type(unwrap(model)[1]).__name__
 
 
-def test_batchnorm_on_cpu_ranks_stays_and_trains() -> None:
-    assert run_ranks(_bn_cpu, 2, timeout=90) == ["BatchNorm1d", "BatchNorm1d"]
+def test_batchnorm_on_cpu_ranks_stays_and_trains(two_rank_checks: list[dict[str, Any]]) -> None:
+    assert [ranks["bn"] for ranks in two_rank_checks] == ["BatchNorm1d", "BatchNorm1d"]
 
 
 class _TwoHeads(nn.Module):
@@ -149,14 +152,37 @@ def _unused(world: World, find: bool) -> str:
     return "ok"
 
 
-def test_unused_parameters_named_after_first_backward() -> None:
-    with pytest.raises(RankFailure) as info:
-        run_ranks(_unused, 2, args=(False,), timeout=90)
-    text = str(info.value)
-    assert "UnusedParametersError" in text and "unused_head.weight" in text
-    assert "find_unused_parameters=True" in text
-    assert UnusedParametersError.__name__ in text
-    assert run_ranks(_unused, 2, args=(True,), timeout=90) == ["ok", "ok"]
+def _raises_unused(world: World) -> str:
+    """The traceback `_unused(world, False)` raises on this rank (the harness would report it)."""
+    try:
+        _unused(world, False)
+    except UnusedParametersError:
+        return traceback.format_exc()
+    return "no error"
+
+
+def _two_rank_checks(world: World) -> dict[str, Any]:
+    """The multi-rank checks of this module on one group: DDP's first construction costs
+    seconds per process, so one job instead of one per test. The unused-parameter error comes
+    last: its DDP is left mid-reduction."""
+    return {"accum": _accum_vs_big_batch(world), "syncs": _sync_counts(world, 10, 4),
+            "bn": _bn_cpu(world), "unused_found": _unused(world, True),
+            "unused_error": _raises_unused(world)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_checks() -> list[dict[str, Any]]:
+    return run_ranks(_two_rank_checks, 2, timeout=120)
+
+
+def test_unused_parameters_named_after_first_backward(
+        two_rank_checks: list[dict[str, Any]]) -> None:
+    for ranks in two_rank_checks:  # raised on every rank, as the harness reports it
+        text = ranks["unused_error"]
+        assert "UnusedParametersError" in text and "unused_head.weight" in text
+        assert "find_unused_parameters=True" in text
+        assert UnusedParametersError.__name__ in text
+    assert [ranks["unused_found"] for ranks in two_rank_checks] == ["ok", "ok"]
 
 
 def test_precision_defaults() -> None:
