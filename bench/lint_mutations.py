@@ -263,6 +263,10 @@ M = [
  ("DDP013 a caller's no_sync", "rules/ddp013_accumulation_without_no_sync.py", "        near |= callers | callees", "        near |= callees"),
  ("DDP013 no_sync kept on an attribute", "rules/ddp013_accumulation_without_no_sync.py", "        if d is not None and any(", "        if False and any("),
  ("multi-node is a fact of the program", "analysis/crossfile.py", "        if self.multi:\n            self._multi_node_program(infos)", "        pass"),
+ ("rank 0 is below a share of the world", "analysis/ranks.py", "                    and world_share(info, right):", "                    and False:"),
+ ("a share, not the world itself", "analysis/ranks.py", "        return _world(info, node.left)\n", "        return _world(info, node.left)\n    if _world(info, node):\n        return True\n"),
+ ("a grid function that falls off its end", "analysis/ranks.py", "        if any(not fn.body or not isinstance(fn.body[-1], ast.Return) for fn in fns):", "        if False:"),
+ ("DDP019 says what it assumed", "rules/ddp019_exit_before_collective.py", "            yield At(d.line), \"DDP019\", d.message + _assumed(info, d.line)", "            yield At(d.line), \"DDP019\", d.message"),
 ]
 
 

@@ -169,7 +169,13 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         left, op, right = node.left, node.ops[0], node.comparators[0]
         lv, rv = _rank_value(info, left, cls), _rank_value(info, right, cls)
         if lv is not None and rv is None:
-            return _against(lv, op, right)
+            got = _against(lv, op, right)
+            if got == UNKNOWN and lv == 0 and isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) \
+                    and world_share(info, right):
+                # `rank_c >= size // replication`: rank 0 is below any share of the world
+                # (assumed at least 1); which other ranks pass is decided at run time
+                got = _compare(0, op, 1)
+            return got
         if rv is not None and lv is None and isinstance(op, ast.Eq | ast.NotEq):
             return _against(rv, op, left)
         return launch(info, node)
@@ -340,6 +346,31 @@ def _is_world(info: Table, node: ast.AST) -> bool:
         return info.callee_last(node) == "get_world_size"
     d = dotted(node)
     return d is not None and bool(_WORLD.search(d.rsplit(".", 1)[-1]))
+
+
+def world_share(info: Table, node: ast.AST, depth: int = 0) -> bool:
+    """A whole share of the world (`size // replication`, a grid side `proc_row_size(size)`
+    held in a name), not the world size itself: `rank >= size` holds on no rank."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
+        return _world(info, node.left)
+    if isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords:
+        last = info.callee_last(node)
+        # A function of this file that may fall off its end (CAGNET's cube root: `else:
+        # print("CUBE ROOT ERROR")`) rejects the sizes that do not fit: no rank gets past it.
+        fns = info.funcs.get(last, [])
+        if any(not fn.body or not isinstance(fn.body[-1], ast.Return) for fn in fns):
+            return False
+        return last not in ("int", "len") and _world(info, node.args[0])
+    d = dotted(node)
+    if d is None or depth > 1:
+        return False
+    values = [v for _, v in info.assigns.get(d, [])]
+    return bool(values) and all(world_share(info, v, depth + 1) for v in values)
+
+
+def _world(info: Table, node: ast.AST) -> bool:
+    d = dotted(node)
+    return _is_world(info, node) or (d is not None and d.rsplit(".", 1)[-1] == "size")
 
 
 def splits(info: Table, node: ast.AST | None) -> bool:

@@ -17,12 +17,14 @@ broadcast it) before anyone leaves.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 
 from ..analysis.context import (
     ModuleInfo,
 )
 from ..analysis.divergence import divergences
+from ..analysis.ranks import world_share
 from ..registry import At, Hit, rule
 
 
@@ -36,7 +38,21 @@ def ddp019(info: ModuleInfo) -> Iterator[Hit]:
     did not fail). A `raise` is DDP022's."""
     for d in divergences(info):
         if d.code == "DDP019":
-            yield At(d.line), "DDP019", d.message
+            yield At(d.line), "DDP019", d.message + _assumed(info, d.line)
+
+
+def _assumed(info: ModuleInfo, line: int) -> str:
+    """What the finding assumed, when the exit's test compares a rank-derived value with a
+    share of the world (`rank_c >= size // replication`): rank 0 is below it; which other
+    ranks pass is decided at run time."""
+    tests = [n.test for n in ast.walk(info.tree) if isinstance(n, ast.If)
+             and n.body and n.body[0].lineno <= line <= (n.end_lineno or n.lineno)]
+    for test in reversed(tests):
+        if any(world_share(info, c.comparators[0]) for c in ast.walk(test)
+               if isinstance(c, ast.Compare) and len(c.ops) == 1):
+            return (f" (assumed: `{ast.unparse(test)}` holds on some rank when the world "
+                    "size does not fit the grid; rank 0 never takes it)")
+    return ""
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
