@@ -189,6 +189,43 @@ def _model() -> nn.Module:
     return nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])
 
 
+# One process imports torch once and forks each writer: a writer is still a process of its own
+# (its own pid and start time, SIGKILLed by pid, a zombie until reaped), without the second or
+# two of `import torch` per writer. The parent reaps each writer before it forks the next.
+_ZYGOTE = _SAVER.split("target, first, steps")[0] + r"""
+import os, traceback
+for command in sys.stdin:
+    target, first, steps, err = command.split()
+    first, steps = int(first), int(steps)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            os.close(fd)
+            model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(8)])  # ~2 MB per file
+            print("ready", os.getpid(), flush=True)
+            for step in range(first, first + steps):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float(step))
+                keep = 2 if not target.endswith(".pt") else None
+                save_checkpoint(target, World(), model=model, step=step, keep_last=keep)
+                print(step, flush=True)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_sigkilled_writers_leave_at_most_one_temp_file(tmp_path: Path) -> None:
@@ -197,39 +234,47 @@ def test_sigkilled_writers_leave_at_most_one_temp_file(tmp_path: Path) -> None:
     litter: set[str] = set()
     reported = 0
     kills = 14
-    for k in range(kills + 1):
-        err = tmp_path / f"writer{k}.err"
-        final = k == kills  # the last writer finishes one save and exits by itself
-        proc = _saver(folder, 1000 * k, 1 if final else 10**6, err)
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=(tmp_path / "zygote.err").open("w"),
+                              text=True, env=env)
+    assert zygote.stdin is not None and zygote.stdout is not None
+    try:
+        for k in range(kills + 1):
+            err = tmp_path / f"writer{k}.err"
+            final = k == kills  # the last writer finishes one save and exits by itself
+            zygote.stdin.write(f"{folder} {1000 * k} {1 if final else 10**6} {err}\n")
+            zygote.stdin.flush()
+            ready, pid = zygote.stdout.readline().split()
+            assert ready == "ready", (tmp_path / "zygote.err").read_text()
             if k == 0:
-                proc.stdout.readline()  # one complete checkpoint exists before the first kill
-            if final:
-                assert proc.wait(timeout=60) == 0
-            else:
+                zygote.stdout.readline()  # one complete checkpoint exists before the first kill
+            if not final:
                 time.sleep(rng.uniform(0.0, 0.35))  # cleanup, write, rename or prune
-                os.kill(proc.pid, signal.SIGKILL)  # our own child, by pid
-        finally:
-            proc.kill()
-            proc.wait(timeout=30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        names = sorted(p.name for p in folder.iterdir())
-        ckpts = [n for n in names if re.fullmatch(r"ckpt-\d{8}\.pt", n)]
-        temps = [n for n in names if ".tmp" in n]
-        assert sorted(ckpts + temps) == names, names  # nothing else in the folder
-        assert len(temps) <= (0 if final else 1), names
-        assert len(ckpts) + len(temps) <= keep_last + 1, names
-        litter.update(temps)
-        text = err.read_text()
-        reported += sum(int(m) for m in re.findall(r"removed (\d+) temporary checkpoint", text))
-        # The newest checkpoint always loads, and it is whole: every value is its step.
-        model = _model()
-        info = load_checkpoint(folder, World(), model=model)
-        assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
-        assert float(model[7].bias.detach()[-1]) == float(info["step"])
+                os.kill(int(pid), signal.SIGKILL)  # our own grandchild, by pid
+            while not (line := zygote.stdout.readline()).startswith("exit"):
+                assert line, (tmp_path / "zygote.err").read_text()  # reaped before the next
+            assert int(line.split()[1]) == (0 if final else -signal.SIGKILL), err.read_text()
+            names = sorted(p.name for p in folder.iterdir())
+            ckpts = [n for n in names if re.fullmatch(r"ckpt-\d{8}\.pt", n)]
+            temps = [n for n in names if ".tmp" in n]
+            assert sorted(ckpts + temps) == names, names  # nothing else in the folder
+            assert len(temps) <= (0 if final else 1), names
+            assert len(ckpts) + len(temps) <= keep_last + 1, names
+            litter.update(temps)
+            text = err.read_text()
+            reported += sum(int(m) for m in re.findall(r"removed (\d+) temporary checkpoint",
+                                                       text))
+            # The newest checkpoint always loads, and it is whole: every value is its step.
+            model = _model()
+            info = load_checkpoint(folder, World(), model=model)
+            assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
+            assert float(model[7].bias.detach()[-1]) == float(info["step"])
+    finally:
+        zygote.kill()  # our own child, by pid (its writers are reaped or killed above)
+        zygote.wait(timeout=30)
+        zygote.stdin.close()
+        zygote.stdout.close()
     assert len(litter) >= 3, f"too few kills landed mid-write to test anything: {litter}"
     assert reported == len(litter)  # each dead writer's file removed once, and said so
 
