@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ddpguard.lint import Finding, Selection
 from ddpguard.lint import lint_paths as _lint_paths
@@ -17,6 +19,7 @@ lint_with_defaults = _lint_source
 lint_paths_with_defaults = _lint_paths
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 _LAUNCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"}
@@ -166,3 +169,29 @@ def ddp_source(body: str) -> str:
     return "import torch\nimport torch.distributed as dist\n" \
            "from torch.nn.parallel import DistributedDataParallel as DDP\n" + \
         textwrap.dedent(body)
+
+
+def computed_once(tmp_path_factory: Any, key: str, compute: Callable[[Path], T]) -> T:
+    """`compute(folder)` once per test run, also under xdist: a module fixture whose tests are
+    spread over several workers would otherwise launch its (multi-process) job once per worker.
+    The first worker computes under a file lock and leaves the pickled result; the others wait
+    for it and read it. `folder` (empty at first) is shared by the workers. The result must be
+    picklable; a failure is not kept, so a worker that comes later tries again."""
+    import fcntl
+    import pickle
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, above the workers' own
+    folder = base / f"once-{key}"
+    folder.mkdir(exist_ok=True)
+    result = folder.with_name(folder.name + ".pickle")
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if result.exists():
+            with open(result, "rb") as f:
+                return pickle.load(f)  # type: ignore[no-any-return]
+        value = compute(folder)
+        with open(result, "wb") as f:
+            pickle.dump(value, f)
+        return value

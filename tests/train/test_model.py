@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import computed_once
 from torch import nn
 
 from ddpguard.model import (
@@ -171,8 +172,9 @@ def _two_rank_checks(world: World) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def two_rank_checks() -> list[dict[str, Any]]:
-    return run_ranks(_two_rank_checks, 2, timeout=120)
+def two_rank_checks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return computed_once(tmp_path_factory, "train-model",
+                         lambda _: run_ranks(_two_rank_checks, 2, timeout=120))
 
 
 def test_unused_parameters_named_after_first_backward(
