@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import computed_once
 from torch import nn
 
 from ddpguard.batch_plan import BatchPlan
@@ -72,10 +73,46 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
                           rtol=0)
 
 
+def _runs(world: World, runs: list[tuple[str, dict[str, Any], dict[int, int]]]
+          ) -> dict[str, dict[str, Any]]:
+    """Several fit() runs one after the other on one group: {name: _train's result}."""
+    return {name: _train(world, overrides, oom_above) for name, overrides, oom_above in runs}
+
+
+MICRO4: dict[str, Any] = {"micro_batch_size": 4}
+
+
+def _jobs(folder: Path) -> dict[int, list[dict[str, dict[str, Any]]]]:
+    """Every run of this module, one job per world size (a group start costs seconds per rank):
+    2 ranks first, as their partial run leaves the checkpoint the others resume from."""
+    two, one = folder / "four", folder / "one"
+    jobs = {}
+    # 3 of 4 steps of epoch 0 on 2 ranks; the checkpoint sits mid-epoch at global position 48.
+    jobs[2] = run_ranks(_runs, 2, args=([
+        ("same", MICRO4, {}),
+        ("oom", {}, {1: 2}),  # rank 1 fits at most 2 samples (test_oom_on_one_rank_...)
+        ("part", {**MICRO4, "max_steps": 3, "checkpoint_dir": str(two)}, {})],), timeout=180)
+    shutil.copytree(two, one)
+    jobs[4] = run_ranks(_runs, 4, args=([
+        ("same", MICRO4, {}),
+        ("resume", {**MICRO4, "resume": True, "checkpoint_dir": str(two)}, {})],), timeout=180)
+    jobs[1] = run_ranks(_runs, 1, args=([
+        # One rank, the whole global batch in one micro-batch.
+        ("reference", {}, {}),
+        ("same", MICRO4, {}),
+        ("resume", {**MICRO4, "resume": True, "checkpoint_dir": str(one)}, {})],), timeout=180)
+    return jobs
+
+
 @pytest.fixture(scope="module")
-def reference() -> dict[str, Any]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, dict[str, Any]]]]:
+    return computed_once(tmp_path_factory, "train-invariance", _jobs)
+
+
+@pytest.fixture(scope="module")
+def reference(jobs: dict[int, list[dict[str, dict[str, Any]]]]) -> dict[str, Any]:
     """One rank, the whole global batch in one micro-batch: 2 epochs = 8 optimizer steps."""
-    (ref,) = run_ranks(_train, 1, args=({}, {}), timeout=120)
+    ref = jobs[1][0]["reference"]
     assert ref["steps"] == STEPS and ref["plan"]["micro_batch_size"] == G
     torch.manual_seed(0)
     start = torch.cat([p.detach().flatten() for p in nn.Linear(4, 1).double().parameters()])
@@ -84,9 +121,11 @@ def reference() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_same_weights_on_1_2_4_ranks(world_size: int, reference: dict[str, Any]) -> None:
+def test_same_weights_on_1_2_4_ranks(world_size: int, reference: dict[str, Any],
+                                     jobs: dict[int, list[dict[str, dict[str, Any]]]]) -> None:
     # micro-batch 4: 1 rank x 4 accumulation steps, 2 x 2, 4 x 1.
-    results = run_ranks(_train, world_size, args=({"micro_batch_size": 4}, {}), timeout=120)
+    results = [ranks["same"] for ranks in jobs[world_size]]
+    assert len(results) == world_size
     for r in results:
         assert r["steps"] == STEPS
         assert r["plan"] == {"version": 1, "global_batch_size": G, "world_size": world_size,
@@ -94,24 +133,22 @@ def test_same_weights_on_1_2_4_ranks(world_size: int, reference: dict[str, Any])
         assert _same(r, reference), (r["weights"], reference["weights"])
 
 
-def test_resume_on_other_world_sizes(tmp_path: Path, reference: dict[str, Any]) -> None:
-    two, one = tmp_path / "four", tmp_path / "one"
-    # 3 of 4 steps of epoch 0 on 2 ranks; the checkpoint sits mid-epoch at global position 48.
-    part = run_ranks(_train, 2, args=({"micro_batch_size": 4, "max_steps": 3,
-                                       "checkpoint_dir": str(two)}, {}), timeout=120)
+def test_resume_on_other_world_sizes(reference: dict[str, Any],
+                                     jobs: dict[int, list[dict[str, dict[str, Any]]]]) -> None:
+    # 3 of 4 steps of epoch 0 on 2 ranks, then resumed from a copy of its checkpoint folder on
+    # 4 ranks and on 1 rank.
+    part = [ranks["part"] for ranks in jobs[2]]
     assert part[0]["steps"] == 3 and not _same(part[0], reference)
-    shutil.copytree(two, one)
-    for folder, world_size in ((two, 4), (one, 1)):
-        res = run_ranks(_train, world_size, args=({"micro_batch_size": 4, "resume": True,
-                                                   "checkpoint_dir": str(folder)}, {}),
-                        timeout=120)
+    for world_size in (4, 1):
+        res = [ranks["resume"] for ranks in jobs[world_size]]
         assert res[0]["steps"] == STEPS
         assert all(_same(r, reference) for r in res), (world_size, res[0]["weights"])
 
 
-def test_oom_on_one_rank_shrinks_every_rank_alike(reference: dict[str, Any]) -> None:
+def test_oom_on_one_rank_shrinks_every_rank_alike(
+        reference: dict[str, Any], jobs: dict[int, list[dict[str, dict[str, Any]]]]) -> None:
     # Rank 1 cannot fit more than 2 samples; rank 0 could fit the whole per-rank batch of 8.
-    a, b = run_ranks(_train, 2, args=({}, {1: 2}), timeout=120)
+    a, b = [ranks["oom"] for ranks in jobs[2]]
     assert a["tried"] == b["tried"] == [8, 4, 2]  # shrunk together, agreed by all-reduce
     assert a["plan"] == b["plan"]
     assert a["plan"]["micro_batch_size"] == 2 and a["steps"] == STEPS  # 2 ranks x 4 x 2
