@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import child_env
+from helpers import child_env, computed_once
 from torch import nn
 
 from ddpguard.testing import run_ranks
@@ -83,8 +83,34 @@ def _train(world: World, folder: str, resume: bool) -> dict[str, object]:
             "resumed": res.resumed_from}
 
 
-def test_fit_trains_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
-    a, b = run_ranks(_train, 2, args=(str(tmp_path), False), timeout=120)
+def _two_rank_runs(world: World, folder: str) -> dict[str, object]:
+    """This module's fit() runs on real ranks, one after the other on one group (a group start
+    costs seconds per rank): train, then resume after the end, then the batch-plan run, then
+    the NaN run last (it stops fit with an error)."""
+    import torch.distributed as dist
+
+    train = _train(world, folder, False)
+    dist.barrier()
+    # The folder as the first run left it, before the resume writes to it again.
+    train["files"] = sorted(p.name for p in Path(folder).glob("ckpt-*.pt"))
+    train["log_rows"] = (Path(folder) / "log.csv").read_text().splitlines()
+    dist.barrier()
+    return {"train": train, "resume": _train(world, folder, True),
+            "lr": _lr_and_syncs(world), "nan": _nan_on_rank1(world)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    def job(folder: Path) -> tuple[Path, list[dict]]:
+        return folder, run_ranks(_two_rank_runs, 2, args=(str(folder),), timeout=180)
+
+    return computed_once(tmp_path_factory, "train-fit", job)
+
+
+def test_fit_trains_evaluates_checkpoints_and_resumes(
+        two_rank_runs: tuple[Path, list[dict]]) -> None:
+    _, ranks = two_rank_runs
+    a, b = [r["train"] for r in ranks]
     # 203 samples -> 102 per rank (one padding duplicate), batches of 8 -> 13 micro-batches,
     # accumulate 2 -> 7 optimizer steps per epoch (the short last group still syncs).
     assert a["steps"] == b["steps"] == 21
@@ -92,12 +118,12 @@ def test_fit_trains_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
     ev = [loss for _, loss in a["eval"]]
     assert ev[-1] < ev[0] * 0.5
     assert a["samples"] == 3 * 102
-    names = sorted(p.name for p in tmp_path.glob("ckpt-*.pt"))
+    names = a["files"]  # as the first run left the folder
     assert names == ["ckpt-00000020.pt", "ckpt-00000021.pt"]  # keep_last=2
-    rows = (tmp_path / "log.csv").read_text().splitlines()
+    rows = a["log_rows"]
     assert rows[0].startswith("kind,epoch,step") and len(rows) == 1 + 21 + 3
     # Resume after the end: nothing left to do, the step count is kept.
-    c, _ = run_ranks(_train, 2, args=(str(tmp_path), True), timeout=120)
+    c, _ = [r["resume"] for r in ranks]
     assert c["steps"] == 21 and c["resumed"].endswith("ckpt-00000021.pt")
 
 
@@ -137,8 +163,9 @@ def _lr_and_syncs(world: World) -> dict[str, object]:
     return {"steps": res.steps, "after": after, "lrs": lrs, "wrapped": type(hooked[0]).__name__}
 
 
-def test_fit_rescales_lr_in_optimizer_and_scheduler_and_syncs_once_per_step() -> None:
-    for r in run_ranks(_lr_and_syncs, 2, timeout=120):
+def test_fit_rescales_lr_in_optimizer_and_scheduler_and_syncs_once_per_step(
+        two_rank_runs: tuple[Path, list[dict]]) -> None:
+    for r in [ranks["lr"] for ranks in two_rank_runs[1]]:
         assert r["wrapped"] == "DistributedDataParallel"
         # 64 samples, 32 per rank, micro-batches of 4: 8 micro-batches, 4 optimizer steps; DDP
         # all-reduces (one bucket) only on the second micro-batch of each step.
@@ -172,8 +199,9 @@ def _nan_on_rank1(world: World) -> dict[str, object]:
     return {"error": None, "calls": calls[0]}
 
 
-def test_nan_on_one_rank_stops_every_rank_together() -> None:
-    r0, r1 = run_ranks(_nan_on_rank1, 2, timeout=120)
+def test_nan_on_one_rank_stops_every_rank_together(
+        two_rank_runs: tuple[Path, list[dict]]) -> None:
+    r0, r1 = [ranks["nan"] for ranks in two_rank_runs[1]]
     for r in (r0, r1):
         assert r["error"] is not None, "fit finished all 16 steps despite a NaN loss"
         assert "at step 2 (first seen on rank 1)" in r["error"], r["error"]
