@@ -466,3 +466,27 @@ def test_a_rank_that_broke_out_epochs_before_it_left_is_named_by_that_pass():
     loop[f"{SCRIPT}:3"]["short"] = [1, 5, 32]
     d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
     assert "ended after 5 of 32" not in d["explanation"], d
+
+
+def test_a_step_lightning_refused_to_skip_is_a_skipped_backward_with_its_return():
+    """Lightning ends the rank whose training_step returned None under DDP: that rank
+    skipped a step (plain DDP would hang); the one `return None` of training_step is named.
+    Twin: any other crash stays a crash."""
+    src = ["class M(L.LightningModule):",                        # 1
+           "    def training_step(self, batch, i):",              # 2
+           "        loss = self.loss(batch)",                     # 3
+           "        if self.global_rank == 1 and i == 5:",        # 4
+           "            return None",                             # 5
+           "        return loss",                                 # 6
+           "trainer.fit(M())"]                                    # 7
+    lightning = ("MisconfigurationException: Skipping the `training_step` by returning None in "
+                 "distributed training is not supported. It is recommended that you rewrite")
+    recs = [rec(0, BWD, pending=[entry(9)], batches=6, fwd=6, bwd=6),
+            rec(1, [(SCRIPT, 7, "<module>")], batches=6, fwd=6, bwd=5, state="crashed")]
+    recs[1]["error"] = lightning
+    d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
+    assert d["cause"] == "skipped_backward" and d["culprits"] == [1], d
+    assert said(f"the step returns None at {SCRIPT}:5", d), d["explanation"]
+    recs[1]["error"] = "ValueError: bad record in batch 3"
+    d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
+    assert d["cause"] == "crashed_rank", d

@@ -13,6 +13,7 @@ import re
 from .align import explain
 from .findings import Finding
 from .ledger import describe_entry, first_pending
+from .loops import framework_skip
 from .parting import extra_before_death, second_thread
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
@@ -287,6 +288,17 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
             return found.cause, found
     if cause == "peer_gone":
         states = {r["state"] for r in records if r["rank"] in culprits}
+        for r in records:
+            line = (framework_skip(str(r.get("error") or (r.get("hb") or {}).get("error") or ""),
+                                   sources) if r["rank"] in culprits else None)
+            if line is not None:
+                # The framework stopped the rank that skipped (plain DDP would have hung):
+                # the skip is the bug, the crash only its framework's way of saying so.
+                return "skipped_backward", Finding("skipped_backward", (
+                    f"rank {r['rank']} skipped the backward of a step: its training_step "
+                    "returned None there, and Lightning ended it (a step skipped on some "
+                    "ranks only is not allowed under DDP)"
+                    + (f"; the step returns None at {line}" if line else "")), (r["rank"],))
         # A peer that left or died is the strongest evidence: it outranks guesses from what
         # the waiting ranks were doing; the alignment may still say why it left.
         if aligned and states <= {"exited"}:

@@ -12,7 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["inside_loop", "left_at", "skip_before", "way_out"]
+__all__ = ["inside_loop", "left_at", "skip_before", "way_out", "framework_skip"]
+
+# Errors a framework raises on the rank that skipped a step, where plain DDP would hang:
+# Lightning refuses a `training_step` that returns None under DDP.
+_FRAMEWORK_SKIP = ("returning None in distributed training is not supported",)
 
 
 def inside_loop(source: list[str], for_line: int, line: int) -> bool:
@@ -100,3 +104,24 @@ def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
     found = [n for n in range(int(num) + 1, len(src) + 1)
              if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
     return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
+def framework_skip(error: str, sources: Mapping[str, list[str]]) -> str | None:
+    """For an error that says the rank skipped a step (Lightning's), 'file:line `return None`'
+    (the one `return None` / bare `return` of a `training_step` in the given sources), or ''
+    when the error says so but no single line does; None for any other error."""
+    if not any(m in error for m in _FRAMEWORK_SKIP):
+        return None
+    found = []
+    for path, src in sources.items():
+        for n, text in enumerate(src, 1):
+            if re.match(r"^\s*def training_step\b", text):
+                found += [f"{path}:{k} `{src[k - 1].strip()}`" for k in range(n + 1, len(src) + 1)
+                          if _in_def(src, n, k) and re.match(r"^\s*return(\s+None)?\s*(#.*)?$",
+                                                             src[k - 1])]
+    return found[0] if len(found) == 1 else ""
+
+
+def _in_def(src: list[str], head: int, line: int) -> bool:
+    """Is `line` in the body of the `def` at `head` (a nested def's lines count)?"""
+    return inside_loop(src, head, line)
