@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import computed_once
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler, Subset
 from torch.utils.data import DistributedSampler as TorchSampler
@@ -127,10 +128,27 @@ def _run_cases(world: World, n: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _four_rank_runs(world: World) -> dict[str, Any]:
+    """This module's 4-rank runs on one group (a group start costs seconds per rank)."""
+    return {"1003": _run_cases(world, 1003), "1001": _run_cases(world, 1001),
+            "drop_last_1000": _drop_last_1000(world)}
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return computed_once(tmp_path_factory, "train-eval-exact-4",
+                         lambda _: run_ranks(_four_rank_runs, 4, timeout=240))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size, n", [(2, 1003), (4, 1003), (4, 1001)])
-def test_exact_or_loud_for_every_sampler(world_size: int, n: int) -> None:
-    ranks = run_ranks(_run_cases, world_size, args=(n,), timeout=240)
+def test_exact_or_loud_for_every_sampler(world_size: int, n: int,
+                                         request: pytest.FixtureRequest) -> None:
+    if world_size == 4:
+        ranks = [r[str(n)] for r in request.getfixturevalue("four_rank_runs")]
+    else:
+        ranks = run_ranks(_run_cases, world_size, args=(n,), timeout=240)
+    assert len(ranks) == world_size
     for name, r0 in ranks[0].items():
         ref = _reference(r0["n"])
         for rank, res in enumerate(ranks):
@@ -165,8 +183,8 @@ def test_exact_or_loud_for_every_sampler(world_size: int, n: int) -> None:
 
 
 @pytest.mark.slow
-def test_drop_last_without_a_remainder_is_exact() -> None:
-    res = run_ranks(_drop_last_1000, 4, timeout=120)
+def test_drop_last_without_a_remainder_is_exact(four_rank_runs: list[dict[str, Any]]) -> None:
+    res = [r["drop_last_1000"] for r in four_rank_runs]
     assert res[0] == (1000, True, 0)
 
 

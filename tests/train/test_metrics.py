@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
+from helpers import computed_once
 from torch import nn
 
 from ddpguard.metrics import all_reduce_mean, evaluate, reduce_dict, split_loss
@@ -46,9 +48,24 @@ def _eval_1003(world: World) -> dict[str, float]:
             "training": float(model.training)}
 
 
+def _two_rank_runs(world: World) -> dict[str, object]:
+    """This module's 2-rank runs on one group (a group start costs seconds per rank)."""
+    return {"eval": _eval_1003(world), "reductions": _reductions(world)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return computed_once(tmp_path_factory, "train-metrics-2",
+                         lambda _: run_ranks(_two_rank_runs, 2, timeout=120))
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_evaluate_counts_exactly_1003(world_size: int) -> None:
-    results = run_ranks(_eval_1003, world_size, timeout=120)
+def test_evaluate_counts_exactly_1003(world_size: int, request: pytest.FixtureRequest) -> None:
+    if world_size == 2:
+        results = [r["eval"] for r in request.getfixturevalue("two_rank_runs")]
+    else:
+        results = run_ranks(_eval_1003, world_size, timeout=120)
+    assert len(results) == world_size
     for r in results:
         assert r["count"] == 1003 and r["again"] == 1003
         assert r["total"] == sum(range(1003))  # every sample once, no padded duplicate
@@ -70,8 +87,8 @@ def _reductions(world: World) -> dict[str, object]:
             "empty": empty}
 
 
-def test_reduce_helpers() -> None:
-    a, b = run_ranks(_reductions, 2, timeout=90)
+def test_reduce_helpers(two_rank_runs: list[dict[str, Any]]) -> None:
+    a, b = [r["reductions"] for r in two_rank_runs]
     assert a == b
     assert a["mean"] == pytest.approx(2 / 3)  # (0*1 + 1*2) / (1 + 2): weighted, not mean of means
     assert a["d"] == {"a": 5.0, "b": 0.5} and a["s"] == {"n": 2.0}
