@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import computed_once
 from torch import nn
 
 from ddpguard.checkpoint import (
@@ -88,8 +89,27 @@ def _round_trip(world: World, folder: str) -> dict[str, object]:
             "writes": list(writes), "keys": sorted(_net().state_dict())}
 
 
-def test_round_trip_on_two_ranks_keeps_last_two(tmp_path: Path) -> None:
-    res = run_ranks(_round_trip, 2, args=(str(tmp_path),), timeout=90)
+def _two_rank_runs(world: World, folder: str) -> dict[str, object]:
+    """This module's runs on one 2-rank group (a group start costs seconds per rank). The round
+    trip first: its audit hook stays for the process but records only under its own folder."""
+    return {"round_trip": _round_trip(world, f"{folder}/rt"),
+            "unwritable": _unwritable_on_ranks(world, f"{folder}/file/c"),
+            "nan": _nan_on_rank1(world)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    def job(folder: Path) -> tuple[Path, list[dict]]:
+        (folder / "rt").mkdir()
+        (folder / "file").write_text("x")  # a file where a folder should be: unwritable
+        return folder, run_ranks(_two_rank_runs, 2, args=(str(folder),), timeout=120)
+
+    return computed_once(tmp_path_factory, "checkpoint", job)
+
+
+def test_round_trip_on_two_ranks_keeps_last_two(two_rank_runs: tuple[Path, list[dict]]) -> None:
+    tmp_path = two_rank_runs[0] / "rt"
+    res = [r["round_trip"] for r in two_rank_runs[1]]
     for r in res:
         assert r["files"] == ["ckpt-00000001.pt", "ckpt-00000002.pt"]
         assert r["same"] and r["rng_ok"], r
@@ -215,10 +235,8 @@ def _unwritable_on_ranks(world: World, folder: str) -> str:
     return "saved"
 
 
-def test_write_failure_reaches_every_rank(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    msgs = run_ranks(_unwritable_on_ranks, 2, args=(str(blocker / "c"),), timeout=90)
+def test_write_failure_reaches_every_rank(two_rank_runs: tuple[Path, list[dict]]) -> None:
+    msgs = [r["unwritable"] for r in two_rank_runs[1]]
     assert "could not write" in msgs[0] and msgs[1].startswith("rank 1: rank 0 could not write")
 
 
@@ -286,8 +304,8 @@ def _nan_on_rank1(world: World) -> str:
     return "no error"
 
 
-def test_nan_loss_stops_every_rank_together() -> None:
-    a, b = run_ranks(_nan_on_rank1, 2, timeout=90)
+def test_nan_loss_stops_every_rank_together(two_rank_runs: tuple[Path, list[dict]]) -> None:
+    a, b = [r["nan"] for r in two_rank_runs[1]]
     # Both stop at the same check (after step 7, the second check) naming step 5 and rank 1.
     assert a.startswith("8: ") and b.startswith("8: ")
     assert "at step 5" in a and "first seen on rank 1" in a and "at step 5" in b

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import computed_once
 from torch.utils.data import Dataset, SequentialSampler
 
 from ddpguard.data import JsonlDataset, NoneSampleError, make_loader, strict_collate, worker_seed
@@ -137,10 +138,25 @@ def _ranks_load(world, path: str, n: int) -> dict:
             "sampler": type(loader.sampler).__name__}
 
 
-def test_two_ranks_get_an_even_sampler_and_equal_batches(tmp_path):
+def _ranks_both(world, folder: str) -> dict:
+    """This module's runs on one 2-rank group (a group start costs seconds per rank)."""
+    return {"load": _ranks_load(world, f"{folder}/r.jsonl", 37),
+            "explicit": _ranks_explicit_sampler(world, f"{folder}/e.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    def job(folder: Path) -> list[dict]:
+        jsonl(folder / "r.jsonl", 37)
+        jsonl(folder / "e.jsonl", 20)
+        return run_ranks(_ranks_both, 2, args=(str(folder),), timeout=120)
+
+    return computed_once(tmp_path_factory, "data-loader", job)
+
+
+def test_two_ranks_get_an_even_sampler_and_equal_batches(two_rank_runs):
     n = 37
-    path = jsonl(tmp_path / "r.jsonl", n)
-    r0, r1 = run_ranks(_ranks_load, 2, args=(str(path), n), timeout=120)
+    r0, r1 = [r["load"] for r in two_rank_runs]
     assert r0["sampler"] == r1["sampler"] == "EvenSampler"
     assert r0["batches"] == r1["batches"]  # the property that keeps ranks in step
     assert set(r0["ids"]) | set(r1["ids"]) == set(range(n))
@@ -155,7 +171,6 @@ def _ranks_explicit_sampler(world, path: str) -> dict:
     return {"rank": world.rank, "ids": [i for b in loader for i in b["i"].tolist()]}
 
 
-def test_two_ranks_build_one_index_and_honour_an_explicit_sampler(tmp_path):
-    path = jsonl(tmp_path / "e.jsonl", 20)
-    r0, r1 = run_ranks(_ranks_explicit_sampler, 2, args=(str(path),), timeout=120)
+def test_two_ranks_build_one_index_and_honour_an_explicit_sampler(two_rank_runs):
+    r0, r1 = [r["explicit"] for r in two_rank_runs]
     assert r0["ids"] == list(range(0, 20, 2)) and r1["ids"] == list(range(1, 20, 2))

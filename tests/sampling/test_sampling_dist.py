@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import computed_once
 
 from ddpguard.testing import run_ranks
 
@@ -44,9 +45,24 @@ def _train(world, kind: str) -> dict:
     return {"steps": steps, "rank": world.rank, "seen": seen}
 
 
+N_RESUME, USED = 50, 7
+
+
+def _all(world) -> dict:
+    """This module's runs on one 2-rank group (a group start costs seconds per rank)."""
+    return {"even": _train(world, "even"), "tokens": _train(world, "tokens"),
+            "resume": _resume(world, N_RESUME, USED)}
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    return computed_once(tmp_path_factory, "sampling-dist",
+                         lambda _: run_ranks(_all, world_size=2, timeout=120))
+
+
 @pytest.mark.parametrize("kind", ["even", "tokens"])
-def test_all_ranks_do_the_same_number_of_steps(kind):
-    results = run_ranks(_train, world_size=2, args=(kind,), timeout=120)
+def test_all_ranks_do_the_same_number_of_steps(kind, two_rank_runs):
+    results = [r[kind] for r in two_rank_runs]
     assert results[0]["steps"] == results[1]["steps"]
     assert all(s > 0 for s in results[0]["steps"])
     if kind == "even":
@@ -68,11 +84,11 @@ def _resume(world, n: int, used: int) -> dict:
     return {"before": before, "state": state, "same": all(st == state for st in states)}
 
 
-def test_two_ranks_then_resume_on_four_loses_nothing():
+def test_two_ranks_then_resume_on_four_loses_nothing(two_rank_runs):
     from ddpguard.sampling import EvenSampler
 
-    n, used = 50, 7
-    results = run_ranks(_resume, world_size=2, args=(n, used), timeout=120)
+    n = N_RESUME
+    results = [r["resume"] for r in two_rank_runs]
     assert all(r["same"] for r in results)  # the global position agrees on every rank
     state = results[0]["state"]
     after = []
