@@ -258,36 +258,80 @@ while True:
 """
 
 
-def test_kill_during_save_leaves_loadable_checkpoint(tmp_path: Path) -> None:
-    from torch import nn as _nn
+# One process imports torch once and forks each writer (a process of its own, SIGKILLed by
+# pid), instead of one `import torch` per writer; it reaps each writer before the next. Its
+# writes are slowed so that the kills land mid-write far more often than not.
+_ZYGOTE = _SAVER.split("torch.manual_seed(0)")[0] + """
+import io, os, time
+real_save = torch.save
+def slow_save(obj, f):  # a slower disk (~0.2 s a file): most kills land mid-write
+    buf = io.BytesIO()
+    real_save(obj, buf)
+    data = buf.getvalue()
+    for i in range(0, len(data), 1 << 16):
+        f.write(data[i:i + (1 << 16)])
+        time.sleep(0.001)
+torch.save = slow_save
+for target in sys.stdin:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        print("pid", os.getpid(), flush=True)
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(12)])  # ~12 MB per file
+        step = 0
+        while True:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(float(step))
+            save_checkpoint(target.strip(), World(), model=model, step=step, keep_last=2)
+            print(step, flush=True)
+            step += 1
+    _, status = os.waitpid(pid, 0)
+    print("exit", os.waitstatus_to_exitcode(status), flush=True)
+"""
 
+
+def test_kill_during_save_leaves_loadable_checkpoint(tmp_path: Path) -> None:
     target = tmp_path / "ck"
-    for delay in (0.05, 0.13, 0.29):
-        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(target)],
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
-            proc.stdout.readline()  # one complete checkpoint exists
+    zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert zygote.stdin is not None and zygote.stdout is not None
+    try:
+        for delay in (0.05, 0.13, 0.29):
+            zygote.stdin.write(f"{target}\n")
+            zygote.stdin.flush()
+            word, pid = zygote.stdout.readline().split()
+            assert word == "pid"
+            zygote.stdout.readline()  # one complete checkpoint exists
             time.sleep(delay)       # then kill at an arbitrary point, usually mid-write
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait(timeout=30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        model = _nn.Sequential(*[_nn.Linear(512, 512) for _ in range(12)])
-        info = load_checkpoint(target, World(), model=model)
-        # The loaded file is whole: every parameter holds the value of the step it names.
-        assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
-        # Only whole checkpoints under real names; at most the killed writer's temp file
-        # (dot-named `.ckpt-N.pt.tmp@...`: a "*.pt" glob would never see it).
-        names = sorted(p.name for p in target.iterdir())
-        temps = [n for n in names if re.fullmatch(r"\.ckpt-\d{8}\.pt\.tmp@.+", n)]
-        ckpts = [n for n in names if re.fullmatch(r"ckpt-\d{8}\.pt", n)]
-        assert sorted(temps + ckpts) == names and len(temps) <= 1 and len(ckpts) <= 3, names
+            os.kill(int(pid), signal.SIGKILL)  # our own grandchild, by pid
+            while not (line := zygote.stdout.readline()).startswith("exit"):
+                assert line  # the writer is reaped before the next one starts
+            assert line.split() == ["exit", str(-signal.SIGKILL)]
+            _check_after_kill(target)
+    finally:
+        zygote.kill()  # our own child, by pid
+        zygote.wait(timeout=30)
+        zygote.stdin.close()
+        zygote.stdout.close()
     # The next save removes what the killed writer left.
     save_checkpoint(target, World(), model=_net(), step=10**6, keep_last=2)
     assert not [p for p in target.iterdir() if ".tmp" in p.name]
+
+
+def _check_after_kill(target: Path) -> None:
+    """What a writer killed at any point leaves in `target`."""
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(12)])
+    info = load_checkpoint(target, World(), model=model)
+    # The loaded file is whole: every parameter holds the value of the step it names.
+    assert float(model[0].weight.detach()[0, 0]) == float(info["step"])
+    # Only whole checkpoints under real names; at most the killed writer's temp file
+    # (dot-named `.ckpt-N.pt.tmp@...`: a "*.pt" glob would never see it).
+    names = sorted(p.name for p in target.iterdir())
+    temps = [n for n in names if re.fullmatch(r"\.ckpt-\d{8}\.pt\.tmp@.+", n)]
+    ckpts = [n for n in names if re.fullmatch(r"ckpt-\d{8}\.pt", n)]
+    assert sorted(temps + ckpts) == names and len(temps) <= 1 and len(ckpts) <= 3, names
 
 
 def _nan_on_rank1(world: World) -> str:
