@@ -199,7 +199,7 @@ M = [
  ("a skip on the batch's items", "rules/ddp004_rank_dependent_step_count.py", "if isinstance(g.iter, ast.Name) and g.iter.id in names", "if False"),
  ("a rank's own non-finite loss", "rules/ddp004_rank_dependent_step_count.py", "            loss = _local_nonfinite(info, node, s)\n            if loss is not None:", "            loss = None\n            if loss is not None:"),
  ("a non-finite test only of a loss", "rules/ddp004_rank_dependent_step_count.py", ' and "loss" in n.id.lower()]', "]"),
- ("a loss that went through a collective is shared", "rules/ddp004_rank_dependent_step_count.py", "    if any(is_collective(r) or any(w in r.last.lower() for w in _SHARED) for r in before):\n        return None\n", ""),
+ ("a loss that went through a collective is shared", "rules/ddp004_rank_dependent_step_count.py", "    if any((is_collective(r) or any(w in r.last.lower() for w in _SHARED))\n           and _reaches(r, chain) for r in before):\n        return None\n", ""),
  ("a loader named *_dl", "rules/ddp004_rank_dependent_step_count.py", ' \\\n        or name.endswith("_dl")', ""),
  ("a micro-step counter compared with ==", "rules/ddp013_accumulation_without_no_sync.py", "ast.GtE | ast.Gt | ast.Eq", "ast.GtE | ast.Gt"),
  ("== only against a micro-step count", "rules/ddp013_accumulation_without_no_sync.py", "                and any(_ACCUM.search((dotted(x) or \"\").lower())\n                        for x in [n.left, *n.comparators]):", "                and True:"),

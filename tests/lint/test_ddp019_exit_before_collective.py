@@ -145,3 +145,12 @@ def test_one_barrier_per_rank_on_every_path_of_a_flag() -> None:
         "            dist.barrier()\n            return None\n", "            return None\n"
     )
     assert [f.code for f in lint_source(gone)] == ["DDP019"]
+
+
+def test_an_exit_outside_the_process_grid_says_what_it_assumed() -> None:
+    src = ("import torch.distributed as dist\n\n\ndef run(rank, size, replication):\n"
+           "    rank_c = rank // replication\n"
+           "    if rank_c >= size // replication:\n        return\n    dist.barrier()\n")
+    [f] = lint_with_defaults(src, "t.py")
+    assert (f.code, f.line) == ("DDP019", 7)
+    assert "assumed: `rank_c >= size // replication` holds on some rank" in f.message

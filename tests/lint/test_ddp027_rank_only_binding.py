@@ -1,0 +1,38 @@
+"""DDP027 a name bound under a rank test and read by every rank (its fixture is
+tests/lint/fixtures/DDP027_rank_only_binding.py)."""
+
+from __future__ import annotations
+
+from helpers import HEAD_DIST, lint_with_defaults
+
+from ddpguard.lint import RULES
+
+
+def test_the_message_names_the_binding_and_what_follows() -> None:
+    src = HEAD_DIST + (
+        "def main(model):\n"
+        "    if dist.get_rank() == 0:\n"
+        "        out = 'runs/a'\n"
+        "    print(out)\n"
+        "    dist.barrier()\n")
+    [f] = lint_with_defaults(src, "t.py")
+    assert f.code == "DDP027" and f.line - HEAD_DIST.count("\n") == 4
+    assert "`out` is bound only where `dist.get_rank() == 0`" in f.message
+    assert "barrier() at line" in f.message
+
+
+def test_a_try_around_the_read_may_catch_the_error() -> None:
+    src = HEAD_DIST + (
+        "def main(model):\n"
+        "    if dist.get_rank() == 0:\n"
+        "        out = 'runs/a'\n"
+        "    try:\n"
+        "        print(out)\n"
+        "    except NameError:\n"
+        "        pass\n"
+        "    dist.barrier()\n")
+    assert lint_with_defaults(src, "t.py") == []
+
+
+def test_on_by_default() -> None:
+    assert RULES["DDP027"].default and not RULES["DDP027"].preview
