@@ -267,6 +267,10 @@ M = [
  ("a share, not the world itself", "analysis/ranks.py", "        return _world(info, node.left)\n", "        return _world(info, node.left)\n    if _world(info, node):\n        return True\n"),
  ("a grid function that falls off its end", "analysis/ranks.py", "        if any(not fn.body or not isinstance(fn.body[-1], ast.Return) for fn in fns):", "        if False:"),
  ("DDP019 says what it assumed", "rules/ddp019_exit_before_collective.py", "            yield At(d.line), \"DDP019\", d.message + _assumed(info, d.line)", "            yield At(d.line), \"DDP019\", d.message"),
+ ("DDP029 a call that may return its receiver", "rules/ddp029_collective_result_lost.py", "        if isinstance(node, ast.Call) and last in _FRESH:", "        if isinstance(node, ast.Call) and (last in _FRESH or last in _SAME):"),
+ ("DDP029 the call's value used", "rules/ddp029_collective_result_lost.py", "        elif rec.stmt is not None and _value_used(rec.stmt, node):", "        elif False:"),
+ ("DDP029 an asynchronous call returns its work", "rules/ddp029_collective_result_lost.py", "        if asynchronous is not None and not (isinstance(asynchronous, ast.Constant)", "        if False and not (isinstance(asynchronous, ast.Constant)"),
+ ("DDP029 a value assigned or returned", "rules/ddp029_collective_result_lost.py", "    if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.Return) and stmt.value is not None:", "    if not isinstance(stmt, ast.Expr) or isinstance(stmt.value, ast.IfExp):"),
 ]
 
 

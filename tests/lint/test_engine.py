@@ -51,6 +51,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP026",
         "DDP027",
         "DDP028",
+        "DDP029",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -476,6 +477,10 @@ CASES: dict[str, tuple[str, str]] = {
     "DDP028": (
         "DistributedSampler(ds)\nmodel = torch.nn.DataParallel(net, device_ids=[gpu])\n",
         "model = torch.nn.DataParallel(net, device_ids=[0, 1])\n",
+    ),
+    "DDP029": (
+        "dist.all_reduce(loss.detach().clone())\n",
+        "t = loss.detach().clone()\ndist.all_reduce(t)\n",
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',
