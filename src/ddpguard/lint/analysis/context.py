@@ -102,6 +102,7 @@ class ModuleInfo:
     func_class: dict[Func, str] = field(default_factory=dict)      # method -> its class name
     parents: dict[int, Func] = field(default_factory=dict)  # id(nested function) -> enclosing
     split_funcs: set[int] = field(default_factory=set)  # ids of functions with a rank test
+    rank_ifs: list[tuple[Func | None, ast.If]] = field(default_factory=list)  # and the tests
     local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
     exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one
     generators: set[int] = field(default_factory=set)   # functions that yield

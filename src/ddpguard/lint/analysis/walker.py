@@ -142,6 +142,7 @@ class Walker:
             if level:
                 key = id(self.func) if self.func is not None else 0
                 info.split_funcs.add(key)
+                info.rank_ifs.append((self.func, s))
                 if level == LOCAL:
                     info.local_tests = True
             self.guard = _combine(saved, level)

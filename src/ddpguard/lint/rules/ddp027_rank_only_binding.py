@@ -43,27 +43,25 @@ def ddp027(info: ModuleInfo) -> Iterator[Hit]:
         key = id(rec.func) if rec.func is not None else 0
         if key in split and not rec.guard and _follows(info, rec):
             last[key] = max(last.get(key, 0), rec.node.lineno)
-    scopes: list[tuple[Func | None, list[ast.stmt]]] = []
-    if 0 in info.split_funcs and 0 in last:
-        scopes.append((None, info.tree.body))
-    for fns in info.funcs.values():
-        scopes += [(fn, fn.body) for fn in fns if id(fn) in info.split_funcs and id(fn) in last]
-    for func, body in scopes:
-        yield from _scope(info, func, body, last[id(func) if func is not None else 0])
+    scopes: dict[int, tuple[Func | None, list[ast.If]]] = {}
+    for func, test in info.rank_ifs:  # the walk's rank tests, in source order
+        key = id(func) if func is not None else 0
+        if test.lineno < last.get(key, 0):
+            scopes.setdefault(key, (func, []))[1].append(test)
+    for func, ifs in scopes.values():
+        yield from _scope(info, func, ifs)
 
 
-def _scope(info: ModuleInfo, func: Func | None, body: list[ast.stmt],
-           last: int) -> Iterator[Hit]:
-    stmts = _statements(body)
-    bound: dict[str, list[int]] | None = None
+def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[Hit]:
+    stmts: list[ast.stmt] = []
+    bound: dict[str, list[int]] = {}
     params = _params(func)
-    for st in stmts:
-        if not isinstance(st, ast.If) or st.lineno >= last or not info.rank_level(st.test):
-            continue
+    for st in ifs:
         here = _names_bound(st.body) - _names_bound(st.orelse) - params
         if not here:
             continue
-        if bound is None:
+        if not stmts:
+            stmts = _statements(func.body if func is not None else info.tree.body)
             bound = _bindings(stmts)
         only_here = {n for n in here if not any(line < st.lineno for line in bound.get(n, []))}
         end = st.end_lineno or st.lineno
