@@ -167,6 +167,9 @@ def test_timeout_value_is_read_from_gloo_nccl_and_monitored_barrier_errors():
     # The store's own timeout is another setting: not a collective's timeout.
     assert timeout_ms("Socket Timeout: wait timeout after 30000ms, keys: /ddp") is None
     assert timeout_ms("Connection closed by peer") is None
+    # gloo's pair timeout says no figure: the group's own setting is used, 0 when unknown.
+    assert timeout_ms("RuntimeError: Application timeout caused pair closure", 10000) == 10000
+    assert timeout_ms("RuntimeError: Application timeout caused pair closure") == 0
 
 
 def test_worker_death_is_read_with_its_signal():
@@ -383,3 +386,32 @@ def test_a_second_threads_failed_collective_noted_in_the_log_is_the_cause(tmp_pa
     assert d["positions"]["0"]["user"].startswith(f"{src}:17 in train"), d["positions"]["0"]
     (tmp_path / "ddpguard-fault-a-rank0-20.txt").write_text(survivor + error + ours)
     assert compose(read_logs(str(tmp_path), "L"))["diagnosis"]["cause"] != "second_thread"
+
+
+
+def test_a_peer_aborted_in_its_second_threads_collective_is_a_second_thread(tmp_path):
+    """The survivor's report: the dead peer's last words put it in a collective its second
+    thread issued; that, not a rank-conditional branch, is the title. And a launcher that
+    holds the logs of only some of the ranks (one srun task per rank) composes nothing: the
+    survivors' own launchers print the verdict."""
+    from ddpguard.guard.diagnose import diagnose
+    from ddpguard.guard.fault import HEADER
+    from ddpguard.launch.postmortem import compose, read_logs
+
+    reason = ("rank 1 died (it died of a fatal signal (Fatal Python error: Aborted) inside "
+              "torch.distributed.all_reduce called from a second thread (not the training "
+              "thread) at t.py:189 in _count_ranks: a collective the other ranks did not "
+              "match is the usual cause), while rank 0 waited in all_reduce #26")
+    recs = [{"rank": 0, "state": "running", "hb": {}, "stacks": None},
+            {"rank": 1, "state": "dead", "hb": {}, "stacks": None}]
+    d = diagnose(recs, {}, "peer_gone", reason, [1])
+    assert d["cause"] == "second_thread", d
+    d = diagnose(recs, {}, "peer_gone", reason.replace("called from a second thread (not "
+                                                       "the training thread) at", "called at"),
+                 [1])
+    assert d["cause"] == "mismatch", d
+    (tmp_path / "ddpguard-fault-a-rank1-21.txt").write_text(
+        f"{HEADER} rank=1 world=2 pid=21 main=0x{MAIN:016x} launch=L\n"
+        f"Fatal Python error: Aborted\n\nCurrent thread 0x{MAIN:016x} (most recent call "
+        "first):\n  File \"/u/t.py\", line 17 in train\n")
+    assert compose(read_logs(str(tmp_path), "L")) is None

@@ -18,8 +18,8 @@ from ddpguard.testing import free_port
 
 SCRIPTS = ROOT / "tests" / "guard" / "scripts"
 JOB = str(SCRIPTS / "launch_job.py")
-BUG = "launch_job.py:25"  # the line marked 'the BUG'
-ABORT = "launch_job.py:27"  # the line marked 'the ABORT'
+BUG = "launch_job.py:27"  # the line marked 'the BUG'
+ABORT = "launch_job.py:29"  # the line marked 'the ABORT'
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node=2"]
 
@@ -64,6 +64,17 @@ def test_spawn_inside_main(tmp_path: Path) -> None:
     res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
                      str(free_port()), "--bug", tmp_path=tmp_path)
     _stopped(res, took)
+
+
+def test_a_program_that_drops_its_ranks_exit_codes_still_ends_with_the_verdict(
+        tmp_path: Path) -> None:
+    """One multiprocessing.Process per rank, joined and never checked: the program exits 0
+    after the guard stopped its ranks. The verdict is the guard's (it used to be exit 0 and
+    no block: the blind trial's harveyp123 cases)."""
+    res, took = _run("--", sys.executable, JOB, "--launch", "process", "--port",
+                     str(free_port()), "--bug", tmp_path=tmp_path)
+    _stopped(res, took)
+    assert "the command exited 0, but the hang guard stopped its ranks" in res.stderr
 
 
 def test_spawn_rank_that_hosts_the_store_aborted_by_gloo(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def handle_exception(exc: BaseException) -> int:
     channel.write("".join(traceback.format_exception(type(exc), exc, _user_tb(exc))).rstrip())
     waiting = waiting_on(g) if g is not None else ""
     if g is not None:
-        ms = timeout_ms(str(exc))
+        ms = timeout_ms(str(exc), _group_timeout_ms())
         if ms is not None:
             return _timed_out(g, ms, waiting, place, text, frames)
         death = _worker_death(exc, frames)
@@ -196,6 +196,19 @@ def handle_exception(exc: BaseException) -> int:
     if g is not None and not others:
         await_report(g, g.config.grace + 3.0)
     return 1
+
+
+def _group_timeout_ms() -> int | None:
+    """The default process group's timeout (its backend's options), or None."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        pg = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return int(pg._get_backend(device).options._timeout.total_seconds() * 1000)
+    except Exception:  # torch changed, or no group: the report says the timeout without it
+        return None
 
 
 def _innermost_user(exc: BaseException) -> str:

@@ -348,7 +348,11 @@ def diagnose(records: list[RankRecord], sources: dict[str, list[str]] | None = N
     sources = sources or {}
     culprits = list(culprits or [])
     pos = {r["rank"]: rank_position(r) for r in records}
-    if cause == "peer_gone" and "a collective the other ranks did not match" in reason:
+    if cause == "peer_gone" and "called from a second thread" in reason:
+        # The peer was aborted inside a collective its second thread issued: that thread's
+        # collective, paired with another rank's training collective, is the cause.
+        cause = "second_thread"
+    elif cause == "peer_gone" and "a collective the other ranks did not match" in reason:
         # The peer was aborted by the transport inside a collective (gloo's size check):
         # the mismatch is the cause, its death only the consequence.
         cause = "mismatch"

@@ -31,13 +31,21 @@ TIMEOUT_SETTING = (
     "forms the group); NCCL's watchdog and gloo both wait that long for a collective")
 
 
-def timeout_ms(text: str) -> int | None:
+# gloo's own words when a pair's read waits out the group's timeout: no figure in them.
+_PAIR_TIMEOUT = re.compile(r"Application timeout caused pair closure")
+
+
+def timeout_ms(text: str, group_ms: int | None = None) -> int | None:
     """The process group's timeout (ms) when `text` is a collective's timeout error, else
-    None. A store or rendezvous timeout is not one (different words, different setting)."""
+    None. A store or rendezvous timeout is not one (different words, different setting).
+    `group_ms`: the group's configured timeout, for the errors that do not say it (0 when
+    unknown)."""
     for pattern in _TIMEOUTS:
         m = pattern.search(text)
         if m:
             return int(m.group(1))
+    if _PAIR_TIMEOUT.search(text):
+        return group_ms or 0
     return None
 
 

@@ -97,8 +97,14 @@ def conclude(failed: bool, failures: dict[int, Any], launch: Launch, oom0: int |
         found = postmortem(launch.report_dir, launch.launch_id)
         final = [(found[0], dict(found[1]))] if found else []
     clear_logs(launch.report_dir, launch.launch_id, keep=bool(final))
-    if not failed:
+    if not failed and not final:
         return 0
+    if not failed:
+        # The guard stopped the ranks (exit 17), but the program that started them ended
+        # well: it does not pass its ranks' exit codes on (one multiprocessing.Process per
+        # rank, joined and never checked). The verdict is still the guard's.
+        channel.write("ddpguard run: the command exited 0, but the hang guard stopped its ranks "
+                      "(the program does not pass its ranks' exit codes on)")
     lines = explain_failures(failures, oom0, logs, bool(final))
     for line in lines:
         channel.write(line)

@@ -92,6 +92,10 @@ def compose(logs: list[RankLog]) -> Report | None:
     if not dead:
         return None
     world = max([log.world for log in logs] + [log.rank + 1 for log in logs])
+    if len(logs) < world:
+        # Other ranks belong to other launchers (one srun task per rank): the survivors'
+        # own launchers print the job's verdict; this one says how its rank ended.
+        return None
     by_rank = {log.rank: log for log in logs}
     records: list[RankRecord] = []
     sources: dict[str, list[str]] = {}

@@ -4,6 +4,8 @@
 - env:   one process per rank started by a launcher that sets RANK/WORLD_SIZE (torchrun,
          `python -m torch.distributed.launch`, which also passes --local-rank)
 - slurm: one process per SLURM task, rank and size from SLURM_PROCID / SLURM_NTASKS
+- process: one multiprocessing.Process per rank inside main(), joined and its exit code never
+           checked (the program exits 0 whatever its ranks did)
 With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG'); with --abort,
 rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
 marked 'the ABORT'), the rank that hosts the store under spawn.
@@ -40,7 +42,7 @@ def spawned(rank: int, world: int, port: int, bug: bool, abort: bool) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--launch", choices=["spawn", "env", "slurm"], required=True)
+    p.add_argument("--launch", choices=["spawn", "env", "slurm", "process"], required=True)
     p.add_argument("--bug", action="store_true")
     p.add_argument("--abort", action="store_true")
     p.add_argument("--port", type=int, default=0)
@@ -48,6 +50,14 @@ def main() -> None:
     a = p.parse_args()
     if a.launch == "spawn":
         mp.spawn(spawned, args=(2, a.port, a.bug, a.abort), nprocs=2)
+    elif a.launch == "process":
+        ranks = [mp.get_context("spawn").Process(target=spawned, args=(r, 2, a.port, a.bug,
+                                                                       a.abort))
+                 for r in range(2)]
+        for proc in ranks:
+            proc.start()
+        for proc in ranks:
+            proc.join()
     elif a.launch == "env":
         dist.init_process_group("gloo")
         body(dist.get_rank(), a.bug, a.abort)
