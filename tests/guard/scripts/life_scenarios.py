@@ -99,10 +99,6 @@ def main() -> None:
         serve(args.dur)
         return
 
-    import multiprocessing
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -120,8 +116,8 @@ def main() -> None:
             opt.step()
 
     steps(3)
-    case, dur = args.case, args.dur
-    if case == "mismatch_busy_helper":
+    dur = args.dur
+    if args.case == "mismatch_busy_helper":
         if rank == 0:  # an asynchronous checkpoint writer that never stops
             threading.Thread(target=write_for, args=(3600.0,), daemon=True).start()
             time.sleep(1.0)
@@ -129,6 +125,22 @@ def main() -> None:
         else:
             time.sleep(1.0)
             dist.all_reduce(torch.ones(3))  # rank 1 all-reduces where rank 0 waits in barrier
+    for case in args.case.split(","):
+        phase(case, rank, dur, args.url)
+    steps(2)
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
+
+
+def phase(case: str, rank: int, dur: float, url: str) -> None:
+    """Rank 0 works `dur` seconds outside its training thread, the way `case` says, while
+    rank 1 waits in barrier(); several phases run one after another in one job."""
+    import multiprocessing
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch.distributed as dist
+
     if rank == 0:
         if case == "pool":
             with multiprocessing.get_context("fork").Pool(2) as pool:
@@ -140,7 +152,7 @@ def main() -> None:
                 ex.submit(write_for, dur).result()
         elif case == "http":
             got = 0
-            with urllib.request.urlopen(args.url) as resp:  # no timeout: blocked in recv
+            with urllib.request.urlopen(url) as resp:  # no timeout: blocked in recv
                 while data := resp.read(1024):
                     got += len(data)
             print(f"rank 0: downloaded {got} bytes", flush=True)
@@ -153,9 +165,6 @@ def main() -> None:
             subprocess.run(["sleep", "600"], check=True)  # an upload tool stuck on nothing
         print(f"rank 0: phase {case} done", flush=True)
     dist.barrier()  # rank 1 waits here all along
-    steps(2)
-    print(f"rank {rank} done", flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
