@@ -255,7 +255,7 @@ M = [
  ("DDP027 a rank-tested conditional expression", "rules/ddp027_rank_only_binding.py", "        if isinstance(n, ast.IfExp) and info.rank_level(n.test):", "        if False:"),
  ("DDP027 a collective follows the read", "rules/ddp027_rank_only_binding.py", "            if follow:", "            if True:"),
  ("mpi4py's collectives", "analysis/context.py", "    if rec.last in MPI_COLLECTIVES:\n        return (rec.qual or \"\").startswith(\"mpi4py.\")", "    if rec.last in MPI_COLLECTIVES:\n        return False"),
- ("a communicator bound to a name", "analysis/walker.py", "                    qual = mpi_qual(info, qual)", "                    pass"),
+ ("a communicator bound to a name", "analysis/walker.py", "                    qual = mpi_qual(info, qual, last)", "                    pass"),
  ("mpi4py's Get_rank", "analysis/provenance.py", "               \"Get_rank\": GLOBAL}", "               }"),
  ("DDP028 one device only", "rules/ddp028_data_parallel_per_process.py", "        if isinstance(ids, ast.List | ast.Tuple) and len(ids.elts) == 1 \\\n", "        if isinstance(ids, ast.List | ast.Tuple) \\\n"),
  ("DDP028 a program under torch.distributed", "rules/ddp028_data_parallel_per_process.py", "    if not info.distributed:\n        return\n    for rec", "    for rec"),

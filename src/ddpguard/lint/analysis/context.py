@@ -21,8 +21,7 @@ COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all
 COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
 # The only callees whose fully qualified name a rule reads (CallRec.qual); for the rest the
 # walker skips resolving it once the module is known to be distributed.
-# mpi4py's collectives (a communicator's methods; lower case pickles objects, capitalised
-# sends buffers): where a program forms its group with MPI, these are its collectives too.
+# mpi4py's collectives (a communicator's methods): a program whose group is MPI's has these too.
 MPI_COLLECTIVES = {"bcast", "Bcast", "allreduce", "Allreduce", "Reduce", "Gather", "allgather",
                    "Allgather", "Allgatherv", "Gatherv", "Scatter", "Scatterv", "alltoall",
                    "Alltoall", "Barrier", "Reduce_scatter", "exscan", "scan"}
@@ -65,9 +64,13 @@ def is_collective(rec: CallRec) -> bool:
     return (rec.qual or "").startswith(("torch.distributed.", "mpi4py."))
 
 
-def mpi_qual(info: ModuleInfo, qual: str) -> str:
-    """`comm.bcast` where `comm = MPI.COMM_WORLD` (or `self.comm = ...`): mpi4py's, spelled
-    through the communicator's name."""
+def mpi_qual(info: ModuleInfo, qual: str, last: str) -> str:
+    """`comm.bcast` where `comm = MPI.COMM_WORLD` (or `self.comm = ...`) in a module that
+    imports mpi4py: mpi4py's, spelled through the communicator's name."""
+    if not (last in MPI_COLLECTIVES or last in COLLECTIVE_EXACT
+            or last.startswith(COLLECTIVE_PREFIXES)) or qual.startswith(("torch.", "mpi4py.")) \
+            or not any(v.startswith("mpi4py") for v in info.aliases.values()):
+        return qual
     owner, _, method = qual.rpartition(".")
     for _, v in info.assigns.get(owner, [])[:3]:
         q = info.qualify(v.func if isinstance(v, ast.Call) else v) or ""
@@ -112,9 +115,8 @@ class ModuleInfo:
     uses_cuda: bool = False
     distributed: bool = False
     multi_node: bool = False
-    # Spellings one rule interprets, noted during the one walk so that no rule walks the tree
-    # again: "no_sync" (an attribute, a call, `require_backward_grad_sync = ...`; DDP013),
-    # "join" (`model.join`; DDP003), "gloo" (the string; DDP010).
+    # Spellings one rule interprets, noted by the one walk: "no_sync" (an attribute, a call,
+    # `require_backward_grad_sync = ...`; DDP013), "join" (`model.join`; DDP003), "gloo" (DDP010)
     spelled: set[str] = field(default_factory=set)
     batchnorm: bool = False
     wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)

@@ -6,9 +6,7 @@ import ast
 from typing import Any
 
 from .context import (
-    COLLECTIVE_EXACT,
     COLLECTIVE_PREFIXES,
-    MPI_COLLECTIVES,
     QUALIFIED,
     CallRec,
     Func,
@@ -287,11 +285,8 @@ class Walker:
                     last = known
                 qual = info.qualify(f) if not info.distributed or last in QUALIFIED \
                     or last.startswith(COLLECTIVE_PREFIXES) else None
-                if qual is not None and (last in MPI_COLLECTIVES or last in COLLECTIVE_EXACT
-                                         or last.startswith(COLLECTIVE_PREFIXES)) \
-                        and not qual.startswith(("torch.", "mpi4py.")) \
-                        and any(v.startswith("mpi4py") for v in aliases.values()):
-                    qual = mpi_qual(info, qual)
+                if qual is not None:  # `comm.bcast` where `comm = MPI.COMM_WORLD`
+                    qual = mpi_qual(info, qual, last)
                 rec = CallRec(node, qual, last, self.guard, self.loops,  # type: ignore[arg-type]
                               self.func, self.branch, self.cur, callee)
                 calls.append(rec)
