@@ -23,10 +23,20 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import CallRec, Func, ModuleInfo, is_collective
+from ..analysis.context import (
+    COLLECTIVE_EXACT,
+    COLLECTIVE_PREFIXES,
+    MPI_COLLECTIVES,
+    CallRec,
+    Func,
+    ModuleInfo,
+    is_collective,
+)
 from ..registry import At, Hit, rule
 
 _SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+# The names of the calls every rank may wait in (see _follows), to look up, not scan for.
+_FOLLOW_EXACT = {"backward", "DistributedDataParallel", *COLLECTIVE_EXACT, *MPI_COLLECTIVES}
 
 
 @rule('DDP027', 'rank-only-binding', 'warning',
@@ -39,7 +49,9 @@ def ddp027(info: ModuleInfo) -> Iterator[Hit]:
     # this way: one pass over the calls finds the last such call of each function.
     last: dict[int, int] = {}
     split = info.split_funcs
-    for rec in info.calls:
+    names = [n for n in info.call_lasts() if n in _FOLLOW_EXACT or n.endswith("_DDP")
+             or n.startswith(COLLECTIVE_PREFIXES)]
+    for rec in info.calls_named(*names) if names else ():
         key = id(rec.func) if rec.func is not None else 0
         if key in split and not rec.guard and _follows(info, rec):
             last[key] = max(last.get(key, 0), rec.node.lineno)
