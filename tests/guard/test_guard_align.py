@@ -286,6 +286,15 @@ def test_second_thread_is_named_and_its_twin_from_the_training_thread_is_not():
     assert said("rank 1's thread 'metrics-logger' issued all_reduce #7", d)
     assert d["culprits"] == [1]
     assert diag(recs(""), cause="desync")["cause"] == "desync"
+    # The thread still waits in its collective: its own stack names its line (the entry has
+    # none: the recorder's lines are read only when a peer died).
+    two = recs("metrics-logger")
+    two[1]["stacks"]["metrics-logger (77)"] = [
+        {"file": f"{TORCH}../threading.py", "line": 1, "func": "run", "code": ""},
+        {"file": SCRIPT, "line": 13, "func": "report", "code": "dist.all_reduce(stats)"},
+        {"file": f"{TORCH}distributed/distributed_c10d.py", "line": 1, "func": "all_reduce",
+         "code": ""}]
+    assert said(f"issued all_reduce #7 (group 0) at {SCRIPT}:13 in report", diag(two, "desync"))
 
 
 # -- a rank blocked outside torch --------------------------------------------------------

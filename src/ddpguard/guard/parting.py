@@ -17,6 +17,7 @@ from .findings import Finding
 from .findings import file_line as _file_line
 from .findings import phase_words as _phase_words
 from .records import Position, RankRecord, SeqEntry
+from .stacks import is_library_file
 
 __all__ = ["second_thread", "parted", "extra_before_death"]
 
@@ -35,13 +36,27 @@ def second_thread(records: Sequence[RankRecord]) -> Finding | None:
         main = [(r, e) for r, e in items if not e["thread"]]
         if side and main:
             (r, e), (o, f) = side[0], main[0]
-            at = f" at {e['line']}" if e.get("line") else ""
+            line = e.get("line") or _thread_line(records, r, e["thread"])
+            at = f" at {line}" if line else ""
             return Finding("second_thread", (
                 f"rank {r}'s thread '{e['thread']}' issued {e['desc']}{at}, while rank {o}'s "
                 f"training thread issued {f['desc']} under the same number (batch "
                 f"{f['batches']}, {_phase_words(f['phase'])}): collectives are numbered in the "
                 "order a rank issues them, whatever the thread, so the two threads' "
-                "collectives pair with the wrong ones on the other ranks"), (r,))
+                "collectives pair with the wrong ones on the other ranks"), (r,),
+                _file_line(line))
+    return None
+
+
+def _thread_line(records: Sequence[RankRecord], rank: int, thread: str) -> str | None:
+    """'file:line in func' where the named thread of `rank` stands in the user's code, from
+    the rank's dump (the thread still waits in its collective: its stack says where)."""
+    rec = next((r for r in records if int(r["rank"]) == rank), None)
+    for key, frames in ((rec or {}).get("stacks") or {}).items():
+        if key == thread or key.startswith(f"{thread} ("):
+            user = next((f for f in reversed(frames) if not is_library_file(f["file"])), None)
+            if user is not None:
+                return f"{user['file']}:{user['line']} in {user['func']}"
     return None
 
 
