@@ -499,3 +499,23 @@ def test_a_step_lightning_refused_to_skip_is_a_skipped_backward_with_its_return(
     recs[1]["error"] = "ValueError: bad record in batch 3"
     d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
     assert d["cause"] == "crashed_rank", d
+
+
+def test_a_forward_every_rank_runs_next_is_not_the_cause_of_a_rank_tested_collective():
+    """Rank 0 all-reduces a loss for its log under `if rank == 0:` (line 13, through a
+    helper); rank 1 went on to the evaluation forward every rank runs next and waits in its
+    buffer broadcast: the counters read like a forward on some ranks, the rank test says
+    which side is extra (corpus33c's blind miss). Twin: rank 0's collective is its loop's
+    own, under no rank test: the forward on rank 1 alone stays the cause."""
+    helper = [("/u/utils.py", 7, "reduce_tensor"),
+              (f"{TORCH}distributed/distributed_c10d.py", 1, "all_reduce")]
+    recs = [rec(0, [(SCRIPT, 13, "<module>"), *helper], pending=[entry(83, sizes=((),))],
+                batches=25, fwd=25, tfwd=25, bwd=25, loaders={}),
+            rec(1, FWD, pending=[entry(83, "broadcast", ((96,),))], batches=26, fwd=26,
+                tfwd=25, bwd=25, loaders={})]
+    d = diag(recs)
+    assert d["cause"] == "conditional_collective" and d["culprits"] == [0], d
+    assert said(f"issued from {SCRIPT}:13, under a rank test", d), d["explanation"]
+    recs[0] = rec(0, [(SCRIPT, 5, "<module>"), *helper], pending=[entry(83, sizes=((),))],
+                  batches=25, fwd=25, tfwd=25, bwd=25, loaders={})
+    assert diag(recs)["cause"] == "forward_on_some_ranks"

@@ -258,6 +258,28 @@ def _or_conditional(found: Finding, records: list[RankRecord],
     return found.cause
 
 
+def _loop_conditional(found: Finding, records: list[RankRecord], pos: dict[int, Position],
+                      sources: dict[str, list[str]]) -> Finding | None:
+    """A forward through the wrapper on one rank meets another rank's collective that its
+    loop issued under a rank test (`if rank == 0: log(reduce(loss))`): the counters cannot
+    tell which side is extra, the rank test can. The forward rank is only the first to
+    reach the next forward every rank runs."""
+    for r in records:
+        rank = r["rank"]
+        p = pos[rank]
+        if rank in found.culprits or not p["pending"] or not p["kind"].startswith("collective:"):
+            continue
+        lines = [p["user_line"]] if p["user_line"] else []
+        for where in lines + [c for c in p.get("callers", ()) if c not in lines]:
+            if _in_conditional(sources.get(where[0]), where[1]):
+                return Finding("conditional_collective", (
+                    f"rank {rank} waits in {p['pending']} issued from {where[0]}:{where[1]}, "
+                    f"under a rank test, while rank {found.culprits[0]} went on to a forward "
+                    "through the wrapper every rank runs: rank "
+                    f"{rank}'s collective is the one the others never issue"), (rank,), where)
+    return None
+
+
 def _blocked_outside(records: list[RankRecord], pos: dict[int, Position],
                      culprits: list[int]) -> Finding | None:
     """A rank others wait for sits in a call outside torch with no life (a lock, a queue, a
@@ -325,6 +347,8 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     if cause in ("mismatch", "deadlock", "no_life", "hard_limit"):
         if aligned and cause in ("mismatch", "deadlock"):
             found = explain(records, pos, sources)
+            if found is not None and found.cause == "forward_on_some_ranks":
+                found = _loop_conditional(found, records, pos, sources) or found
             if found is not None:
                 return _or_conditional(found, records, pos, sources), found
         if not aligned:
