@@ -30,22 +30,6 @@ def pytest_configure(config):
     become_subreaper()
 
 
-# Modules of quick, single-process tests. They run last: on two workers the suite ends when the
-# busier worker does, and a tail of many short tests evens the two out, where a multi-rank job
-# started last would leave one worker idle for its whole length.
-_QUICK = ("tests/lint/", "tests/sampling/test_sampling.py", "tests/guard/test_guard_align.py",
-          "tests/guard/test_guard_rules.py", "tests/guard/test_guard_layers.py",
-          "tests/guard/test_launch_plan.py", "tests/guard/test_guard_render.py",
-          "tests/test_package.py", "tests/train/test_batch_plan.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    quick = [it for it in items if any(q in it.nodeid for q in _QUICK)]
-    if quick:
-        rest = [it for it in items if not any(q in it.nodeid for q in _QUICK)]
-        items[:] = rest + quick
-
-
 def _cmdline(pid):
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
