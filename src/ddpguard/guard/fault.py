@@ -278,11 +278,12 @@ def read_fault(path: str | None) -> str:
         return ""
 
 
-def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[Frame]]:
+def fault_stacks(path: str | None, main_ident: int | None,
+                 text: str | None = None) -> dict[str, list[Frame]]:
     """A dead rank's stacks from its fault log, in the report's format (outermost first,
     'name (ident)' keys): the thread that stood in a collective first, since that is the
     one the report must name, then the training thread, then the rest."""
-    head, threads = parse_fault(read_fault(path), main_ident)
+    head, threads = parse_fault(read_fault(path) if text is None else text, main_ident)
     if not threads:
         return {}
     order = sorted(threads, key=lambda t: (_collective(t) is None, not t.main))
@@ -295,14 +296,14 @@ def fault_stacks(path: str | None, main_ident: int | None) -> dict[str, list[Fra
     return out
 
 
-def last_words(path: str | None, main_ident: int | None) -> str:
+def last_words(path: str | None, main_ident: int | None, text: str | None = None) -> str:
     """' (it died of a fatal signal: ...; its training thread was at f:l in g)', or '' when
     there is nothing (no file, or the rank did not die of a fatal signal). A thread inside a
     torch.distributed collective is named with its line (the training thread's, or another
     thread's, said so: a collective from a second thread is paired by the backend with
     whatever the other ranks issue next); when the process aborted there, a collective the
     other ranks did not match is the usual cause (gloo aborts on a size mismatch)."""
-    head, threads = parse_fault(read_fault(path), main_ident)
+    head, threads = parse_fault(read_fault(path) if text is None else text, main_ident)
     if not head:
         return ""
     main = next((t for t in threads if t.main), None)

@@ -116,12 +116,8 @@ def framework_skip(error: str, sources: Mapping[str, list[str]]) -> str | None:
     for path, src in sources.items():
         for n, text in enumerate(src, 1):
             if re.match(r"^\s*def training_step\b", text):
+                # inside_loop reads any block by its indentation: a def's body too.
                 found += [f"{path}:{k} `{src[k - 1].strip()}`" for k in range(n + 1, len(src) + 1)
-                          if _in_def(src, n, k) and re.match(r"^\s*return(\s+None)?\s*(#.*)?$",
-                                                             src[k - 1])]
+                          if inside_loop(src, n, k) and re.match(
+                              r"^\s*return(\s+None)?\s*(#.*)?$", src[k - 1])]
     return found[0] if len(found) == 1 else ""
-
-
-def _in_def(src: list[str], head: int, line: int) -> bool:
-    """Is `line` in the body of the `def` at `head` (a nested def's lines count)?"""
-    return inside_loop(src, head, line)

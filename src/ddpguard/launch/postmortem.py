@@ -50,6 +50,7 @@ class RankLog:
     main: int | None
     fatal: str
     dumped: bool
+    text: str  # the log as read once (a few KB)
 
 
 def _int(text: str | None, default: int = 0) -> int:
@@ -69,7 +70,7 @@ def _all_logs(report_dir: str, launch_id: str) -> list[tuple[float, RankLog]]:
         main = _int(meta.get("main")) or None
         head, threads = parse_fault(text, main)
         log = RankLog(path, _int(meta.get("rank"), -1), _int(meta.get("world")),
-                      _int(meta.get("pid")), main, head, bool(threads or fault_notes(text)))
+                      _int(meta.get("pid")), main, head, bool(threads or fault_notes(text)), text)
         with contextlib.suppress(OSError):
             out.append((os.path.getmtime(path), log))
     return out
@@ -114,13 +115,13 @@ def compose(logs: list[RankLog]) -> Report | None:
             for f in frames:
                 sources.setdefault(f["file"], _lines(f["file"]))
     first = dead[0]
-    words = last_words(first.path, first.main)
+    words = last_words(first.path, first.main, first.text)
     survivors = [log.rank for log in logs if not log.fatal and log.dumped]
     cause = "mismatch" if "did not match" in words else "peer_gone"
     culprits = [log.rank for log in dead]
     reason = f"rank {first.rank} died{words}"
     side = [(log.rank, *found) for log in logs
-            for found in side_collectives(read_fault(log.path), log.main)]
+            for found in side_collectives(log.text, log.main)]
     if side:
         # A collective from a second thread is paired by the group with whatever the other
         # ranks issue next: that, not the rank the transport happened to abort, is the bug.
@@ -149,11 +150,11 @@ def _stacks(log: RankLog) -> dict[str, list[Frame]]:
     """The rank's stacks from its dump; where its training thread was inside ddpguard's own
     crash handling when it was ended (its error had unwound the script's frames), the line
     of that error first, from the rank's note."""
-    stacks = fault_stacks(log.path, log.main) if log.dumped else {}
+    stacks = fault_stacks(log.path, log.main, log.text) if log.dumped else {}
     main = next(iter(stacks.values()), [])
     if user_frame(main) is not None:
         return stacks
-    for kind, text in fault_notes(read_fault(log.path)):
+    for kind, text in fault_notes(log.text):
         m = re.match(r"(.+):(\d+) in (.+?)\|(.*)$", text)
         if kind == "error" and m:
             frame: Frame = {"file": m.group(1), "line": int(m.group(2)), "func": m.group(3),
