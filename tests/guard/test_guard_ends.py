@@ -415,3 +415,57 @@ def test_a_peer_aborted_in_its_second_threads_collective_is_a_second_thread(tmp_
         f"Fatal Python error: Aborted\n\nCurrent thread 0x{MAIN:016x} (most recent call "
         "first):\n  File \"/u/t.py\", line 17 in train\n")
     assert compose(read_logs(str(tmp_path), "L")) is None
+
+
+def test_a_workers_error_arriving_during_the_crash_path_is_the_one_reported(tmp_path):
+    # What CI saw under load: the worker died while sending a batch, the rank's read ended
+    # with a connection reset, and torch's SIGCHLD handler raised the worker's own error at
+    # the first call in the bootstrap's `except` clause, which ended the rank with a traceback
+    # of ours and no report. Here a helper thread takes the SIGCHLD (the training thread
+    # blocks it), so the rank's read fails with the handler still pending, and the handler
+    # runs at the first call after the error left the script: in the bootstrap.
+    script = tmp_path / "late_sigchld.py"
+    script.write_text(
+        "import os, signal, socket, threading, time\n"
+        "def handler(signum, frame):\n"
+        "    raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: Killed. ')\n"
+        "signal.signal(signal.SIGCHLD, handler)\n"
+        "a, b = socket.socketpair()\n"
+        "a.settimeout(1.0)\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), os.kill(os.getpid(), "
+        "signal.SIGCHLD))).start()\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\n"
+        "a.recv(1)  # the batch that never comes\n")
+    res = subprocess.run([sys.executable, "-m", "ddpguard.guard.bootstrap", str(script)],
+                         cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1, res.stderr
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("ddpguard: rank")]
+    assert said == ["ddpguard: rank ? crashed: RuntimeError: DataLoader worker (pid 4242) is "
+                    "killed by signal: Killed.  at late_sigchld.py:9"], res.stderr
+    assert "guard/bootstrap.py" not in res.stderr, res.stderr  # no traceback of ours
+
+
+def test_a_workers_error_raised_at_the_bootstraps_own_call_is_reported(tmp_path):
+    # The exact window CI hit: the handler ran at the bootstrap's call into the crash path
+    # (here that call raises the worker's error once, as the handler does at its first line).
+    script = tmp_path / "reset.py"
+    script.write_text("raise ConnectionResetError(104, 'Connection reset by peer')\n")
+    driver = (
+        "import sys\n"
+        "from ddpguard.guard import bootstrap, crash\n"
+        "real, calls = crash.report_exception, []\n"
+        "def first_call_interrupted(*a, **k):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 1:\n"
+        "        raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: "
+        "Killed. ')\n"
+        "    return real(*a, **k)\n"
+        "crash.report_exception = bootstrap.report_exception = first_call_interrupted\n"
+        f"sys.exit(bootstrap.main([{str(script)!r}]))\n")
+    res = subprocess.run([sys.executable, "-c", driver], cwd=tmp_path, env=child_env(),
+                         capture_output=True, text=True, timeout=60)
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("ddpguard: rank")]
+    assert res.returncode == 1 and said == [
+        "ddpguard: rank ? crashed: RuntimeError: DataLoader worker (pid 4242) is killed by "
+        "signal: Killed.  at reset.py:1"], res.stderr

@@ -166,9 +166,9 @@ def _hook_spawn(module: ModuleType) -> None:
                 raise
             except Exception as exc:
                 if guard.active() is not None:
-                    from .crash import report_exception
+                    from .crash import report_until_settled
 
-                    report_exception(exc)
+                    report_until_settled(exc)
                 raise
             guard.stop("exited")
             return out

@@ -17,6 +17,7 @@ import runpy
 import sys
 
 from ddpguard.guard import autostart, channel
+from ddpguard.guard.crash import report_exception
 
 __all__ = ["main"]
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if not as_module:
         sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     code = 0
+    failure: BaseException | None = None
     try:
         if as_module:
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
@@ -50,11 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code not in (None, 0) and not isinstance(exc.code, int):
             channel.write(str(exc.code))
     except BaseException as exc:
-        from ddpguard.guard.crash import report_exception
-
-        return report_exception(exc)
-    guard.stop("exited")
-    return code
+        failure = exc  # a plain store: nothing here may run a signal handler (see below)
+    if failure is None:
+        guard.stop("exited")
+        return code
+    earlier = failure
+    for _ in range(4):
+        # torch's SIGCHLD handler raises a dead DataLoader worker's error at the first call
+        # after the rank's read failed, which is ours: inside this `try` it is caught and
+        # reported in place of the first error (crash.settle), not a traceback of ours.
+        try:
+            return report_exception(failure, earlier)
+        except Exception as late:
+            failure = late
+    return report_exception(failure, earlier)
 
 
 def _mark_attempt() -> None:

@@ -49,7 +49,8 @@ from .ledger import describe_entry, first_pending
 from .rules import Decision
 from .stacks import Frame, is_library_file, short_path
 
-__all__ = ["handle_exception", "report_exception", "install_excepthook", "await_report",
+__all__ = ["handle_exception", "report_exception", "report_until_settled", "settle",
+           "install_excepthook", "await_report",
            "waiting_on", "peer_failures", "peer_error"]
 
 _HOOK_MARK = "__ddpguard_crash_hook__"
@@ -233,9 +234,13 @@ def _quiet_sigchld() -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
-def report_exception(exc: BaseException) -> int:
+def report_exception(exc: BaseException, earlier: BaseException | None = None) -> int:
     """handle_exception, and one line instead of a traceback of ours if our own handling
-    fails: nothing of ddpguard may end a rank with an error of its own."""
+    fails: nothing of ddpguard may end a rank with an error of its own. `earlier`: the
+    rank's first error, where `exc` was raised while the caller handled it (settle)."""
+    if earlier is not None and earlier is not exc:
+        exc = _later(earlier, exc)
+    exc = settle(exc)
     try:
         return handle_exception(exc)
     except BaseException as inner:
@@ -243,6 +248,57 @@ def report_exception(exc: BaseException) -> int:
                       f"{type(exc).__name__}: {exc} (and the guard could not report it: "
                       f"{type(inner).__name__}: {inner})")
         return 1
+
+
+def settle(exc: BaseException) -> BaseException:
+    """The error to report once torch's SIGCHLD handler is quiet. A DataLoader worker that
+    dies while sending a batch ends the rank's read with a connection reset, and its SIGCHLD
+    arrives with it: torch's handler raises the worker's own error at whatever call runs
+    next (runpy's, ours). That later error names the worker and the signal, so it is the one
+    reported, at the place of the error it interrupted."""
+    for _ in range(_SETTLE_TRIES):
+        try:
+            _quiet_sigchld()
+            break
+        except Exception as late:
+            exc = _later(exc, late)
+    return _placed(exc)
+
+
+_SETTLE_TRIES = 4
+
+
+def _later(exc: BaseException, late: BaseException) -> BaseException:
+    """`late`, raised while `exc` was being handled, chained to it."""
+    if late is not exc and late.__context__ is None:
+        late.__context__ = exc
+    return late
+
+
+def _placed(exc: BaseException) -> BaseException:
+    """A dead worker's error raised while another error was being handled is told at that
+    error's place (where the rank stood: its read of the batch), not where torch's handler
+    happened to run."""
+    ctx = exc.__context__
+    if ctx is not None and worker_death(str(exc)) and any(
+            not is_library_file(f.filename) for f in traceback.extract_tb(ctx.__traceback__)):
+        # (A context caught inside torch, as its own polling does, holds no line of the
+        # script: the error's own traceback does.)
+        return exc.with_traceback(ctx.__traceback__)
+    return exc
+
+
+def report_until_settled(exc: BaseException) -> int:
+    """report_exception, for a caller that has `exc` in hand (an excepthook, a wrapper): an
+    error torch's SIGCHLD handler raises at the call itself is reported in its place instead
+    of escaping the caller with no report at all."""
+    earlier = exc
+    for _ in range(_SETTLE_TRIES):
+        try:
+            return report_exception(exc, earlier)
+        except Exception as late:
+            exc = late
+    return report_exception(exc, earlier)
 
 
 def install_excepthook() -> None:
@@ -260,7 +316,7 @@ def install_excepthook() -> None:
         if guard.active() is None or not isinstance(exc, Exception):
             previous(kind, exc, tb)
             return
-        code = report_exception(exc)
+        code = report_until_settled(exc)
         if code != 1:
             os._exit(code)
 
