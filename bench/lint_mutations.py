@@ -240,8 +240,8 @@ M = [
  ("35: an assignment of the group's rank expression seeds the walk", 'analysis/crossfile.py', '                    type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs', '                    False'),
  ('35: a skip on a value built from the batch', 'rules/ddp004_rank_dependent_step_count.py', '            if _empty_test(s.test, _from_the_batch(node, s, names)):', '            if _empty_test(s.test, names):'),
  ("35: only values built from the batch are the batch's", 'rules/ddp004_rank_dependent_step_count.py', '        if isinstance(st, ast.Assign) and any(\n                isinstance(n, ast.Name) and n.id in out for n in ast.walk(st.value)):', '        if isinstance(st, ast.Assign):'),
- ("DDP025 the calling function's assignments only", "rules/ddp025_rank_kind_mixup.py", "if lo <= line <= hi]", "]"),
- ("DDP025 a constant is the single-process path", "rules/ddp025_rank_kind_mixup.py", "             if not isinstance(v, ast.Constant)]", "             ]"),
+ ("DDP025 the calling function's assignments only", "rules/ddp025_rank_kind_mixup.py", "             if lo <= line <= hi and not isinstance(v, ast.Constant)]", "             if not isinstance(v, ast.Constant)]"),
+ ("DDP025 a constant is the single-process path", "rules/ddp025_rank_kind_mixup.py", "             if lo <= line <= hi and not isinstance(v, ast.Constant)]", "             if lo <= line <= hi]"),
  ("DDP025 the launcher's --local_rank", "rules/ddp025_rank_kind_mixup.py", "    if kind == LOCAL and d.rsplit(\".\", 1)[-1] == \"local_rank\" and d.startswith((\"args.\", \"opt\")):", "    if False:"),
  ("DDP025 torch.cuda's set_device", "rules/ddp025_rank_kind_mixup.py", "            if not (info.qualify(rec.node.func) or \"\").startswith(\"torch.cuda\") \\\n", "            if False \\\n"),
  ("DDP026 from the block's first loop on", "rules/ddp026_collective_under_join.py", "        lo, hi = min(loops), block.end_lineno or block.lineno", "        lo, hi = block.body[0].lineno, block.end_lineno or block.lineno"),
@@ -271,6 +271,16 @@ M = [
  ("DDP029 the call's value used", "rules/ddp029_collective_result_lost.py", "        elif rec.stmt is not None and _value_used(rec.stmt, node):", "        elif False:"),
  ("DDP029 an asynchronous call returns its work", "rules/ddp029_collective_result_lost.py", "        if asynchronous is not None and not (isinstance(asynchronous, ast.Constant)", "        if False and not (isinstance(asynchronous, ast.Constant)"),
  ("DDP029 a value assigned or returned", "rules/ddp029_collective_result_lost.py", "    if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.Return) and stmt.value is not None:", "    if not isinstance(stmt, ast.Expr) or isinstance(stmt.value, ast.IfExp):"),
+ ("a guarded exit call splits the function", "analysis/callgraph.py", "                rec.last in _EXIT_LASTS and _head(f) in _EXIT_HEADS) or (", "                False) or ("),
+ ("an exit parts like a break into the next iteration", "analysis/divergence.py", "if ex.op in (\"break\", \"exit\") else []", "if ex.op == \"break\" else []"),
+ ("the next iteration's DDP forward waits", "analysis/sequences.py", " or (fwd and it.ev.kind == \"fwd\" and not it.ev.no_grad)", ""),
+ ("a forward under no_grad waits on no one", "analysis/sequences.py", "it.ev.kind == \"fwd\" and not it.ev.no_grad)", "it.ev.kind == \"fwd\")"),
+ ("hasattr of a rank holds in a distributed run", "analysis/ranks.py", "        if last == \"hasattr\" and _names_a_rank(node):", "        if False:"),
+ ("a test around both exit and collective parts neither", "analysis/divergence.py", "for t in exit_tests if id(t) not in both for part", "for t in exit_tests for part"),
+ ("DDP025 a launcher's arm", "rules/ddp025_rank_kind_mixup.py", "                 if src and _launcher_arm(info, func, line)), None)", "                 if False), None)"),
+ ("DDP025 a launcher test", "rules/ddp025_rank_kind_mixup.py", "            return any(isinstance(n, ast.Constant) and env_level(n.value) for n in parts) \\\n", "            return True or any(isinstance(n, ast.Constant) and env_level(n.value) for n in parts) \\\n"),
+ ("DDP025 a node-count test", "rules/ddp025_rank_kind_mixup.py", "                    info.callee_last(n) == \"device_count\" for n in parts):\n                return False", "                    info.callee_last(n) == \"device_count\" for n in parts):\n                pass"),
+ ("DDP025 the launcher's local rank compared with -1", "rules/ddp025_rank_kind_mixup.py", "                or any(isinstance(n, ast.Compare) and (dotted(n.left) or \"\").endswith(\"rank\")", "                or any(False and (dotted(n.left) or \"\").endswith(\"rank\")"),
 ]
 
 

@@ -879,3 +879,17 @@ def test_a_test_of_the_rank_within_a_subgroup_is_no_global_rank_class() -> None:
 def test_a_test_of_the_global_rank_before_a_subgroup_collective_is_reported() -> None:
     glob = SUBGROUP.replace('dist.get_rank(mesh.get_group("reduction"))', "dist.get_rank()")
     assert [c for c, _ in finding_lines(glob)] == ["DDP005"]
+
+
+def test_not_hasattr_or_a_rank_test_is_the_comparison() -> None:
+    """`not hasattr(args, "local_rank") or args.local_rank == 0`: every process of a
+    distributed run has its rank, so the ranks > 0 take the `else` alike (read as unknown,
+    they seemed to reach the broadcast too)."""
+    src = HEAD_SCHEDULE + (
+        "def is_leader(args):\n"
+        "    return not hasattr(args, 'local_rank') or args.local_rank == 0\n\n\n"
+        "def sync(args, t):\n"
+        "    if is_leader(args):\n"
+        "        dist.broadcast(t, 0)\n")
+    [f] = [f for f in lint_source(src, "t.py", ALL_BUT_PRINT) if f.code == "DDP005"]
+    assert "ranks > 0 never reach it" in f.message

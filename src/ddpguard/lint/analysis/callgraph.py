@@ -137,7 +137,9 @@ def candidates(info: ModuleInfo) -> set[int]:
         key = id(rec.func) if rec.func is not None else 0
         if key in out:
             continue
+        # `if rank == 0: sys.exit(0)` splits the function as much as a `return` does
         if is_collective(rec) or rec.last in ddp_lasts or rec.last in info.funcs or (
+                rec.last in _EXIT_LASTS and _head(f) in _EXIT_HEADS) or (
                 cross and (head := _head(f)) in info.aliases
                 and info.aliases[head].split(".")[0] not in EXTERNAL) or (
                 ddp and rec.func is not None and isinstance(f, ast.Name)
@@ -152,6 +154,10 @@ def candidates(info: ModuleInfo) -> set[int]:
                 out.add(id(rec.func) if rec.func is not None else 0)
     info._memo[("candidates", 0)] = out
     return out
+
+
+_EXIT_LASTS = {"exit", "quit", "_exit"}
+_EXIT_HEADS = {"exit", "quit", "sys", "os"}
 
 
 def _head(f: ast.expr) -> str:

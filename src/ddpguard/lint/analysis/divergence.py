@@ -209,8 +209,10 @@ def _exclusive(info: ModuleInfo, root: Func | None, line: int, site: int) -> boo
         return False
     body = root.body if root is not None else info.tree.body
     exit_tests, coll_tests = _tests_around(body, line), _tests_around(body, site)
-    mine = {n for t in exit_tests for part in _conjuncts(t) if not info.rank_level(part)
-            for n in _names(part)}
+    # a test that holds both (`if __name__ == "__main__":`) parts neither from the other
+    both = {id(t) for t in exit_tests} & {id(t) for t in coll_tests}
+    mine = {n for t in exit_tests if id(t) not in both for part in _conjuncts(t)
+            if not info.rank_level(part) for n in _names(part)}
     return bool(mine & {n for t in coll_tests for n in _names(t)})
 
 
@@ -270,9 +272,10 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
             if ex.op == "continue" and ex.text == "while" and _retry(mine, (*side, *rest)):
                 continue
             partners = []
-            # A `break` leaves the loop the others go on with: their next iteration's
-            # collectives wait too (early stopping decided on rank 0 alone).
-            later = _colls(then) if ex.op == "break" else []
+            # A `break` leaves the loop the others go on with, an exit the program: their
+            # next iteration's collectives wait too (early stopping decided on rank 0 alone),
+            # and so does its training forward (the backward after it all-reduces).
+            later = _colls(then, fwd=True) if ex.op in ("break", "exit") else []
             now = _colls((*side, *rest))
             for k, (it, via) in enumerate([*now, *later]):
                 nx = it.ev

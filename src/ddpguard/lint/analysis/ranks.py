@@ -181,6 +181,10 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         return launch(info, node)
     if isinstance(node, ast.Call):
         last = info.callee_last(node)
+        if last == "hasattr" and _names_a_rank(node):
+            # `not hasattr(args, "local_rank") or args.local_rank == 0`: every process of a
+            # distributed run has its rank (the launcher's argument or the set-up's)
+            return TRUE
         fns = info.funcs.get(last, [])  # this file's own definition wins over the name
         home: Table = info
         if not fns and last in info.rank_funcs:
@@ -200,6 +204,10 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
     if d is None:
         return launch(info, node)
     return _flag(info, d, node, cls, depth)
+
+
+def _names_a_rank(node: ast.Call) -> bool:
+    return len(node.args) == 2 and "rank" in str(_const(node.args[1])).lower()
 
 
 def _defined_elsewhere(info: Table, node: ast.Call) -> tuple[Table, list[_Fn]]:

@@ -84,16 +84,19 @@ def _op_events(seq: Seq, via: tuple[int, ...] = ()
     return out
 
 
-def _colls(seq: Seq, via: tuple[int, ...] = ()) -> list[tuple[Item, tuple[int, ...]]]:
-    """Every collective of `seq` in order, through calls, branches and loops (a few)."""
+def _colls(seq: Seq, via: tuple[int, ...] = (),
+           fwd: bool = False) -> list[tuple[Item, tuple[int, ...]]]:
+    """Every collective of `seq` in order, through calls, branches and loops (a few); with
+    `fwd`, the DDP forwards with gradients too (the backward after one all-reduces, so a rank
+    that never comes leaves the others in it; a forward under no_grad syncs nothing)."""
     out: list[tuple[Item, tuple[int, ...]]] = []
     for it in seq:
         if it.ev is not None:
-            if it.ev.kind == "coll":
+            if it.ev.kind == "coll" or (fwd and it.ev.kind == "fwd" and not it.ev.no_grad):
                 out.append((it, via))
         else:
             for arm in it.arms:
-                out.extend(_colls(arm, via + ((it.site,) if it.kind == "call" else ())))
+                out.extend(_colls(arm, via + ((it.site,) if it.kind == "call" else ()), fwd))
         if len(out) >= 8:
             break
     return out

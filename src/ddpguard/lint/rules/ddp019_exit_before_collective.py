@@ -8,7 +8,12 @@ timeout. A `while` loop's `continue` after which the leaving class's next collec
 the others wait in is a retry, not an exit (metaseq's input loop); in a `for` loop over data it
 drops that step's collectives and is reported. A `break` that only rank 0 takes leaves the loop
 the others go on with: their next iteration's collectives wait too (early stopping decided on
-rank 0 alone). Not exits: `raise NotImplementedError` (a stub for code left out). Not reported
+rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop body, and there
+the next iteration's DDP forward with gradients counts too (its backward all-reduces). A rank
+test written `not hasattr(args, "local_rank") or args.local_rank == 0` is read as the
+comparison alone (every process of a distributed run has its rank), and a rank-guarded exit
+call splits a function as a `return` does. Not exits: `raise NotImplementedError` (a stub for
+code left out). Not reported
 where the exit and the collective sit behind tests of the same non-rank value (`if not fsdp_eval
 and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when one class leaves, the other
 never reaches that collective. A `raise` is DDP022's. Fix: check the condition on every rank (or

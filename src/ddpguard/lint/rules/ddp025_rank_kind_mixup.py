@@ -11,8 +11,11 @@ Two spellings of one confusion, both right on one node and wrong on several:
   claim each rank and the rendezvous fails or waits forever.
 
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
-`mp.spawn` passes, which is both on one node) is not. Fix: `LOCAL_RANK` for the device,
-`RANK` (or `dist.get_rank()`) for the process group.
+`mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
+`if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
+`args.local_rank != -1`) assigns the wrong kind: each launcher runs on several nodes; not
+under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
+`LOCAL_RANK` for the device, `RANK` (or `dist.get_rank()`) for the process group.
 """
 
 from __future__ import annotations
@@ -83,10 +86,35 @@ def _source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
     if kind == LOCAL and d.rsplit(".", 1)[-1] == "local_rank" and d.startswith(("args.", "opt")):
         return f"{d}, the launcher's --local_rank"
     lo, hi = (func.lineno, func.end_lineno or func.lineno) if func else (0, 1 << 30)
-    values = [v for line, v in info.assigns.get(d, []) if lo <= line <= hi]
-    found = [_source(info, v, kind, func, depth + 1) for v in values
-             if not isinstance(v, ast.Constant)]
-    return found[0] if found and all(found) else None
+    found = [(line, _source(info, v, kind, func, depth + 1))
+             for line, v in info.assigns.get(d, [])
+             if lo <= line <= hi and not isinstance(v, ast.Constant)]
+    if found and all(src for _, src in found):
+        return found[0][1]
+    return next((f"{src}, in the launcher's arm at line {line}" for line, src in found
+                 if src and _launcher_arm(info, func, line)), None)
+
+
+def _launcher_arm(info: ModuleInfo, func: Func | None, line: int) -> bool:
+    """The assignment at `line` sits in an arm of an `if` that picks the launcher
+    (`"SLURM_PROCID" in os.environ`, `args.local_rank != -1`): that arm is the whole set-up
+    of one way to launch, and each of torchrun, torch.distributed.launch and SLURM runs on
+    several nodes, so its kind is wrong there whatever the other arms assign. Not under a
+    test of the node count (`args.nnodes == 1`): there the local rank is the global one."""
+    for node in ast.walk(func if func is not None else info.tree):
+        if isinstance(node, ast.If) and any(
+                isinstance(st, ast.Assign) and st.lineno == line
+                for st in (*node.body, *node.orelse)):
+            parts = list(ast.walk(node.test))
+            if any(isinstance(n, ast.Name | ast.Attribute) and (
+                    "node" in (dotted(n) or "").lower()) or isinstance(n, ast.Call) and
+                    info.callee_last(n) == "device_count" for n in parts):
+                return False
+            return any(isinstance(n, ast.Constant) and env_level(n.value) for n in parts) \
+                or any(isinstance(n, ast.Compare) and (dotted(n.left) or "").endswith("rank")
+                       and any(isinstance(c, ast.UnaryOp | ast.Constant) and
+                               ast.unparse(c) == "-1" for c in n.comparators) for n in parts)
+    return False
 
 
 
