@@ -2,7 +2,8 @@
 
     results = run_ranks(my_check, world_size=2, args=(...), timeout=60)
 
-`fn(world, *args)` runs in each rank's own spawned process after `ddpguard.init()` (gloo,
+`fn(world, *args)` runs in each rank's own process (forked from a fork server that has
+imported torch, or spawned) after `ddpguard.init()` (gloo,
 127.0.0.1, a free port, OMP_NUM_THREADS=1); its return values come back in rank order. A rank
 that raises fails the call with that rank's traceback; a rank that does not finish by the
 deadline fails it with "rank N hung" and the rank's Python stack at the moment it was stopped.
@@ -61,6 +62,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     init_kwargs: dict[str, Any],
+    caller_env: dict[str, str],
     extra_env: dict[str, str],
     stack_file: str,
     results: Any,
@@ -114,6 +116,24 @@ def _describe_stuck(rank: int, stack_file: Path, why: str) -> str:
     )
 
 
+# What every rank imports anyway: the fork server imports it once, and each rank is forked
+# from it in milliseconds instead of importing torch afresh (seconds per rank on a small machine).
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "ddpguard.session"]
+
+
+def _context() -> Any:
+    """The fork server where the platform has one (a clean single-threaded process: forking
+    it is safe, unlike forking a caller that may hold threads or CUDA), else spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    from multiprocessing import forkserver
+
+    if not forkserver._forkserver._forkserver_pid:  # not started yet: preloading still counts
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -125,14 +145,15 @@ def run_ranks(
 ) -> list[Any]:
     """Run `fn(world, *args)` on `world_size` gloo ranks; return the results in rank order.
 
-    `fn` must be importable by name (a module-level function) because ranks are spawned.
+    `fn` must be importable by name (a module-level function): ranks do not share the caller's
+    memory. Each rank sees the caller's environment as it is at the call, then `env`.
     Raises RankFailure naming every rank that raised, died, or outlived `timeout` seconds.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
     tmp = tempfile.TemporaryDirectory(prefix="ddpguard-ranks-")
@@ -140,8 +161,8 @@ def run_ranks(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(r, world_size, port, fn, args, dict(init_kwargs or {}), dict(env or {}),
-                  str(stack_files[r]), results),
+            args=(r, world_size, port, fn, args, dict(init_kwargs or {}),
+                  dict(os.environ), dict(env or {}), str(stack_files[r]), results),
             name=f"ddpguard-rank{r}",
             daemon=True,
         )
