@@ -129,7 +129,7 @@ def _context() -> Any:
     ctx = mp.get_context("forkserver")
     from multiprocessing import forkserver
 
-    if not forkserver._forkserver._forkserver_pid:  # not started yet: preloading still counts
+    if not getattr(forkserver._forkserver, "_forkserver_pid", None):  # preloading still counts
         ctx.set_forkserver_preload(_PRELOAD)
     return ctx
 
