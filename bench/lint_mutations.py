@@ -281,6 +281,16 @@ M = [
  ("DDP025 a launcher test", "rules/ddp025_rank_kind_mixup.py", "            return any(isinstance(n, ast.Constant) and env_level(n.value) for n in parts) \\\n", "            return True or any(isinstance(n, ast.Constant) and env_level(n.value) for n in parts) \\\n"),
  ("DDP025 a node-count test", "rules/ddp025_rank_kind_mixup.py", "                    info.callee_last(n) == \"device_count\" for n in parts):\n                return False", "                    info.callee_last(n) == \"device_count\" for n in parts):\n                pass"),
  ("DDP025 the launcher's local rank compared with -1", "rules/ddp025_rank_kind_mixup.py", "                or any(isinstance(n, ast.Compare) and (dotted(n.left) or \"\").endswith(\"rank\")", "                or any(False and (dotted(n.left) or \"\").endswith(\"rank\")"),
+ ("DDP004 a step's caught error returns before its sync", "analysis/rank_failures.py", "            if ret is not None and (hit is None or ret.lineno < hit[0].lineno):", "            if False:"),
+ ("DDP004 a handler that shares the failure", "analysis/rank_failures.py", " or any(\n                    id(n) in colls for n in own_nodes(h.body)):", ":"),
+ ("DDP004 a leave before the top-level raise", "analysis/rank_failures.py", "            return not any(isinstance(n, _LEAVES) for n in own_nodes(h.body[:k]))", "            return True"),
+ ("DDP004 a sync after the try", "analysis/rank_failures.py", "if n.lineno > end or id(n) in guarded and id(n) not in colls), None)", "if id(n) in guarded and id(n) not in colls), None)"),
+ ("DDP004 a collective that fails is no step skipped", "analysis/rank_failures.py", "if n.lineno > end or id(n) in guarded and id(n) not in colls), None)", "if n.lineno > end or id(n) in guarded), None)"),
+ ("DDP004 a subclass's step in another file", "analysis/rank_failures.py", "                if c is not None and cls in _family(m, c) and (m, fn) not in out:", "                if False:"),
+ ("DDP004 what a failing step returns is the rank's own", "analysis/rank_failures.py", "            site = next((s for s in step_callees(info, rec) if failing_return(*s)), None)", "            site = None"),
+ ("DDP004 a counter advanced only when it holds", "analysis/rank_failures.py", "                    local.setdefault(d, local[min(read)])", "                    pass"),
+ ("DDP004 a test inside a reported one is said once", "analysis/rank_failures.py", "        if s.lineno > end and read and any(", "        if read and any("),
+ ("DDP004 a loop whose step is a distributed module's", "rules/ddp004_rank_dependent_step_count.py", "                if not (grouped or m.distributed):", "                if not grouped:"),
 ]
 
 

@@ -207,3 +207,49 @@ def test_a_nan_test_every_rank_shares_is_no_finding() -> None:
     # not a batch loop
     other = NAN_BREAK.replace("for data in train_dl:", "for data in range(10):")
     assert finding_lines(other) == []
+
+
+BASE = """\
+class Trainer:
+    def train_one_step(self, batch):
+        raise NotImplementedError
+
+    def train_epoch(self, loader):
+        for batch in loader:
+            ok = self.train_one_step(batch)
+            if not ok and self.stop_on_error:
+                break
+"""
+
+STEP = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.base import Trainer
+
+
+class DdpTrainer(Trainer):
+    def train_one_step(self, batch):
+        try:
+            loss = self.model(batch).mean()
+        except RuntimeError as e:
+            if "out of memory" in str(e):
+                return False
+            raise
+        loss.backward()
+        return True
+"""
+
+
+def test_a_subclass_step_in_another_file(tmp_path: Path) -> None:
+    """The loop is the base class's (`self.train_one_step(batch)`), the step a subclass's in
+    another file: its caught out-of-memory error skips the backward on this rank alone, and
+    the loop's break on what it returned is this rank's too."""
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "base.py").write_text(BASE)
+    (tmp_path / "trainer" / "ddp.py").write_text(STEP)
+    found = {(Path(f.path).name, f.line) for f in lint_paths([tmp_path]) if f.code == "DDP004"}
+    assert found == {("ddp.py", 13), ("base.py", 8)}
+    # another class's step of the same name is no override of this loop's
+    (tmp_path / "trainer" / "ddp.py").write_text(STEP.replace("(Trainer)", "(object)"))
+    assert not [f for f in lint_paths([tmp_path]) if f.code == "DDP004"]

@@ -23,7 +23,13 @@ job. Also: an `except` in such a loop that swallows an error (an out-of-memory "
 handler, a bad sample logged and passed) around a step that syncs (a backward, an optimizer
 step, a collective), or that leaves the step with `continue`/`break`: the error is this rank's,
 which skips the sync the others wait in. Not a handler that re-raises or exits at its top level,
-nor one for `StopIteration` (the end of a second loader comes on every rank at the same step);
+nor one for `StopIteration` (the end of a second loader comes on every rank at the same step),
+but `if "out of memory" in str(e): continue` ahead of a top-level `raise e` is this rank's way
+out; the same in a function the loop calls (a `self.` method too, a subclass's in another file
+of the project) whose handler returns before the backward or collective after it (`return
+False`), and then the loop's tests of what it returned, or of a counter advanced only when it
+held, that leave the loop or reach a sync (`if succ: step += 1` ... `if step % k == 0:
+evaluate()`); not a handler that all-reduces a skip flag;
 a handler that only sets a flag around a block without the sync, which a later collective
 shares, stays silent. And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
@@ -36,6 +42,7 @@ alike.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
 from ..analysis.callgraph import is_collective
@@ -46,6 +53,13 @@ from ..analysis.context import (
     ModuleInfo,
     dotted,
     kwarg,
+)
+from ..analysis.rank_failures import (
+    caught_here,
+    failing_return,
+    rank_local_tests,
+    reraises_first,
+    training_calls,
 )
 from ..registry import Hit, rule
 
@@ -96,8 +110,11 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     hang. Only where the module runs with other ranks: it uses torch.distributed, or a file
     on the command line that forms the group imports it (a single-process script may skip
     what it likes)."""
-    if not info.distributed and not (info.file_set is not None
-                                     and info.file_set.in_group(info)):  # type: ignore[attr-defined]
+    grouped = info.distributed or (info.file_set is not None
+                                   and info.file_set.in_group(info))  # type: ignore[attr-defined]
+    # a loop whose step is a distributed module's runs with other ranks, wherever it is
+    yield from _failing_steps(info, grouped)
+    if not grouped:
         return
     for rec in info.calls:
         if rec.last != "DataLoader":
@@ -149,6 +166,43 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "flag first so that every rank decides alike")
 
 
+def _failing_steps(info: ModuleInfo, grouped: bool) -> Iterator[Hit]:
+    """A step function that returns on this rank's own caught error before its sync, called
+    from a training loop (here or in another file of the project); and the loop's tests of
+    what it returned."""
+    stepping = {id(r.func) for r in info.calls if grouped and r.func is not None and (
+        r.last in ("backward", "step") or is_collective(r))}
+    for fns in info.funcs.values():
+        for fn in fns:
+            hit = failing_return(info, fn) if id(fn) in stepping else None
+            callers = training_calls(info, fn, _batch_loop) if hit else []
+            if hit and callers:
+                m, rec = callers[0]
+                yield hit[0], "DDP004", (
+                    f"an error caught here (an out-of-memory, a bad sample) ends {fn.name}() "
+                    f"on this rank alone, before the step's sync at line {hit[1]} that the "
+                    f"other ranks reach (the loop at {_where(info, m, rec.node.lineno)} calls "
+                    "it every step): the ranks leave the common sequence and DDP hangs; "
+                    "re-raise, or all_reduce a 'skip' flag so that every rank skips alike")
+    for lrec in info.loops:
+        if isinstance(lrec.node, ast.For | ast.AsyncFor) and \
+                _batch_loop(info, lrec.node.iter):
+            for s, name, (m, fn) in rank_local_tests(info, lrec.node):
+                ret = failing_return(m, fn)
+                if not (grouped or m.distributed):
+                    continue
+                yield s, "DDP004", (
+                    f"`{name}` is this rank's own: it follows what {fn.name}() returned, and "
+                    f"{fn.name}() returns early on an error caught on one rank (at "
+                    f"{_where(info, m, ret[0].lineno if ret else fn.lineno)}), so this test "
+                    "leaves or skips the step on that rank alone and the ranks do different "
+                    "steps; all_reduce the outcome first so that every rank decides alike")
+
+
+def _where(info: ModuleInfo, m: ModuleInfo, line: int) -> str:
+    return f"line {line}" if m is info else f"{os.path.basename(m.path)}:{line}"
+
+
 def _from_the_batch(loop: Loop, skip: ast.If, names: set[str]) -> set[str]:
     """The loop's batch names and the names computed from them in the loop before the skip
     (`images, targets = batch`, `targets = batch["labels"]`): an empty target list built from
@@ -177,11 +231,6 @@ def _own_statements(loop: Loop) -> Iterator[ast.AST]:
                                                                         | ast.excepthandler))
 
 
-# Errors that end an iteration for every rank alike, or a user's interrupt.
-_COMMON_ERRORS = {"StopIteration", "KeyboardInterrupt", "SystemExit", "GeneratorExit"}
-_EXITS = {"exit", "_exit", "abort"}
-
-
 def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.excepthandler]:
     """The handlers of a `try` in a training loop that carry on after an error of this rank:
     no `raise` or exit at the handler's top level, and either the guarded block holds the
@@ -197,12 +246,7 @@ def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.exc
 
     guarded_sync = any(syncs(n) for st in node.body for n in ast.walk(st))
     for h in node.handlers:
-        caught = {(dotted(t) or "").rsplit(".", 1)[-1] for t in
-                  (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]) if t is not None}
-        if caught and caught <= _COMMON_ERRORS:
-            continue
-        if any(isinstance(st, ast.Raise) or (isinstance(st, ast.Expr) and isinstance(
-                st.value, ast.Call) and info.callee_last(st.value) in _EXITS) for st in h.body):
+        if not caught_here(h) or reraises_first(info, h):
             continue
         leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h))
         if guarded_sync or leaves:

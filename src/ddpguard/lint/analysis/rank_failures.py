@@ -1,0 +1,174 @@
+"""A rank's own failure, caught where a training loop's callee runs its step.
+
+`except RuntimeError as e: if "out of memory" in str(e): return False` in a method the loop
+calls (`succ = self.train_one_step(batch)`, the method perhaps a subclass's in another file)
+ends that step on this rank alone: the backward or collective after the handler is skipped
+while the other ranks wait in it. What the call returns is then this rank's own too, and so is
+a counter advanced only when it holds (`if succ: step += 1`). DDP004 reads these; a handler
+that shares the failure (a collective in it) or re-raises first is no rank's own exit.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+
+from .callgraph import resolve
+from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective
+
+# Errors that end an iteration for every rank alike, or a user's interrupt.
+COMMON_ERRORS = {"StopIteration", "KeyboardInterrupt", "SystemExit", "GeneratorExit"}
+EXITS = {"exit", "_exit", "abort"}
+_LEAVES = (ast.Continue, ast.Break, ast.Return)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+BatchLoop = Callable[[ModuleInfo, ast.expr], bool]
+Site = tuple[ModuleInfo, Func]
+
+
+def own_nodes(stmts: list[ast.stmt], loops: bool = True) -> Iterator[ast.AST]:
+    """The nodes of `stmts`, not those of a function or class they define (nor, without
+    `loops`, of an inner loop: a `break` there leaves that loop)."""
+    todo: list[ast.AST] = list(stmts)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, _SCOPES) and (loops or not isinstance(node, _LOOPS)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def caught_here(h: ast.excepthandler) -> bool:
+    """The handler catches an error one rank can meet alone (not the end of an iterator)."""
+    caught = {(dotted(t) or "").rsplit(".", 1)[-1] for t in
+              (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]) if t is not None}
+    return not (caught and caught <= COMMON_ERRORS)
+
+
+def reraises_first(info: ModuleInfo, h: ast.excepthandler) -> bool:
+    """A `raise` or exit at the handler's top level that no path leaves before: `if oom:
+    continue` ahead of a top-level `raise e` is this rank's own way out, not a re-raise."""
+    for k, st in enumerate(h.body):
+        if isinstance(st, ast.Raise) or (isinstance(st, ast.Expr) and isinstance(
+                st.value, ast.Call) and info.callee_last(st.value) in EXITS):
+            return not any(isinstance(n, _LEAVES) for n in own_nodes(h.body[:k]))
+    return False
+
+
+def failing_return(info: ModuleInfo, fn: Func) -> tuple[ast.Return, int] | None:
+    """A `return` in an `except` of `fn` that ends its step on this rank alone, and the line
+    of the sync (a backward, an optimizer step, a collective) it skips: in the guarded block
+    or after the `try`. Not where the handler shares the failure (a collective in it)."""
+    key = ("failing_return", id(fn))
+    if key in info._memo:
+        return info._memo[key]  # type: ignore[return-value]
+    hit = None
+    colls = {id(r.node) for r in info.calls if r.func is fn and is_collective(r)}
+    syncs = [n for n in own_nodes(fn.body) if isinstance(n, ast.Call) and (
+        id(n) in colls or info.callee_last(n) in ("backward", "step"))]
+    for t in (n for n in own_nodes(fn.body) if isinstance(n, ast.Try) and syncs):
+        end = t.end_lineno or t.lineno
+        guarded = {id(n) for n in own_nodes(t.body)}
+        # A collective in the guarded block is what failed (a monitored_barrier's timeout
+        # read as "a rank ran out of data"), not a step this rank skipped.
+        sync = next((n.lineno for n in sorted(syncs, key=lambda c: c.lineno)
+                     if n.lineno > end or id(n) in guarded and id(n) not in colls), None)
+        if sync is None:
+            continue
+        for h in t.handlers:
+            if not caught_here(h) or reraises_first(info, h) or any(
+                    id(n) in colls for n in own_nodes(h.body)):
+                continue
+            ret = next((n for n in own_nodes(h.body) if isinstance(n, ast.Return)), None)
+            if ret is not None and (hit is None or ret.lineno < hit[0].lineno):
+                hit = (ret, sync)
+    info._memo[key] = hit
+    return hit
+
+
+def _infos(info: ModuleInfo) -> list[ModuleInfo]:
+    fs = info.file_set
+    return list(getattr(fs, "infos", None) or [info])
+
+
+def _family(info: ModuleInfo, cls: str) -> set[str]:
+    """A class and the classes it names as bases (their last names)."""
+    node = info.classes.get(cls)
+    return {cls} | {(dotted(b) or "").rsplit(".", 1)[-1] for b in (node.bases if node else [])}
+
+
+def step_callees(info: ModuleInfo, rec: CallRec) -> list[Site]:
+    """What a call in a loop may run: this file's function, another file's through the
+    import, or for `self.step()` the method of a subclass (in any file of the project) that
+    overrides the base class's stub."""
+    out: list[Site] = [(info, f) for f in info.local_callees(rec)]
+    f = rec.node.func
+    cls = info.func_class.get(rec.func) if rec.func is not None else None
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and \
+            f.value.id == "self" and cls is not None:
+        for m in _infos(info):
+            for fn in m.funcs.get(f.attr, []):
+                c = m.func_class.get(fn)
+                if c is not None and cls in _family(m, c) and (m, fn) not in out:
+                    out.append((m, fn))
+    elif not out and (r := resolve(info, rec)) is not None:
+        out.append(r)
+    return out
+
+
+def training_calls(info: ModuleInfo, fn: Func, batch_loop: BatchLoop) -> list[tuple[
+        ModuleInfo, CallRec]]:
+    """The calls of `fn` from a loop over batches, in any file of the project."""
+    out = []
+    for m in _infos(info):
+        if fn.name not in m.call_lasts():
+            continue
+        for rec in m.calls_named(fn.name):
+            if rec.loops and any(batch_loop(m, lp.iter) for lp in rec.loops
+                                 if isinstance(lp, ast.For | ast.AsyncFor)) and any(
+                    s == (info, fn) for s in step_callees(m, rec)):
+                out.append((m, rec))
+    return out
+
+
+def rank_local_tests(info: ModuleInfo, loop: Loop) -> Iterator[tuple[ast.If, str, Site]]:
+    """The `if`s of a training loop that read a value its callee returns after this rank's
+    own caught error (`succ = self.train_one_step(b)`), or a counter advanced only when that
+    value holds (`if succ: step += 1`), and that leave or skip the step (`break`, `continue`,
+    a collective, a backward): one rank alone takes them."""
+    local: dict[str, Site] = {}
+    for rec in info.calls:
+        st = rec.stmt
+        if loop in rec.loops and isinstance(st, ast.Assign) and st.value is rec.node:
+            site = next((s for s in step_callees(info, rec) if failing_return(*s)), None)
+            if site is not None:
+                for t in st.targets:
+                    if (d := dotted(t)) is not None:
+                        local[d] = site
+    if not local:
+        return
+    ifs = sorted((n for n in own_nodes(loop.body) if isinstance(n, ast.If)),
+                 key=lambda n: n.lineno)
+    for s in ifs:  # counters first: they are read later in the body and next iteration
+        read = _reads(s.test) & set(local)
+        if read:
+            for n in own_nodes(s.body):
+                if isinstance(n, ast.AugAssign) and (d := dotted(n.target)) is not None:
+                    local.setdefault(d, local[min(read)])
+    colls = {id(r.node) for r in info.calls if loop in r.loops and is_collective(r)}
+    end = 0
+    for s in ifs:
+        read = _reads(s.test) & set(local)
+        if s.lineno > end and read and any(
+                isinstance(n, ast.Break | ast.Continue) or id(n) in colls or (
+                    isinstance(n, ast.Call) and info.callee_last(n) in ("backward", "step"))
+                for n in own_nodes(s.body, loops=False)):
+            end = s.end_lineno or s.lineno  # what it holds follows from it: said once
+            yield s, min(read), local[min(read)]
+
+
+def _reads(test: ast.expr) -> set[str]:
+    out = set()
+    for n in ast.walk(test):
+        if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n)) is not None:
+            out.add(d)
+    return out
