@@ -109,6 +109,7 @@ class ModuleInfo:
     local_tests: bool = False         # some test reads the local rank (`local_rank == 0`)
     exit_splits: set[int] = field(default_factory=set)  # functions with an exit under one
     generators: set[int] = field(default_factory=set)   # functions that yield
+    catching: set[int] = field(default_factory=set)   # functions with an `except` clause
     guarded_calls: list[CallRec] = field(default_factory=list)  # calls under a rank test
     path: str = "<string>"
     file_set: object = None            # crossfile.FileSet: the other files on the command line

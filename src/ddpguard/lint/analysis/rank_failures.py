@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterator
 
-from .callgraph import resolve
+from .callgraph import calls_by_func, resolve
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective
 
 # Errors that end an iteration for every rank alike, or a user's interrupt.
@@ -62,16 +62,16 @@ def failing_return(info: ModuleInfo, fn: Func) -> tuple[ast.Return, int] | None:
     if key in info._memo:
         return info._memo[key]  # type: ignore[return-value]
     hit = None
-    colls = {id(r.node) for r in info.calls if r.func is fn and is_collective(r)}
-    syncs = [n for n in own_nodes(fn.body) if isinstance(n, ast.Call) and (
-        id(n) in colls or info.callee_last(n) in ("backward", "step"))]
-    for t in (n for n in own_nodes(fn.body) if isinstance(n, ast.Try) and syncs):
-        end = t.end_lineno or t.lineno
-        guarded = {id(n) for n in own_nodes(t.body)}
+    recs = calls_by_func(info).get(id(fn), []) if id(fn) in info.catching else []
+    colls = {id(r.node) for r in recs if is_collective(r)}
+    syncs = sorted((r.node for r in recs if id(r.node) in colls
+                    or r.last in ("backward", "step")), key=lambda c: c.lineno)
+    for t in (n for n in (_statements(fn.body) if syncs else ()) if isinstance(n, ast.Try)):
+        first, end = t.body[0].lineno, t.body[-1].end_lineno or t.lineno
         # A collective in the guarded block is what failed (a monitored_barrier's timeout
         # read as "a rank ran out of data"), not a step this rank skipped.
-        sync = next((n.lineno for n in sorted(syncs, key=lambda c: c.lineno)
-                     if n.lineno > end or id(n) in guarded and id(n) not in colls), None)
+        sync = next((n.lineno for n in syncs if n.lineno > (t.end_lineno or end) or
+                     first <= n.lineno <= end and id(n) not in colls), None)
         if sync is None:
             continue
         for h in t.handlers:
@@ -83,6 +83,18 @@ def failing_return(info: ModuleInfo, fn: Func) -> tuple[ast.Return, int] | None:
                 hit = (ret, sync)
     info._memo[key] = hit
     return hit
+
+
+def _statements(stmts: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The statements of a function's body (and its handlers), not its expressions, not
+    those of a function or class it defines."""
+    todo: list[ast.AST] = list(stmts)
+    while todo:
+        s = todo.pop()
+        yield s
+        if not isinstance(s, _SCOPES):
+            for f in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(s, f, ()))
 
 
 def _infos(info: ModuleInfo) -> list[ModuleInfo]:
@@ -135,6 +147,8 @@ def rank_local_tests(info: ModuleInfo, loop: Loop) -> Iterator[tuple[ast.If, str
     own caught error (`succ = self.train_one_step(b)`), or a counter advanced only when that
     value holds (`if succ: step += 1`), and that leave or skip the step (`break`, `continue`,
     a collective, a backward): one rank alone takes them."""
+    if not _project_fails(info):
+        return
     local: dict[str, Site] = {}
     for rec in info.calls:
         st = rec.stmt
@@ -164,6 +178,16 @@ def rank_local_tests(info: ModuleInfo, loop: Loop) -> Iterator[tuple[ast.If, str
                 for n in own_nodes(s.body, loops=False)):
             end = s.end_lineno or s.lineno  # what it holds follows from it: said once
             yield s, min(read), local[min(read)]
+
+
+def _project_fails(info: ModuleInfo) -> bool:
+    """Some function of the project has a failing return (most have none: then no loop's
+    calls need resolving)."""
+    key = ("project_fails", 0)
+    if key not in info._memo:
+        info._memo[key] = any(failing_return(m, fn) for m in _infos(info)
+                              for fns in m.funcs.values() for fn in fns if id(fn) in m.catching)
+    return bool(info._memo[key])
 
 
 def _reads(test: ast.expr) -> set[str]:

@@ -216,6 +216,8 @@ class Walker:
                 self.expr(item.context_expr)
             self.block(s.body)
         elif t is ast.Try or t is _TryStar:
+            if s.handlers:
+                info.catching.add(id(self.func) if self.func is not None else 0)
             self.block(s.body)
             for h in s.handlers:
                 self.block(h.body)

@@ -133,7 +133,9 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             continue
         skips = [s for s in node.body if isinstance(s, ast.If) and any(
             isinstance(b, ast.Continue | ast.Break) for b in s.body)]
-        tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)]
+        # the walk for a `try` only in a function that has one
+        tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
+            id(lrec.func) if lrec.func is not None else 0) in info.catching else []
         if not (skips or tries) or not _batch_loop(info, node.iter) \
                 or not _steps_together(info, node):
             continue
@@ -170,11 +172,9 @@ def _failing_steps(info: ModuleInfo, grouped: bool) -> Iterator[Hit]:
     """A step function that returns on this rank's own caught error before its sync, called
     from a training loop (here or in another file of the project); and the loop's tests of
     what it returned."""
-    stepping = {id(r.func) for r in info.calls if grouped and r.func is not None and (
-        r.last in ("backward", "step") or is_collective(r))}
-    for fns in info.funcs.values():
+    for fns in info.funcs.values() if grouped and info.catching else ():
         for fn in fns:
-            hit = failing_return(info, fn) if id(fn) in stepping else None
+            hit = failing_return(info, fn) if id(fn) in info.catching else None
             callers = training_calls(info, fn, _batch_loop) if hit else []
             if hit and callers:
                 m, rec = callers[0]
