@@ -66,12 +66,17 @@ def _kinds(target, samples=6, interval=0.25):
     return _whole_rank_kinds(target, samples=samples, interval=interval)
 
 
-@pytest.mark.parametrize("target, at_least", [(_compute, 5), (_write, 5), (_calls, 2)])
+@pytest.mark.parametrize("target, at_least", [(_compute, 3), (_write, 3), (_calls, 2)])
 def test_working_threads_show_life(target, at_least):
     # Any kind will do (torch's kernels also read, for instance). A loop of Python calls is
     # caught in one function or another at random: often enough that it is never quiet long.
+    # On a loaded machine a working thread may get no CPU in a 0.25 s window; what the guard
+    # needs (life within NO_LIFE seconds) is that it is never quiet for long.
     kinds = _kinds(target, samples=8)
     assert sum(k is not None for k in kinds) >= at_least, kinds
+    if target is not _calls:
+        quiet = "".join("." if k is None else "x" for k in kinds)
+        assert "...." not in quiet, kinds
 
 
 @pytest.mark.parametrize("target", [_spin, _sleep, _block])
