@@ -519,3 +519,51 @@ def test_a_forward_every_rank_runs_next_is_not_the_cause_of_a_rank_tested_collec
     recs[0] = rec(0, [(SCRIPT, 5, "<module>"), *helper], pending=[entry(83, sizes=((),))],
                   batches=25, fwd=25, tfwd=25, bwd=25, loaders={})
     assert diag(recs)["cause"] == "forward_on_some_ranks"
+
+
+# -- a one-batch peek is no loop -------------------------------------------------------------
+
+PEEK = "/u/peek.py"
+PEEK_SOURCE = [
+    "for epoch in range(8):",                              # 1
+    "    b_sz = len(next(iter(loader))[0])",               # 2 the batch-size peek
+    "    loader.sampler.set_epoch(epoch)",                 # 3
+    "    for x, y in loader:",                             # 4
+    "        loss = model(x)",                             # 5
+    "        loss.backward()",                             # 6
+    "    if rank == 0 and epoch == 1:",                    # 7
+    "        dist.barrier()",                              # 8
+]
+
+
+def test_a_one_batch_peek_before_each_epoch_is_not_a_pass_left_early():
+    # pytorch/examples' DDP tutorial peeks at one batch per epoch (line 2). Rank 0 alone then
+    # waits in a barrier (line 8) while rank 1 is in the next epoch's forward: the peek's
+    # pass (1 of 20 batches, dropped) is not a loop rank 0 left.
+    def loaders(peek_epoch, loop_epoch, loop_batches, loop_end):
+        return {f"{PEEK}:2": {"epoch": peek_epoch, "batches": 1, "len": 20, "end": "drop",
+                              "key": f"k/{2 * peek_epoch}"},
+                f"{PEEK}:4": {"epoch": loop_epoch, "batches": loop_batches, "len": 20,
+                              "end": loop_end, "key": f"k/{2 * loop_epoch + 1}"}}
+
+    fwd = [(PEEK, 5, "<module>")] + FWD[1:]
+    barrier = [(PEEK, 8, "<module>"), (f"{TORCH}distributed/distributed_c10d.py", 1, "barrier")]
+    recs = [rec(0, barrier, pending=[entry(81, "barrier", ())], batches=42, fwd=40, bwd=40,
+                loaders=loaders(1, 1, 20, "stop")),
+            rec(1, fwd, pending=[entry(81, "broadcast", ((16,),))], batches=44, fwd=41, bwd=40,
+                loaders=loaders(2, 2, 1, ""))]
+    for r in recs:
+        for f in r["stacks"]["main"]:
+            if f["file"] == PEEK:
+                f["code"] = PEEK_SOURCE[f["line"] - 1].strip()
+    d = diagnose(recs, {PEEK: PEEK_SOURCE}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] != "left_early", d
+    assert d["culprits"] == [0] and f"{PEEK}:8" in d["explanation"], d
+    # The twin: the same one batch drawn at a `for` that rank 0 left by `break` is a loop it
+    # left early (while rank 1 is still in that pass).
+    src = [*PEEK_SOURCE]
+    src[1] = "    for b in loader: break"
+    recs[0]["hb"]["loaders"][f"{PEEK}:4"].update(batches=1, end="drop")
+    recs[1]["hb"]["loaders"][f"{PEEK}:4"].update(epoch=1, key="k/3", batches=2)
+    d = diagnose(recs, {PEEK: src}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] == "left_early", d

@@ -116,3 +116,34 @@ def test_report_keeps_the_last_word_of_a_rank_that_exited():
         one = rep["ranks"][1]
         assert one["state"] == state
         assert ("not answering" in str(one["hb"].get("doing"))) is shown, one
+
+
+def test_a_one_batch_peek_before_set_epoch_is_no_repeated_epoch(tmp_path):
+    # pytorch/examples' DDP tutorial: `next(iter(loader))` before `set_epoch` each epoch.
+    # The peek sees the previous epoch's order (it is one batch, not an epoch); a loop by
+    # hand at a line that is no loop head draws a second batch: that is an epoch repeated.
+    import warnings
+
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from ddpguard.guard.progress import Progress
+
+    script = tmp_path / "train.py"
+    script.write_text("b_sz = len(next(iter(loader))[0])\nit = iter(loader)\n")
+    ds = torch.utils.data.TensorDataset(torch.arange(8.0))
+    loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, 2, 0, shuffle=True))
+    progress = Progress()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for epoch in range(3):
+            st = progress.loader_iter(f"{script}:1", loader)
+            progress.batch(st)
+            loader.sampler.set_epoch(epoch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            st = progress.loader_iter(f"{script}:2", loader)
+            progress.batch(st)
+            progress.batch(st)
+    assert [str(w.message).count("without set_epoch()") for w in caught] == [1], caught

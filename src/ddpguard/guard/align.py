@@ -28,7 +28,7 @@ from typing import Any
 from .findings import Finding
 from .findings import file_line as _file_line
 from .findings import phase_words as _phase_words
-from .loops import inside_loop, left_at, skip_before, way_out
+from .loops import inside_loop, is_loop_head, left_at, skip_before, way_out
 from .parting import parted, second_thread
 from .records import Position, RankRecord, SeqEntry
 
@@ -189,6 +189,8 @@ def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
         if not num.isdigit():
             continue
         src = sources.get(path)
+        if _peek(src, int(num), st) or _cut_alike(site, st, peers):
+            continue
         if rec.get("state") == "running":
             if src is None:
                 continue
@@ -200,6 +202,25 @@ def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
     if rec.get("state") in ("exited", "dead", "crashed"):
         return _short_pass(hb, peers)
     return None
+
+
+def _peek(src: list[str] | None, line: int, st: Mapping[str, Any]) -> bool:
+    """A look at one batch (`next(iter(loader))`, the batch-size peek of pytorch/examples'
+    DDP tutorials), not a loop: at most one batch drawn, at a line that is no loop head."""
+    if int(st.get("batches") or 0) > 1 or src is None or not 0 < line <= len(src):
+        return False
+    return not is_loop_head(src[line - 1])
+
+
+def _cut_alike(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
+    """Every peer ended the same pass at the same batch: a cap the program puts on every
+    rank, not a rank that left."""
+    if not peers or not st.get("end") or not st.get("key"):
+        return False
+    return all(((p.get("loaders") or {}).get(site) or {}).get("key") == st.get("key")
+               and ((p.get("loaders") or {}).get(site) or {}).get("end")
+               and ((p.get("loaders") or {}).get(site) or {}).get("batches") == st.get("batches")
+               for p in peers)
 
 
 def _short_pass(hb: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]

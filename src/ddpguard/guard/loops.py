@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["inside_loop", "left_at", "skip_before", "way_out", "framework_skip"]
+__all__ = ["is_loop_head", "inside_loop", "left_at", "skip_before", "way_out", "framework_skip"]
 
 # Errors a framework raises on the rank that skipped a step, where plain DDP would hang:
 # Lightning refuses a `training_step` that returns None under DDP.
@@ -46,6 +46,15 @@ def left_at(sources: Mapping[str, list[str]], forward: tuple[str, int] | None,
         if _LEAVE.match(src[n - 1]):
             return f"{forward[0]}:{n} `{src[n - 1].strip()}`"
     return None
+
+
+_HEAD = re.compile(r"^\s*(?:async\s+)?(?:for|while)\b|\bfor\b.+\bin\b")
+
+
+def is_loop_head(text: str) -> bool:
+    """Does this line iterate (a `for` or `while` statement, a comprehension)? The line of
+    `next(iter(loader))` does not: it takes one batch."""
+    return bool(_HEAD.search(text.split("#", 1)[0]))
 
 
 _SKIP = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?continue\b")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .heartbeat import Heartbeat
+from .loops import is_loop_head
 from .stacks import is_library_file
 from .timeline import BACKWARD, FORWARD, LOOP, Timeline
 
@@ -39,10 +40,16 @@ DONE_KEPT = 3
 
 class LoaderState:
     __slots__ = ("site", "length", "epoch", "batches", "total", "sampler_epoch", "sampler_ref",
-                 "key", "at", "end", "seq0", "done", "drop", "short")
+                 "key", "at", "end", "seq0", "done", "drop", "short", "head", "repeat")
 
     def __init__(self, site: str) -> None:
         self.site = site
+        # Whether the site's line iterates (a `for`, a comprehension); a line that does not
+        # takes a look at one batch (`next(iter(loader))`) or steps an iterator by hand.
+        self.head = _loop_head(site)
+        # A repeated sampler order seen at a line that is no loop head: said once the pass
+        # draws a second batch (a one-batch peek before set_epoch is not an epoch).
+        self.repeat: str | None = None
         # Cross-rank identity of the loader object's current pass: its creation call chain,
         # which creation at that chain, and which pass over it (set at __iter__).
         self.key: str | None = None
@@ -112,7 +119,7 @@ class Progress:
             st.length = None
         # The first loader ever iterated is taken as the training loader: its iterations are
         # the epochs reported in heartbeats.
-        if self._epoch_site is None:
+        if self._epoch_site is None or (st.head and not self.loaders[self._epoch_site].head):
             self._epoch_site = site
         if site == self._epoch_site:
             self.epoch = st.epoch
@@ -132,6 +139,9 @@ class Progress:
         return st
 
     def batch(self, st: LoaderState) -> None:
+        if st.repeat is not None and st.batches >= 1:
+            warnings.warn(st.repeat, RuntimeWarning, stacklevel=3)
+            st.repeat = None
         st.batches += 1
         st.total += 1
         self.batches += 1
@@ -207,16 +217,28 @@ def _check_set_epoch(progress: Progress, st: LoaderState, loader: Any, site: str
     # A loader re-created at the same line brings a fresh sampler: that is not a repeat.
     same_sampler = st.sampler_ref is not None and st.sampler_ref() is sampler
     st.sampler_epoch, st.sampler_ref = sampler.epoch, weakref.ref(sampler)
+    st.repeat = None
     if (st.epoch > 0 and same_sampler and seen == sampler.epoch
             and site not in progress.warned_set_epoch):
         progress.warned_set_epoch.add(site)
-        warnings.warn(
-            f"ddpguard: the DistributedSampler of the DataLoader iterated at {site} is used for "
-            f"a new epoch (iteration {st.epoch + 1}) without set_epoch(): every epoch repeats "
-            f"the same order (epoch={sampler.epoch}). Call sampler.set_epoch(epoch) before "
-            "iterating, or use ddpguard's samplers, which do it for you.",
-            RuntimeWarning, stacklevel=4,
-        )
+        text = (f"ddpguard: the DistributedSampler of the DataLoader iterated at {site} is "
+                f"used for a new epoch (iteration {st.epoch + 1}) without set_epoch(): every "
+                f"epoch repeats the same order (epoch={sampler.epoch}). Call "
+                "sampler.set_epoch(epoch) before iterating, or use ddpguard's samplers, which "
+                "do it for you.")
+        if st.head:
+            warnings.warn(text, RuntimeWarning, stacklevel=4)
+        else:
+            st.repeat = text
+
+
+def _loop_head(site: str) -> bool:
+    """Is the line at `site` (file:line) a loop head? Unknown source counts as one."""
+    import linecache
+
+    path, _, num = site.rpartition(":")
+    text = linecache.getline(path, int(num)) if num.isdigit() else ""
+    return not text or is_loop_head(text)
 
 
 # ---------------------------------------------------------------------------------------------
