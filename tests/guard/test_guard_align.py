@@ -567,3 +567,33 @@ def test_a_one_batch_peek_before_each_epoch_is_not_a_pass_left_early():
     recs[1]["hb"]["loaders"][f"{PEEK}:4"].update(epoch=1, key="k/3", batches=2)
     d = diagnose(recs, {PEEK: src}, cause="mismatch", reason="r", culprits=[0, 1])
     assert d["cause"] == "left_early", d
+
+
+# -- a forward with gradients on, on some ranks only ---------------------------------------
+
+def test_an_extra_training_forward_on_one_rank_is_named_by_its_line():
+    # Rank 0 alone ran one more forward through the wrapper (grad on, no backward: a look at
+    # the predictions at line 7); its buffer broadcast shifted the sequences, so rank 0 waits
+    # in the next forward's broadcast while rank 1 is in the backward's all-reduce.
+    look = f"{SCRIPT}:7"
+    recs = [rec(0, FWD, pending=[entry(50, "broadcast", ((16,),))], batches=22, fwd=23,
+                bwd=21),
+            rec(1, BWD, pending=[entry(50)], batches=22, fwd=22, bwd=22)]
+    recs[0]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 22, look: 1}
+    recs[1]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 22}
+    d = diag(recs)
+    assert d["cause"] == "forward_on_some_ranks" and d["culprits"] == [0], d
+    assert said(f"rank 0 ran 1 forward through the wrapper at {look} and rank 1 0 forwards", d)
+    # The twin: the same counters on a rank that skipped a backward (one forward per batch,
+    # every forward at the loop's one line) is a skipped backward, not an extra forward.
+    recs = skipped(rank1_bwd=10)
+    recs[0]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 11}
+    recs[1]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 12}
+    assert diag(recs)["cause"] == "skipped_backward"
+    # Two forwards per step (two views, one backward), a rank between them: the same rate.
+    two = [rec(0, FWD, pending=[entry(40, "broadcast", ((16,),))], batches=11, fwd=22,
+               bwd=10),
+           rec(1, BWD, pending=[entry(40)], batches=10, fwd=20, bwd=10)]
+    two[0]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 11, f"{SCRIPT}:7": 11}
+    two[1]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 10, f"{SCRIPT}:7": 10}
+    assert diag(two)["cause"] != "forward_on_some_ranks"

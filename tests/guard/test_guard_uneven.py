@@ -196,7 +196,8 @@ def test_counts_and_notice_text():
 def test_hooks_mark_how_each_pass_ended():
     import torch.utils.data as tud
 
-    from ddpguard.guard.progress import Progress, install_hooks, uninstall_hooks
+    from ddpguard.guard.hooks import install_hooks, uninstall_hooks
+    from ddpguard.guard.progress import Progress
 
     prog = Progress()
     install_hooks(prog)

@@ -50,6 +50,7 @@ class Spot:
     tfwd: int
     bwd: int
     user_line: tuple[str, int] | None
+    lines: Mapping[str, int] = dataclasses.field(default_factory=dict)  # forwards per line
 
     @property
     def evals(self) -> int:
@@ -91,14 +92,16 @@ def spots(records: Sequence[RankRecord], positions: Mapping[int, Position]
                          "bwd": int(hb.get("backwards", 0)), "steps": int(hb.get("steps", 0)),
                          "thread": "", "line": None}
         gone = rec.get("state") not in (None, "running")
+        lines = dict(hb.get("forward_lines") or {})
         if waits is not None:
             out[r] = Spot(r, str(rec.get("state")), waits, waits["phase"], waits["batches"],
-                          waits["fwd"], waits["tfwd"], waits["bwd"], pos.get("user_line"))
+                          waits["fwd"], waits["tfwd"], waits["bwd"], pos.get("user_line"),
+                          lines)
         else:
             phase = "gone" if gone else _PHASE_OF_KIND.get(str(pos.get("kind")), "loop")
             out[r] = Spot(r, str(rec.get("state")), None, phase, int(hb.get("batches", 0)),
                           int(hb.get("forwards", 0)), int(hb.get("train_forwards", 0)),
-                          int(hb.get("backwards", 0)), pos.get("user_line"))
+                          int(hb.get("backwards", 0)), pos.get("user_line"), lines)
     return out
 
 
@@ -165,11 +168,63 @@ def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
                 continue
             where = (f"in {sb.waits['desc']} ({_phase_words(sb.phase)})" if sb.waits else
                      ("gone" if sb.phase == "gone" else "not in a collective"))
+            extra = _extra_line(sa, sb)
             return Finding("forward_on_some_ranks", (
                 f"rank {a} waits in {sa.waits['desc']}, DDP's buffer broadcast inside a "
                 f"forward through the wrapper that is not a training step ({sa.evals} such "
-                f"forwards on rank {a}, {sb.evals} on rank {b}); rank {b} is {where}"), (a,))
+                f"forwards on rank {a}, {sb.evals} on rank {b}); rank {b} is {where}"
+                + (f"; rank {a} ran {_times(extra[1])} at {extra[0]}, rank {b} "
+                   f"{_times(extra[2])}"
+                   if extra else "")), (a,), _split_line(extra[0]) if extra else None)
+    return _extra_training_forward(sp)
+
+
+def _extra_training_forward(sp: Mapping[int, Spot]) -> Finding | None:
+    """Rank a waits inside a forward and has run more forwards per batch drawn than rank b,
+    at a line where b ran fewer: a forward with gradients on and no backward after it (a look
+    at the predictions on one rank) whose buffer broadcast shifted the sequences."""
+    for a in sorted(sp):
+        sa = sp[a]
+        if sa.waits is None or sa.phase != "forward" or sa.batches <= 0:
+            continue
+        for b in sorted(sp):
+            sb = sp[b]
+            if b == a or sb.batches <= 0 or sa.fwd * sb.batches <= sb.fwd * sa.batches:
+                continue
+            extra = _extra_line(sa, sb)
+            if extra is None:
+                continue
+            where = (f"in {sb.waits['desc']} ({_phase_words(sb.phase)})" if sb.waits else
+                     ("gone" if sb.phase == "gone" else "not in a collective"))
+            return Finding("forward_on_some_ranks", (
+                f"rank {a} ran {_times(extra[1])} through the wrapper at {extra[0]} and rank "
+                f"{b} {_times(extra[2])} ({sa.fwd} forwards for {sa.batches} batches on rank {a}, "
+                f"{sb.fwd} for {sb.batches} on rank {b}): each forward broadcasts the model's "
+                f"buffers, so rank {a} waits in {sa.waits['desc']} "
+                f"({_phase_words(sa.phase)}) while rank {b} is {where}"), (a,),
+                _split_line(extra[0]))
     return None
+
+
+def _extra_line(sa: Spot, sb: Spot) -> tuple[str, int, int] | None:
+    """(file:line, forwards of a there, of b there): the rarest line where rank a ran more
+    forwards than rank b, other than the forward a is in now."""
+    now = f"{sa.user_line[0]}:{sa.user_line[1]}" if sa.user_line else None
+    found = [(n, line) for line, n in sa.lines.items()
+             if line != now and n > sb.lines.get(line, 0)]
+    if not found:
+        return None
+    n, line = min(found)
+    return line, n, sb.lines.get(line, 0)
+
+
+def _times(n: int) -> str:
+    return f"{n} forward{'' if n == 1 else 's'}"
+
+
+def _split_line(site: str) -> tuple[str, int] | None:
+    path, _, num = site.rpartition(":")
+    return (path, int(num)) if num.isdigit() else None
 
 
 def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],

@@ -34,6 +34,7 @@ class Heartbeat(TypedDict, total=False):
     forwards: int
     train_forwards: int         # forwards in training mode with gradients on
     backwards: int              # calls of torch.autograd.backward
+    forward_lines: dict[str, int]  # user file:line -> forwards through the wrapper there
     epoch_batches: int
     epoch_len: int | None
     loaders: dict[str, LoaderInfo]

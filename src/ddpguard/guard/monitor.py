@@ -23,6 +23,7 @@ from .exchange import Exchange
 from .failing import Failure
 from .fault import FaultLog
 from .heartbeat import Heartbeat, PeerView
+from .hooks import install_hooks, uninstall_hooks
 from .issued import IssueSites
 from .lanes import Lanes
 from .ledger import (
@@ -37,7 +38,7 @@ from .lengths import LengthCheck
 from .life import LifeSignals
 from .notices import Notices
 from .peers import PeerTable
-from .progress import Progress, install_hooks, uninstall_hooks
+from .progress import Progress
 from .report import LAUNCH_ENV
 from .rules import Decision, decide
 from .stacks import (
