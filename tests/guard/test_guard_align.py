@@ -384,8 +384,11 @@ def test_way_out_names_the_one_statement_that_leaves_the_loop():
             "    step(b)",                        # 5
             "evaluate()"]                         # 6
     assert way_out({"t.py": loop}, "t.py:1") == "t.py:3 `break`"
-    # Twins: two ways out (the report does not guess which), none, an unknown file.
+    # Two ways out: the one under the rank test; twins: two alike (the report does not
+    # guess which), none, an unknown file.
     two = [*loop[:5], "    if done(): return", "evaluate()"]
+    assert way_out({"t.py": two}, "t.py:1") == "t.py:3 `break`"
+    two[1] = "    if i == 4:"
     assert way_out({"t.py": two}, "t.py:1") is None
     assert way_out({"t.py": SOURCE}, "t.py:3") is None
     assert way_out({}, "t.py:1") is None
@@ -471,7 +474,7 @@ def test_a_rank_that_broke_out_epochs_before_it_left_is_named_by_that_pass():
     d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
     assert d["cause"] == "left_early", d
     assert said(f"its pass 2 over the DataLoader iterated at {SCRIPT}:3 ended after 5 of 32", d)
-    assert said(f"one way out: {SCRIPT}:4", d), d["explanation"]
+    assert said(f"way out: {SCRIPT}:4", d), d["explanation"]
     loop[f"{SCRIPT}:3"]["short"] = [1, 5, 32]
     d = diagnose(recs, {SCRIPT: src}, cause="peer_gone", reason="r", culprits=[1])
     assert "ended after 5 of 32" not in d["explanation"], d
@@ -597,3 +600,51 @@ def test_an_extra_training_forward_on_one_rank_is_named_by_its_line():
     two[0]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 11, f"{SCRIPT}:7": 11}
     two[1]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 10, f"{SCRIPT}:7": 10}
     assert diag(two)["cause"] != "forward_on_some_ranks"
+
+
+# -- a `while` around one-batch passes, left by `break` ------------------------------------
+
+WHILE = "/u/two.py"
+WHILE_SOURCE = [
+    "while training:",                                     # 1
+    "    for x, y in loader:",                             # 2 one batch per pass
+    "        out = model(x)",                              # 3
+    "        out.backward()",                              # 4
+    "        it += 1",                                     # 5
+    "        if dist.get_rank() == 1 and it == 100:",      # 6
+    "            break",                                   # 7 the fault
+    "        if it == 400:",                               # 8
+    "            break",                                   # 9 every rank, at the end
+    "dist.barrier()",                                      # 10
+]
+
+
+def test_a_rank_that_broke_out_of_one_batch_passes_left_early_at_its_rank_tested_break():
+    barrier = [(WHILE, 10, "<module>"), (f"{TORCH}distributed/distributed_c10d.py", 1, "barrier")]
+    bwd = [(WHILE, 4, "<module>"), (f"{TORCH}autograd/graph.py", 5, "_engine_run_backward")]
+    recs = [rec(0, bwd, pending=[entry(211)], batches=101, fwd=101, bwd=101,
+                loaders={f"{WHILE}:2": {"epoch": 100, "batches": 1, "len": 1, "end": "",
+                                        "key": "k/100"}}),
+            rec(1, barrier, pending=[entry(211, "barrier", ())], batches=100, fwd=100, bwd=100,
+                loaders={f"{WHILE}:2": {"epoch": 99, "batches": 1, "len": 1, "end": "drop",
+                                        "key": "k/99"}})]
+    for r in recs:
+        for f in r["stacks"]["main"]:
+            if f["file"] == WHILE:
+                f["code"] = WHILE_SOURCE[f["line"] - 1].strip()
+    d = diagnose(recs, {WHILE: WHILE_SOURCE}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] == "left_early" and d["culprits"] == [1], d
+    assert said(f"the loop's way out: {WHILE}:7 `break`", d), d["explanation"]
+    # The twin: rank 0 is in the same (last) pass as rank 1 was: nobody went on to a later
+    # pass, so the full pass rank 1 ended is not a loop it left.
+    recs[0]["hb"]["loaders"][f"{WHILE}:2"].update(epoch=99, key="k/99")
+    d = diagnose(recs, {WHILE: WHILE_SOURCE}, cause="mismatch", reason="r", culprits=[0, 1])
+    assert d["cause"] != "left_early", d
+
+
+def test_way_out_takes_the_one_exit_under_a_rank_test():
+    assert way_out({WHILE: WHILE_SOURCE}, f"{WHILE}:2") == f"{WHILE}:7 `break`"
+    # Without the rank test both exits are alike: the report does not guess.
+    plain = [*WHILE_SOURCE]
+    plain[5] = "        if it == 100:"
+    assert way_out({WHILE: plain}, f"{WHILE}:2") is None

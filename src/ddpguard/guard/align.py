@@ -238,7 +238,11 @@ def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
     callers = [(c[0], c[1]) for c in pos.get("callers") or []]  # JSON gives lists
     for site, st in (hb.get("loaders") or {}).items():
         n, total = st.get("batches"), st.get("len")
-        if total is None or n is None or n >= total or st.get("end") == "stop":
+        if total is None or n is None or st.get("end") == "stop":
+            continue
+        if n >= total and not (st.get("end") == "drop" and _later_pass(site, st, peers)):
+            # (A pass left by `break` at its last batch while a peer went on to a later
+            # pass at the same loop: a `while` around one-batch passes, left.)
             continue
         path, _, num = str(site).rpartition(":")
         if not num.isdigit():
@@ -265,6 +269,13 @@ def _peek(src: list[str] | None, line: int, st: Mapping[str, Any]) -> bool:
     if int(st.get("batches") or 0) > 1 or src is None or not 0 < line <= len(src):
         return False
     return not is_loop_head(src[line - 1])
+
+
+def _later_pass(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
+    """Has a peer begun a later pass at this loop than this rank's last one?"""
+    mine = int(st.get("epoch") or 0)
+    return any(int(((p.get("loaders") or {}).get(site) or {}).get("epoch", -1)) > mine
+               for p in peers)
 
 
 def _cut_alike(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
@@ -332,7 +343,7 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
                if sb.waits else f"{sb.state}" if sb.phase == "gone" else "is out of the loop")
         out = way_out(sources, site)
         if out:
-            why += f" (the loop's one way out: {out})"
+            why += f" (the loop's way out: {out})"
         return Finding("left_early", (
             f"rank {b} left its training loop early: {why}; it {now}, while rank {a} went on "
             f"to batch {sp[a].batches} and waits in {sp[a].waits['desc']}"  # type: ignore[index]

@@ -13,7 +13,7 @@ import re
 from .align import explain
 from .findings import Finding
 from .ledger import describe_entry, first_pending
-from .loops import framework_skip
+from .loops import RANK_TEST, framework_skip
 from .parting import extra_before_death, second_thread
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
@@ -147,13 +147,6 @@ _STILL = 1.0
 
 _BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
                           "_distributed_broadcast_coalesced", "_sync_params_and_buffers"})
-# A test of which rank this is: `rank`, `self.global_rank`, `args.gpu == 0` (the GPU index
-# is the local rank in the tutorials that spawn one process per GPU), `is_master()`,
-# Lightning's `trainer.is_global_zero`, Accelerate's `process_index`, ...
-_COND = re.compile(r"\bif\b.*(\w*rank\b|\bis_main\w*|\bis_local_main\w*|\bget_rank\b|"
-                   r"\bmaster_process\b|\bmain_process\b|\bis_master\w*|\bis_primary\w*|"
-                   r"\bgpu(?:_id)?\s*(?:==|!=|\bin\b)|\bis_leader\b|\w*global_zero\b|"
-                   r"\w*process_index\b|\brank_?0\b|\w*rank_zero\w*)", re.IGNORECASE)
 
 
 def rank_position(rec: RankRecord) -> Position:
@@ -216,12 +209,12 @@ def _in_conditional(source: list[str] | None, line: int) -> bool:
             continue
         ind = len(prev) - len(prev.lstrip())
         if ind < indent:
-            if _COND.search(stripped):
+            if RANK_TEST.search(stripped):
                 return True
             indent = ind
             if ind == 0:
                 break
-    return bool(_COND.search(target))
+    return bool(RANK_TEST.search(target))
 
 
 def _conditional(records: list[RankRecord], pos: dict[int, Position],

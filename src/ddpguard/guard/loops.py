@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["is_loop_head", "inside_loop", "left_at", "skip_before", "way_out", "framework_skip"]
+__all__ = ["RANK_TEST", "is_loop_head", "inside_loop", "left_at", "skip_before", "way_out",
+           "framework_skip"]
 
 # Errors a framework raises on the rank that skipped a step, where plain DDP would hang:
 # Lightning refuses a `training_step` that returns None under DDP.
@@ -99,6 +100,14 @@ def _in_inner_loop(src: list[str], head: int, line: int) -> bool:
                for n in range(head + 1, line))
 
 
+# A test of which rank this is: `rank`, `self.global_rank`, `args.gpu == 0` (the GPU index
+# is the local rank in the tutorials that spawn one process per GPU), `is_master()`,
+# Lightning's `trainer.is_global_zero`, Accelerate's `process_index`, ...
+RANK_TEST = re.compile(r"\bif\b.*(\w*rank\b|\bis_main\w*|\bis_local_main\w*|\bget_rank\b|"
+                   r"\bmaster_process\b|\bmain_process\b|\bis_master\w*|\bis_primary\w*|"
+                   r"\bgpu(?:_id)?\s*(?:==|!=|\bin\b)|\bis_leader\b|\w*global_zero\b|"
+                   r"\w*process_index\b|\brank_?0\b|\w*rank_zero\w*)", re.IGNORECASE)
+
 _EXIT = re.compile(r"^\s*(?:(?:if|elif|else)\b[^#]*:\s*)?(break|return|raise)\b")
 
 
@@ -112,7 +121,27 @@ def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
         return None
     found = [n for n in range(int(num) + 1, len(src) + 1)
              if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
+    if len(found) > 1:
+        # Several ways out: the one under a test of which rank this is, if only one is.
+        ranked = [n for n in found if _rank_guarded(src, int(num), n)]
+        found = ranked if len(ranked) == 1 else found
     return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
+def _rank_guarded(src: list[str], head: int, line: int) -> bool:
+    """Is the statement at `line` under a rank test: its own one-line `if`, or an `if`/`elif`
+    that encloses it inside the loop at `head`?"""
+    if RANK_TEST.search(src[line - 1]):
+        return True
+    indent = len(src[line - 1]) - len(src[line - 1].lstrip())
+    for n in range(line - 1, head, -1):
+        text = src[n - 1]
+        here = len(text) - len(text.lstrip())
+        if text.strip() and here < indent:
+            if re.match(r"\s*(el)?if\b", text) and RANK_TEST.search(text):
+                return True
+            indent = here
+    return False
 
 
 def framework_skip(error: str, sources: Mapping[str, list[str]]) -> str | None:
