@@ -648,3 +648,48 @@ def test_way_out_takes_the_one_exit_under_a_rank_test():
     plain = [*WHILE_SOURCE]
     plain[5] = "        if it == 100:"
     assert way_out({WHILE: plain}, f"{WHILE}:2") is None
+
+
+# -- two models and a second group: the rank that skipped a backward runs ahead ---------------
+
+TWO = "/u/twomodels.py"
+TWO_SOURCE = [
+    "while training:",                                     # 1
+    "    for x, y in loader:",                             # 2
+    "        l_X = loss(model_X(x), y)",                   # 3
+    "        l_X.backward()",                              # 4
+    "        l_Y = loss(model_Y(x), y)",                   # 5
+    "        if rank == 1 and it == 50: continue",         # 6 the fault
+    "        l_Y.backward()",                              # 7
+    "        dist.all_reduce(a, group=group)",             # 8
+]
+
+
+def _two_models(tfwd1, bwd1, tfwd0=102, bwd0=102):
+    grp = [(TWO, 8, "<module>"), (f"{TORCH}distributed/distributed_c10d.py", 1, "all_reduce")]
+    bwd = [(TWO, 4, "<module>"), (f"{TORCH}autograd/graph.py", 5, "_engine_run_backward")]
+    recs = [rec(0, grp, pending=[entry(101, sizes=((),))], batches=51, fwd=tfwd0, bwd=bwd0),
+            rec(1, bwd, pending=[entry(113)], batches=53, fwd=tfwd1, bwd=bwd1)]
+    for r in recs:
+        r["hb"]["loaders"] = {}
+        for f in r["stacks"]["main"]:
+            if f["file"] == TWO:
+                f["code"] = TWO_SOURCE[f["line"] - 1].strip()
+    return recs
+
+
+def test_a_rank_that_skipped_one_of_two_backwards_and_ran_ahead_skipped_a_backward():
+    d = diagnose(_two_models(105, 103), {TWO: TWO_SOURCE}, cause="deadlock", reason="r",
+                 culprits=[0, 1])
+    assert d["cause"] == "skipped_backward" and d["culprits"] == [1], d
+    assert said(f"one way past a backward: {TWO}:6", d), d["explanation"]
+    # Twins: no `continue` in the loop (nothing says where a backward was skipped); and a
+    # program with two forwards per backward, whose deficit grows alike on every rank.
+    plain = [*TWO_SOURCE]
+    plain[5] = "        pass"
+    d = diagnose(_two_models(105, 103), {TWO: plain}, cause="deadlock", reason="r",
+                 culprits=[0, 1])
+    assert d["cause"] != "skipped_backward", d
+    d = diagnose(_two_models(106, 53, tfwd0=102, bwd0=51), {TWO: TWO_SOURCE}, cause="deadlock",
+                 reason="r", culprits=[0, 1])
+    assert d["cause"] != "skipped_backward", d

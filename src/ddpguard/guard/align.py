@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from .findings import Finding
 from .findings import file_line as _file_line
 from .findings import phase_words as _phase_words
-from .loops import inside_loop, is_loop_head, left_at, skip_before, way_out
+from .loops import left_at, skip_before, way_out
 from .parting import parted, second_thread
+from .passes import in_pass, unfinished_pass
 from .records import Position, RankRecord, SeqEntry
 
 __all__ = ["Spot", "spots", "explain"]
@@ -146,6 +146,39 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                     text += (f". The loop has one way past the backward before {_at(sa)}: "
                              f"{skip}")
             return Finding("skipped_backward", text, (b,))
+    return _ran_ahead_past_a_backward(sp, sources)
+
+
+def _deficit(s: Spot) -> int:
+    """Training forwards with no backward yet, less the one in flight."""
+    return s.tfwd - s.bwd - (1 if s.phase == "forward" else 0)
+
+
+def _ran_ahead_past_a_backward(sp: Mapping[int, Spot], sources: Mapping[str, list[str]]
+                               ) -> Finding | None:
+    """Rank b skipped a backward and ran ahead (it skipped the step's later collectives too,
+    as with two models and a second group): b is in a backward, further on in batches than
+    rank a, with one training forward more that never got its backward, and the loop has one
+    `continue` before a backward."""
+    for a in sorted(sp):
+        for b in sorted(sp):
+            sa, sb = sp[a], sp[b]
+            if (a == b or sa.waits is None or sb.phase != "backward"
+                    or sb.batches <= sa.batches
+                    # More forwards without backward for its training forwards (a program
+                    # with two forwards per backward has a deficit that grows alike).
+                    or _deficit(sb) * max(sa.tfwd, 1) <= _deficit(sa) * max(sb.tfwd, 1)):
+                continue
+            skip = skip_before(sources, sb.user_line, anywhere=True)
+            if not skip:
+                continue
+            now = f"in {sb.waits['desc']} (" if sb.waits else "("
+            return Finding("skipped_backward", (
+                f"rank {b} skipped a backward and ran ahead: it ran {sb.tfwd} training "
+                f"forwards and {sb.bwd} backwards, rank {a} {sa.tfwd} and {sa.bwd}; rank {b} "
+                f"is {now}{_phase_words(sb.phase)}, batch {sb.batches}) while rank {a} waits in "
+                f"{sa.waits['desc']} (batch {sa.batches}). The loop has one way past a "
+                f"backward: {skip}"), (b,), _split_line(skip.split(" ", 1)[0]))
     return None
 
 
@@ -227,94 +260,6 @@ def _split_line(site: str) -> tuple[str, int] | None:
     return (path, int(num)) if num.isdigit() else None
 
 
-def _unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
-                     sources: Mapping[str, list[str]],
-                     peers: Sequence[Mapping[str, Any]] = ()) -> tuple[str, int, str] | None:
-    """(site, batches drawn, 'its pass over the DataLoader at f:l ended after 6 of 32
-    batches') when the rank stopped iterating a loader before its end and is no longer
-    inside that loop."""
-    hb = rec.get("hb") or {}
-    pos = positions.get(int(rec["rank"])) or {}
-    callers = [(c[0], c[1]) for c in pos.get("callers") or []]  # JSON gives lists
-    for site, st in (hb.get("loaders") or {}).items():
-        n, total = st.get("batches"), st.get("len")
-        if total is None or n is None or st.get("end") == "stop":
-            continue
-        if n >= total and not (st.get("end") == "drop" and _later_pass(site, st, peers)):
-            # (A pass left by `break` at its last batch while a peer went on to a later
-            # pass at the same loop: a `while` around one-batch passes, left.)
-            continue
-        path, _, num = str(site).rpartition(":")
-        if not num.isdigit():
-            continue
-        src = sources.get(path)
-        if _peek(src, int(num), st) or _cut_alike(site, st, peers):
-            continue
-        if rec.get("state") == "running":
-            if src is None:
-                continue
-            if any(f == path and inside_loop(src, int(num), ln) for f, ln in callers):
-                continue
-        return (str(site), int(n),
-                f"its pass over the DataLoader iterated at {site} ended after {n} of {total} "
-                "batches")
-    if rec.get("state") in ("exited", "dead", "crashed"):
-        return _short_pass(hb, peers)
-    return None
-
-
-def _peek(src: list[str] | None, line: int, st: Mapping[str, Any]) -> bool:
-    """A look at one batch (`next(iter(loader))`, the batch-size peek of pytorch/examples'
-    DDP tutorials), not a loop: at most one batch drawn, at a line that is no loop head."""
-    if int(st.get("batches") or 0) > 1 or src is None or not 0 < line <= len(src):
-        return False
-    return not is_loop_head(src[line - 1])
-
-
-def _later_pass(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
-    """Has a peer begun a later pass at this loop than this rank's last one?"""
-    mine = int(st.get("epoch") or 0)
-    return any(int(((p.get("loaders") or {}).get(site) or {}).get("epoch", -1)) > mine
-               for p in peers)
-
-
-def _cut_alike(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
-    """Every peer ended the same pass at the same batch: a cap the program puts on every
-    rank, not a rank that left."""
-    if not peers or not st.get("end") or not st.get("key"):
-        return False
-    return all(((p.get("loaders") or {}).get(site) or {}).get("key") == st.get("key")
-               and ((p.get("loaders") or {}).get(site) or {}).get("end")
-               and ((p.get("loaders") or {}).get(site) or {}).get("batches") == st.get("batches")
-               for p in peers)
-
-
-def _short_pass(hb: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]
-                ) -> tuple[str, int, str] | None:
-    """A rank that is gone and whose every last pass ran to its end may still have left one
-    pass early, epochs ago (a `break`): then the ranks paired shifted steps until it ran out
-    of epochs and left. Only a short pass no peer has (a loop capped at N batches on every
-    rank is not one)."""
-    for site, st in (hb.get("loaders") or {}).items():
-        short = st.get("short")
-        if not short:
-            continue
-        if any(((p.get("loaders") or {}).get(site) or {}).get("short") == short for p in peers):
-            continue
-        k, n, total = short
-        return (str(site), int(n),
-                f"its pass {k + 1} over the DataLoader iterated at {site} ended after {n} of "
-                f"{total} batches (left before its end; its later passes ran to the end)")
-    return None
-
-
-def _in_pass(rec: RankRecord, site: str, drawn: int) -> bool:
-    """Is the rank still in its pass over the loader iterated at `site`, having drawn at
-    least `drawn` batches of it?"""
-    st = ((rec.get("hb") or {}).get("loaders") or {}).get(site)
-    return st is not None and not st.get("end") and int(st.get("batches") or 0) >= drawn
-
-
 def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
                positions: Mapping[int, Position],
                sources: Mapping[str, list[str]]) -> Finding | None:
@@ -325,7 +270,7 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
         sb = sp[b]
         if sb.phase not in ("loop", "gone"):
             continue
-        left = _unfinished_pass(recs[b], positions, sources,
+        left = unfinished_pass(recs[b], positions, sources,
                                 [r.get("hb") or {} for k, r in recs.items() if k != b])
         if left is None:
             continue
@@ -335,7 +280,7 @@ def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],
         # evaluation after a `break`), still in the pass b left, at or past b's last batch.
         ahead = [a for a in sorted(sp) if a != b and sp[a].waits is not None
                  and ((sp[a].batches, sp[a].tfwd) > (sb.batches, sb.tfwd)
-                      or _in_pass(recs[a], site, drawn))]
+                      or in_pass(recs[a], site, drawn))]
         if not ahead:
             continue
         a = ahead[0]

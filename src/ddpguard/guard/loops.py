@@ -63,9 +63,11 @@ _LOOP = re.compile(r"^\s*(?:async\s+)?(?:for|while)\b")
 
 
 def skip_before(sources: Mapping[str, list[str]],
-                backward: tuple[str, int] | None) -> str | None:
+                backward: tuple[str, int] | None, anywhere: bool = False) -> str | None:
     """'file:line `continue`': the one `continue` of the innermost loop around the backward's
-    line that comes before it; None when there is none or more than one."""
+    line that comes before it; None when there is none or more than one. With `anywhere`,
+    `backward` is any line of the loop and the `continue` is the one before some line of the
+    loop that calls `.backward(` (a step with two models, each with its own backward)."""
     if not backward:
         return None
     src = sources.get(backward[0]) or []
@@ -88,7 +90,14 @@ def skip_before(sources: Mapping[str, list[str]],
             indent = ind
     if head is None:
         return None
-    found = [n for n in range(head + 1, line)
+    end = line
+    if anywhere:
+        body = [n for n in range(head + 1, len(src) + 1) if inside_loop(src, head, n)]
+        calls = [n for n in body if ".backward(" in src[n - 1]]
+        if not calls:
+            return None
+        end = max(calls)
+    found = [n for n in range(head + 1, end)
              if inside_loop(src, head, n) and _SKIP.match(src[n - 1])
              and not _in_inner_loop(src, head, n)]
     return f"{backward[0]}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None

@@ -1,0 +1,101 @@
+"""Which passes over a DataLoader a rank left before their end, read from its heartbeat's
+loader states (progress.LoaderState): a `break` out of the training loop, told apart from a
+one-batch peek, a cap every rank shares, and a pass that ran to its end."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .loops import inside_loop, is_loop_head
+from .records import Position, RankRecord
+
+__all__ = ["unfinished_pass", "in_pass"]
+
+
+def unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
+                     sources: Mapping[str, list[str]],
+                     peers: Sequence[Mapping[str, Any]] = ()) -> tuple[str, int, str] | None:
+    """(site, batches drawn, 'its pass over the DataLoader at f:l ended after 6 of 32
+    batches') when the rank stopped iterating a loader before its end and is no longer
+    inside that loop."""
+    hb = rec.get("hb") or {}
+    pos = positions.get(int(rec["rank"])) or {}
+    callers = [(c[0], c[1]) for c in pos.get("callers") or []]  # JSON gives lists
+    for site, st in (hb.get("loaders") or {}).items():
+        n, total = st.get("batches"), st.get("len")
+        if total is None or n is None or st.get("end") == "stop":
+            continue
+        if n >= total and not (st.get("end") == "drop" and _later_pass(site, st, peers)):
+            # (A pass left by `break` at its last batch while a peer went on to a later
+            # pass at the same loop: a `while` around one-batch passes, left.)
+            continue
+        path, _, num = str(site).rpartition(":")
+        if not num.isdigit():
+            continue
+        src = sources.get(path)
+        if _peek(src, int(num), st) or _cut_alike(site, st, peers):
+            continue
+        if rec.get("state") == "running":
+            if src is None:
+                continue
+            if any(f == path and inside_loop(src, int(num), ln) for f, ln in callers):
+                continue
+        return (str(site), int(n),
+                f"its pass over the DataLoader iterated at {site} ended after {n} of {total} "
+                "batches")
+    if rec.get("state") in ("exited", "dead", "crashed"):
+        return _short_pass(hb, peers)
+    return None
+
+
+def _peek(src: list[str] | None, line: int, st: Mapping[str, Any]) -> bool:
+    """A look at one batch (`next(iter(loader))`, the batch-size peek of pytorch/examples'
+    DDP tutorials), not a loop: at most one batch drawn, at a line that is no loop head."""
+    if int(st.get("batches") or 0) > 1 or src is None or not 0 < line <= len(src):
+        return False
+    return not is_loop_head(src[line - 1])
+
+
+def _later_pass(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
+    """Has a peer begun a later pass at this loop than this rank's last one?"""
+    mine = int(st.get("epoch") or 0)
+    return any(int(((p.get("loaders") or {}).get(site) or {}).get("epoch", -1)) > mine
+               for p in peers)
+
+
+def _cut_alike(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]) -> bool:
+    """Every peer ended the same pass at the same batch: a cap the program puts on every
+    rank, not a rank that left."""
+    if not peers or not st.get("end") or not st.get("key"):
+        return False
+    return all(((p.get("loaders") or {}).get(site) or {}).get("key") == st.get("key")
+               and ((p.get("loaders") or {}).get(site) or {}).get("end")
+               and ((p.get("loaders") or {}).get(site) or {}).get("batches") == st.get("batches")
+               for p in peers)
+
+
+def _short_pass(hb: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]
+                ) -> tuple[str, int, str] | None:
+    """A rank that is gone and whose every last pass ran to its end may still have left one
+    pass early, epochs ago (a `break`): then the ranks paired shifted steps until it ran out
+    of epochs and left. Only a short pass no peer has (a loop capped at N batches on every
+    rank is not one)."""
+    for site, st in (hb.get("loaders") or {}).items():
+        short = st.get("short")
+        if not short:
+            continue
+        if any(((p.get("loaders") or {}).get(site) or {}).get("short") == short for p in peers):
+            continue
+        k, n, total = short
+        return (str(site), int(n),
+                f"its pass {k + 1} over the DataLoader iterated at {site} ended after {n} of "
+                f"{total} batches (left before its end; its later passes ran to the end)")
+    return None
+
+
+def in_pass(rec: RankRecord, site: str, drawn: int) -> bool:
+    """Is the rank still in its pass over the loader iterated at `site`, having drawn at
+    least `drawn` batches of it?"""
+    st = ((rec.get("hb") or {}).get("loaders") or {}).get(site)
+    return st is not None and not st.get("end") and int(st.get("batches") or 0) >= drawn
