@@ -29,12 +29,13 @@ class FileSet:
         # Some file sets the CUDA device per process (often where the group is formed).
         self.sets_device = self.multi and any(r.last == "set_device" for i in infos
                                               for r in i.calls)
-        # Resolved once: path work per lookup costs more than the analysis it serves.
+        # Resolved once: path work per lookup costs more than the analysis it serves. A lone
+        # file needs none (it is linted alone most of the time: `ddpguard lint train.py`).
         self.parts: dict[int, tuple[str, ...]] = {
-            id(i): Path(os.path.abspath(i.path)).parts for i in infos}
-        paths = [os.path.abspath(i.path) for i in infos]
+            id(i): Path(os.path.abspath(i.path)).parts for i in infos} if self.multi else {}
+        paths = [os.path.abspath(i.path) for i in infos] if self.multi else []
         root = Path(os.path.commonpath(paths)) if paths else Path("/")
-        self.depth = len((root.parent if len(infos) == 1 else root).parts)
+        self.depth = len(root.parts)
         # An attribute set from the rank in one file is the same flag in the others
         # (`args.should_save = ... and is_master(args)` in main.py, tested in train.py;
         # `self._primary = self._rank == 0` in a base class): each file learns the ones it
@@ -54,7 +55,7 @@ class FileSet:
                 for name, level in shared.items():
                     if name not in own and name not in info.assigns:
                         own[name] = level
-            parts = list(Path(info.path).with_suffix("").parts)
+            parts = list(Path(info.path).with_suffix("").parts) if self.multi else []
             if parts and parts[-1] == "__init__":
                 parts.pop()
             for k in range(1, min(4, len(parts)) + 1):

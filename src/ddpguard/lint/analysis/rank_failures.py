@@ -37,14 +37,14 @@ def own_nodes(stmts: list[ast.stmt], loops: bool = True) -> Iterator[ast.AST]:
             todo.extend(ast.iter_child_nodes(node))
 
 
-def caught_here(h: ast.excepthandler) -> bool:
+def caught_here(h: ast.ExceptHandler) -> bool:
     """The handler catches an error one rank can meet alone (not the end of an iterator)."""
     caught = {(dotted(t) or "").rsplit(".", 1)[-1] for t in
               (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]) if t is not None}
     return not (caught and caught <= COMMON_ERRORS)
 
 
-def reraises_first(info: ModuleInfo, h: ast.excepthandler) -> bool:
+def reraises_first(info: ModuleInfo, h: ast.ExceptHandler) -> bool:
     """A `raise` or exit at the handler's top level that no path leaves before: `if oom:
     continue` ahead of a top-level `raise e` is this rank's own way out, not a re-raise."""
     for k, st in enumerate(h.body):
