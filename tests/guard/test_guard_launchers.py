@@ -116,7 +116,8 @@ def test_launchers_that_set_the_rank_variables(launcher: str, tmp_path: Path) ->
     _stopped(res, took)
 
 
-def _srun_by_hand(tmp_path: Path, bug: bool) -> list[subprocess.CompletedProcess[str]]:
+def _srun_by_hand(tmp_path: Path, bug: bool, *extra: str
+                  ) -> list[subprocess.CompletedProcess[str]]:
     """Two tasks, each its own `ddpguard run`, with the variables srun sets."""
     port = free_port()
     procs = []
@@ -125,7 +126,7 @@ def _srun_by_hand(tmp_path: Path, bug: bool) -> list[subprocess.CompletedProcess
                         SLURM_NTASKS="2", SLURM_LOCALID=str(task), SLURM_JOB_ID="4242",
                         SLURM_STEP_ID="0", SLURM_NODEID="0", SLURM_JOB_NAME="train")
         cmd = [sys.executable, "-m", "ddpguard", "run", "--", sys.executable, JOB, "--launch",
-               "slurm", "--port", str(port), *(["--bug"] if bug else [])]
+               "slurm", "--port", str(port), *(["--bug"] if bug else []), *extra]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env, cwd=ROOT))
     out = []
@@ -154,6 +155,19 @@ def test_one_srun_task_per_rank(tmp_path: Path) -> None:
     _stopped(blocks[0], took)
     other = next(r for r in broken if r is not blocks[0])
     assert "another task's `ddpguard run` prints it" in other.stderr, other.stderr[-2000:]
+
+
+def test_a_group_destroyed_while_a_peers_failure_propagates_still_gets_the_report(
+        tmp_path: Path) -> None:
+    # corpus33d's blind miss: one launcher per task, gloo aborts rank 1 (SIGABRT: nothing of
+    # it can report), rank 0's collective fails with a connection reset, and the program's
+    # `except: log; raise` / `finally: destroy_process_group()` ran the clean-up first, so
+    # the guard took it for a rank that left on purpose: no report at all.
+    res = _srun_by_hand(tmp_path, False, "--abort", "--aborted", "1", "--finally-destroy")
+    assert res[0].returncode == 17 and res[1].returncode != 0, [r.stderr[-2000:] for r in res]
+    block = res[0].stderr
+    assert "likely cause:" in block and "rank 1 died" in block, block[-3000:]
+    assert "launch_job.py:" in block.split("likely cause:", 1)[1], block[-3000:]
 
 
 def test_accelerate_launch(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import atexit
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -82,6 +83,7 @@ def hook_process_group(c10d: ModuleType | None = None) -> None:
         if not args and kwargs.get("group") is None:
             from ddpguard import guard
 
+            _report_failure_in_flight()
             guard.stop("exited")
         return orig_destroy(*args, **kwargs)
 
@@ -94,6 +96,23 @@ def hook_process_group(c10d: ModuleType | None = None) -> None:
     for module in targets:
         setattr(module, "init_process_group", init_process_group)  # noqa: B010
         setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
+
+
+def _report_failure_in_flight() -> None:
+    """`finally: dist.destroy_process_group()` runs while the rank's error propagates: a
+    collective that failed because a peer died or timed out is this rank's end, and the guard
+    reports it now (the failure path ends the process with exit 17), before the clean-up
+    would make it look like a rank that left on purpose."""
+    from ddpguard import guard
+
+    failing = sys.exc_info()[1]
+    if (failing is None or not isinstance(failing, Exception) or guard.active() is None
+            or threading.current_thread() is not threading.main_thread()):
+        return
+    from .crash import explained_end, report_until_settled
+
+    if explained_end(failing):
+        report_until_settled(failing)
 
 
 def store_address(store: Any) -> tuple[str, int] | None:

@@ -50,10 +50,11 @@ from .rules import Decision
 from .stacks import Frame, is_library_file, short_path
 
 __all__ = ["handle_exception", "report_exception", "report_until_settled", "settle",
-           "install_excepthook", "await_report",
+           "install_excepthook", "await_report", "explained_end",
            "waiting_on", "peer_failures", "peer_error"]
 
 _HOOK_MARK = "__ddpguard_crash_hook__"
+_REPORTED = "__ddpguard_reported__"
 
 log = logging.getLogger("ddpguard.guard")
 
@@ -109,6 +110,14 @@ def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
         time.sleep(0.1)
 
 
+def explained_end(exc: BaseException) -> bool:
+    """Is `exc` an end the guard explains from the peers (a peer gone, the group's timeout, a
+    killed loader worker), not the program's own error?"""
+    text = str(exc)
+    return (peer_error(exc) or timeout_ms(text, None) is not None
+            or worker_death(text) is not None)
+
+
 def peer_error(exc: BaseException) -> bool:
     """gloo/NCCL errors that mean 'the other side went away', not a bug on this rank."""
     low = str(exc).lower()
@@ -142,6 +151,10 @@ def handle_exception(exc: BaseException) -> int:
     from ddpguard import guard
 
     _quiet_sigchld()
+    if getattr(exc, _REPORTED, False):
+        return 1  # told already (on its way through destroy_process_group)
+    with contextlib.suppress(Exception):
+        setattr(exc, _REPORTED, True)
     g: Any = guard.active()
     if g is not None:
         # First of all, before any store request: its launcher may end this rank at any

@@ -8,7 +8,8 @@
            checked (the program exits 0 whatever its ranks did)
 With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG'); with --abort,
 rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
-marked 'the ABORT'), the rank that hosts the store under spawn.
+marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: rank 1 instead).
+--finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates.
 """
 
 import argparse
@@ -19,19 +20,36 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def body(rank: int, bug: bool, abort: bool = False) -> None:
+def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
+         destroy: bool = True) -> None:
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
     if bug and rank == 0:
         dist.all_reduce(t)  # the BUG: rank 0 only
-    if abort and rank == 0:
-        dist.all_reduce(torch.ones(1))  # the ABORT: rank 0 only, one number
+    if abort and rank == aborted:
+        dist.all_reduce(torch.ones(1))  # the ABORT: that rank only, one number
     if abort:
         dist.all_reduce(torch.ones(256))
     dist.barrier()
     print(f"rank {rank} finished", flush=True)
-    dist.destroy_process_group()
+    if destroy:
+        dist.destroy_process_group()
+
+
+def guarded_body(rank: int, a: argparse.Namespace) -> None:
+    """--finally-destroy: the loop in try/except/finally as real programs write it, the
+    group destroyed while the error propagates."""
+    if not a.finally_destroy:
+        body(rank, a.bug, a.abort, a.aborted)
+        return
+    try:
+        body(rank, a.bug, a.abort, a.aborted, destroy=False)
+    except Exception as exc:
+        print(f"training failed: {exc}", flush=True)
+        raise
+    finally:
+        dist.destroy_process_group()
 
 
 def spawned(rank: int, world: int, port: int, bug: bool, abort: bool) -> None:
@@ -47,6 +65,8 @@ def main() -> None:
     p.add_argument("--abort", action="store_true")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--local-rank", "--local_rank", type=int, default=None)
+    p.add_argument("--aborted", type=int, default=0, help="the rank gloo aborts (--abort)")
+    p.add_argument("--finally-destroy", action="store_true")
     a = p.parse_args()
     if a.launch == "spawn":
         mp.spawn(spawned, args=(2, a.port, a.bug, a.abort), nprocs=2)
@@ -65,7 +85,7 @@ def main() -> None:
         rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank,
                                 world_size=world)
-        body(rank, a.bug)
+        guarded_body(rank, a)
     print("JOB DONE", flush=True)
 
 
