@@ -18,8 +18,15 @@ from ddpguard.testing import free_port
 
 SCRIPTS = ROOT / "tests" / "guard" / "scripts"
 JOB = str(SCRIPTS / "launch_job.py")
-BUG = "launch_job.py:27"  # the line marked 'the BUG'
-ABORT = "launch_job.py:29"  # the line marked 'the ABORT'
+def _marked(mark: str) -> str:
+    lines = (Path(__file__).parent / "scripts" / "launch_job.py").read_text().splitlines()
+    found = [i + 1 for i, text in enumerate(lines) if mark in text]
+    assert len(found) == 1, (mark, found)
+    return f"launch_job.py:{found[0]}"
+
+
+BUG = _marked("# the BUG")  # the line marked 'the BUG'
+ABORT = _marked("# the ABORT")  # the line marked 'the ABORT'
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node=2"]
 
@@ -167,7 +174,18 @@ def test_a_group_destroyed_while_a_peers_failure_propagates_still_gets_the_repor
     assert res[0].returncode == 17 and res[1].returncode != 0, [r.stderr[-2000:] for r in res]
     block = res[0].stderr
     assert "likely cause:" in block and "rank 1 died" in block, block[-3000:]
-    assert "launch_job.py:" in block.split("likely cause:", 1)[1], block[-3000:]
+    assert ABORT in block.split("likely cause:", 1)[1], block[-3000:]
+
+
+def test_a_rank_whose_own_error_destroys_its_group_on_the_way_out_crashed(
+        tmp_path: Path) -> None:
+    # corpus33d's blind wrong title: rank 1 raised in its loop, its `finally` destroyed the
+    # group, and the peers read "left its loop early". It crashed: its error and line.
+    res = _srun_by_hand(tmp_path, False, "--fail", "--finally-destroy")
+    assert res[0].returncode == 17 and res[1].returncode == 1, [r.stderr[-2000:] for r in res]
+    block = res[0].stderr.split("likely cause:", 1)[1]
+    assert block.startswith(" a rank crashed or died"), block[:2000]
+    assert "ValueError: malformed batch on rank 1" in block and _marked("# the FAIL") in block
 
 
 def test_accelerate_launch(tmp_path: Path) -> None:

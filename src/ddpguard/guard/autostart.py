@@ -83,8 +83,14 @@ def hook_process_group(c10d: ModuleType | None = None) -> None:
         if not args and kwargs.get("group") is None:
             from ddpguard import guard
 
-            _report_failure_in_flight()
-            guard.stop("exited")
+            failing = _report_failure_in_flight()
+            if failing is None:
+                guard.stop("exited")
+            else:
+                # The rank's own error is on its way out: it crashed, it did not leave.
+                from .crash import crash_text
+
+                guard.stop("crashed", crash_text(failing))
         return orig_destroy(*args, **kwargs)
 
     for fn in (init_process_group, destroy_process_group):
@@ -98,21 +104,22 @@ def hook_process_group(c10d: ModuleType | None = None) -> None:
         setattr(module, "destroy_process_group", destroy_process_group)  # noqa: B010
 
 
-def _report_failure_in_flight() -> None:
+def _report_failure_in_flight() -> BaseException | None:
     """`finally: dist.destroy_process_group()` runs while the rank's error propagates: a
     collective that failed because a peer died or timed out is this rank's end, and the guard
     reports it now (the failure path ends the process with exit 17), before the clean-up
-    would make it look like a rank that left on purpose."""
+    would make it look like a rank that left on purpose. Returns the error in flight."""
     from ddpguard import guard
 
     failing = sys.exc_info()[1]
     if (failing is None or not isinstance(failing, Exception) or guard.active() is None
             or threading.current_thread() is not threading.main_thread()):
-        return
+        return None
     from .crash import explained_end, report_until_settled
 
     if explained_end(failing):
         report_until_settled(failing)
+    return failing
 
 
 def store_address(store: Any) -> tuple[str, int] | None:

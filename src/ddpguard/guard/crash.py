@@ -50,7 +50,7 @@ from .rules import Decision
 from .stacks import Frame, is_library_file, short_path
 
 __all__ = ["handle_exception", "report_exception", "report_until_settled", "settle",
-           "install_excepthook", "await_report", "explained_end",
+           "install_excepthook", "await_report", "explained_end", "crash_text",
            "waiting_on", "peer_failures", "peer_error"]
 
 _HOOK_MARK = "__ddpguard_crash_hook__"
@@ -108,6 +108,14 @@ def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
         if found or now > deadline:
             return found
         time.sleep(0.1)
+
+
+def crash_text(exc: BaseException) -> str:
+    """'ValueError: bad batch at train.py:95 in step': the error and its innermost user line,
+    from the traceback's frames alone."""
+    where = _innermost_user(exc)
+    at = f" at {short_path(where.rsplit(':', 1)[0])}:{where.rsplit(':', 1)[1]}" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"
 
 
 def explained_end(exc: BaseException) -> bool:

@@ -9,7 +9,8 @@
 With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG'); with --abort,
 rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
 marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: rank 1 instead).
---finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates.
+--finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
+with --fail rank 1 raises its own error there (the line marked 'the FAIL').
 """
 
 import argparse
@@ -21,7 +22,7 @@ import torch.multiprocessing as mp
 
 
 def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
-         destroy: bool = True) -> None:
+         destroy: bool = True, fail: bool = False) -> None:
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
@@ -31,6 +32,8 @@ def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
         dist.all_reduce(torch.ones(1))  # the ABORT: that rank only, one number
     if abort:
         dist.all_reduce(torch.ones(256))
+    if fail and rank == 1:
+        raise ValueError("malformed batch on rank 1")  # the FAIL: rank 1's own error
     dist.barrier()
     print(f"rank {rank} finished", flush=True)
     if destroy:
@@ -44,7 +47,7 @@ def guarded_body(rank: int, a: argparse.Namespace) -> None:
         body(rank, a.bug, a.abort, a.aborted)
         return
     try:
-        body(rank, a.bug, a.abort, a.aborted, destroy=False)
+        body(rank, a.bug, a.abort, a.aborted, destroy=False, fail=a.fail)
     except Exception as exc:
         print(f"training failed: {exc}", flush=True)
         raise
@@ -67,6 +70,7 @@ def main() -> None:
     p.add_argument("--local-rank", "--local_rank", type=int, default=None)
     p.add_argument("--aborted", type=int, default=0, help="the rank gloo aborts (--abort)")
     p.add_argument("--finally-destroy", action="store_true")
+    p.add_argument("--fail", action="store_true", help="rank 1 raises (--finally-destroy)")
     a = p.parse_args()
     if a.launch == "spawn":
         mp.spawn(spawned, args=(2, a.port, a.bug, a.abort), nprocs=2)
