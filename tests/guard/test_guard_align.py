@@ -693,3 +693,26 @@ def test_a_rank_that_skipped_one_of_two_backwards_and_ran_ahead_skipped_a_backwa
     d = diagnose(_two_models(106, 53, tfwd0=102, bwd0=51), {TWO: TWO_SOURCE}, cause="deadlock",
                  reason="r", culprits=[0, 1])
     assert d["cause"] != "skipped_backward", d
+
+
+def test_a_rank_gloo_aborted_after_the_loop_left_it_early():
+    # corpus33d's blind case: rank 1 `break`s (its last heartbeat still shows it in the
+    # pass), meets an all-reduce after the loop (line 13), and gloo aborts it there against
+    # rank 0's gradient all-reduce inside the loop (line 9): the break, not the mismatch.
+    # (Rank 0 reports from its crash path: its all-reduce failed, nothing is pending.)
+    recs = [rec(0, BWD, batches=7, fwd=7, bwd=7,
+                loaders={f"{SCRIPT}:3": {"epoch": 0, "batches": 7, "len": 16, "end": ""}}),
+            rec(1, coll(13, "all_reduce"), batches=4, fwd=4, bwd=4, state="dead",
+                loaders={f"{SCRIPT}:3": {"epoch": 0, "batches": 4, "len": 16, "end": ""}})]
+    d = diagnose(recs, SOURCES, cause="peer_gone", culprits=[1],
+                 reason="rank 1 died (it died of a fatal signal inside torch.distributed."
+                        "all_reduce: a collective the other ranks did not match is the usual "
+                        "cause)")
+    assert d["cause"] == "left_early" and d["culprits"] == [1], d
+    assert said(f"it died at {SCRIPT}:13", d) and said("still in that loop (batch 7 of 16)", d)
+    # The twin: it died inside the loop (a collective of the loop's own): a mismatch.
+    recs[1]["stacks"]["main"][0]["line"] = 5
+    d = diagnose(recs, SOURCES, cause="peer_gone", culprits=[1],
+                 reason="rank 1 died (a collective the other ranks did not match is the usual "
+                        "cause)")
+    assert d["cause"] != "left_early", d

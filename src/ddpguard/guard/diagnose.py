@@ -15,6 +15,7 @@ from .findings import Finding
 from .ledger import describe_entry, first_pending
 from .loops import RANK_TEST, framework_skip
 from .parting import extra_before_death, second_thread
+from .passes import left_then_died
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
     Frame,
@@ -337,6 +338,10 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     if cause == "desync":
         found = second_thread(records)
         return (found.cause, found) if found else (cause, None)
+    if cause == "mismatch" and any(r["state"] in ("dead", "crashed") for r in records):
+        found = left_then_died(records, pos, sources)
+        if found:
+            return found.cause, found
     if cause in ("mismatch", "deadlock", "no_life", "hard_limit"):
         if aligned and cause in ("mismatch", "deadlock"):
             found = explain(records, pos, sources)

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .loops import inside_loop, is_loop_head
+from .findings import Finding
+from .loops import inside_loop, is_loop_head, way_out
 from .records import Position, RankRecord
 
-__all__ = ["unfinished_pass", "in_pass"]
+__all__ = ["unfinished_pass", "in_pass", "left_then_died"]
 
 
 def unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
@@ -99,3 +100,44 @@ def in_pass(rec: RankRecord, site: str, drawn: int) -> bool:
     least `drawn` batches of it?"""
     st = ((rec.get("hb") or {}).get("loaders") or {}).get(site)
     return st is not None and not st.get("end") and int(st.get("batches") or 0) >= drawn
+
+
+def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Position],
+                   sources: Mapping[str, list[str]]) -> Finding | None:
+    """A rank that died (gloo aborted it) at a line after the training loop, in the loop's
+    own file, while a peer waits in a collective inside that loop with batches of its pass
+    still to come: the dead rank left the loop early (its last heartbeat may predate the
+    `break`), and what killed it was only the next collective it met outside."""
+    for d in records:
+        if d.get("state") not in ("dead", "crashed"):
+            continue
+        dl = (positions.get(int(d["rank"])) or {}).get("user_line")
+        if not dl:
+            continue
+        for w in records:
+            wl = (positions.get(int(w["rank"])) or {}).get("user_line")
+            if w.get("state") != "running" or not wl or wl[0] != dl[0]:
+                continue
+            src = sources.get(wl[0])
+            if src is None:
+                continue
+            for site, st in ((w.get("hb") or {}).get("loaders") or {}).items():
+                path, _, num = str(site).rpartition(":")
+                n, total = st.get("batches"), st.get("len")
+                if (path != wl[0] or not num.isdigit() or total is None or n is None
+                        or n >= total or not inside_loop(src, int(num), int(wl[1]))
+                        or inside_loop(src, int(num), int(dl[1])) or int(dl[1]) <= int(num)):
+                    continue
+                out = way_out(sources, str(site))
+                return Finding("left_early", (
+                    f"rank {d['rank']} left its training loop early: it died at "
+                    f"{dl[0]}:{dl[1]}, after the loop over the DataLoader iterated at {site}, "
+                    f"while rank {w['rank']} is still in that loop (batch {n} of {total}) at "
+                    f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
+                    (int(d["rank"]),), _line(out) if out else None)
+    return None
+
+
+def _line(found: str) -> tuple[str, int] | None:
+    path, _, rest = found.split(" ", 1)[0].rpartition(":")
+    return (path, int(rest)) if rest.isdigit() else None
