@@ -6,6 +6,7 @@ tested on recorded stacks without processes.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -91,7 +92,16 @@ def is_library_file(path: str) -> bool:
     are never 'the user's line'."""
     if not path or path.startswith("<"):
         return True
-    p = os.path.abspath(path)
+    if os.path.isabs(path):
+        # Asked for every frame of every forward through the wrapper (hooks.py): an absolute
+        # path's answer never changes, a relative one's follows the working directory.
+        return _absolute_is_library(path)
+    return _absolute_is_library(os.path.abspath(path))
+
+
+@functools.lru_cache(maxsize=4096)
+def _absolute_is_library(path: str) -> bool:
+    p = os.path.normpath(path)
     if p.startswith(_PKG_DIR + os.sep):
         return True
     if "site-packages" in p or "dist-packages" in p:
