@@ -29,7 +29,7 @@ from ..analysis.context import (
     ModuleInfo,
 )
 from ..analysis.divergence import divergences
-from ..analysis.ranks import world_share
+from ..analysis.world_size import world_share
 from ..registry import At, Hit, rule
 
 
