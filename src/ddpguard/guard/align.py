@@ -35,8 +35,6 @@ from .records import Position, RankRecord, SeqEntry
 __all__ = ["Spot", "spots", "explain"]
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Spot:
     """Where one rank stands in the aligned sequences."""
@@ -178,7 +176,7 @@ def _ran_ahead_past_a_backward(sp: Mapping[int, Spot], sources: Mapping[str, lis
                 f"forwards and {sb.bwd} backwards, rank {a} {sa.tfwd} and {sa.bwd}; rank {b} "
                 f"is {now}{_phase_words(sb.phase)}, batch {sb.batches}) while rank {a} waits in "
                 f"{sa.waits['desc']} (batch {sa.batches}). The loop has one way past a "
-                f"backward: {skip}"), (b,), _split_line(skip.split(" ", 1)[0]))
+                f"backward: {skip}"), (b,), _file_line(skip.split(" ", 1)[0]))
     return None
 
 
@@ -199,8 +197,7 @@ def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
                 continue
             if sb.waits is not None and sb.phase == "forward" and sb.evals == sa.evals:
                 continue
-            where = (f"in {sb.waits['desc']} ({_phase_words(sb.phase)})" if sb.waits else
-                     ("gone" if sb.phase == "gone" else "not in a collective"))
+            where = _doing(sb)
             extra = _extra_line(sa, sb)
             return Finding("forward_on_some_ranks", (
                 f"rank {a} waits in {sa.waits['desc']}, DDP's buffer broadcast inside a "
@@ -208,7 +205,7 @@ def forward_on_some_ranks(sp: Mapping[int, Spot]) -> Finding | None:
                 f"forwards on rank {a}, {sb.evals} on rank {b}); rank {b} is {where}"
                 + (f"; rank {a} ran {_times(extra[1])} at {extra[0]}, rank {b} "
                    f"{_times(extra[2])}"
-                   if extra else "")), (a,), _split_line(extra[0]) if extra else None)
+                   if extra else "")), (a,), _file_line(extra[0]) if extra else None)
     return _extra_training_forward(sp)
 
 
@@ -227,15 +224,14 @@ def _extra_training_forward(sp: Mapping[int, Spot]) -> Finding | None:
             extra = _extra_line(sa, sb)
             if extra is None:
                 continue
-            where = (f"in {sb.waits['desc']} ({_phase_words(sb.phase)})" if sb.waits else
-                     ("gone" if sb.phase == "gone" else "not in a collective"))
+            where = _doing(sb)
             return Finding("forward_on_some_ranks", (
                 f"rank {a} ran {_times(extra[1])} through the wrapper at {extra[0]} and rank "
                 f"{b} {_times(extra[2])} ({sa.fwd} forwards for {sa.batches} batches on rank {a}, "
                 f"{sb.fwd} for {sb.batches} on rank {b}): each forward broadcasts the model's "
                 f"buffers, so rank {a} waits in {sa.waits['desc']} "
                 f"({_phase_words(sa.phase)}) while rank {b} is {where}"), (a,),
-                _split_line(extra[0]))
+                _file_line(extra[0]))
     return None
 
 
@@ -251,13 +247,15 @@ def _extra_line(sa: Spot, sb: Spot) -> tuple[str, int, int] | None:
     return line, n, sb.lines.get(line, 0)
 
 
+def _doing(s: Spot) -> str:
+    """What a rank that is not in the waiting rank's forward is doing."""
+    if s.waits:
+        return f"in {s.waits['desc']} ({_phase_words(s.phase)})"
+    return "gone" if s.phase == "gone" else "not in a collective"
+
+
 def _times(n: int) -> str:
     return f"{n} forward{'' if n == 1 else 's'}"
-
-
-def _split_line(site: str) -> tuple[str, int] | None:
-    path, _, num = site.rpartition(":")
-    return (path, int(num)) if num.isdigit() else None
 
 
 def left_early(records: Sequence[RankRecord], sp: Mapping[int, Spot],

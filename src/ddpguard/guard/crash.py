@@ -295,8 +295,7 @@ def _placed(exc: BaseException) -> BaseException:
     error's place (where the rank stood: its read of the batch), not where torch's handler
     happened to run."""
     ctx = exc.__context__
-    if ctx is not None and worker_death(str(exc)) and any(
-            not is_library_file(f.filename) for f in traceback.extract_tb(ctx.__traceback__)):
+    if ctx is not None and worker_death(str(exc)) and _innermost_user(ctx):
         # (A context caught inside torch, as its own polling does, holds no line of the
         # script: the error's own traceback does.)
         return exc.with_traceback(ctx.__traceback__)

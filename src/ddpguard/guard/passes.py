@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .findings import Finding
+from .findings import Finding, file_line
 from .loops import inside_loop, is_loop_head, way_out
 from .records import Position, RankRecord
 
@@ -70,10 +70,9 @@ def _cut_alike(site: str, st: Mapping[str, Any], peers: Sequence[Mapping[str, An
     rank, not a rank that left."""
     if not peers or not st.get("end") or not st.get("key"):
         return False
-    return all(((p.get("loaders") or {}).get(site) or {}).get("key") == st.get("key")
-               and ((p.get("loaders") or {}).get(site) or {}).get("end")
-               and ((p.get("loaders") or {}).get(site) or {}).get("batches") == st.get("batches")
-               for p in peers)
+    theirs = [(p.get("loaders") or {}).get(site) or {} for p in peers]
+    return all(t.get("key") == st.get("key") and t.get("end")
+               and t.get("batches") == st.get("batches") for t in theirs)
 
 
 def _short_pass(hb: Mapping[str, Any], peers: Sequence[Mapping[str, Any]]
@@ -134,10 +133,5 @@ def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Positi
                     f"{dl[0]}:{dl[1]}, after the loop over the DataLoader iterated at {site}, "
                     f"while rank {w['rank']} is still in that loop (batch {n} of {total}) at "
                     f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
-                    (int(d["rank"]),), _line(out) if out else None)
+                    (int(d["rank"]),), file_line(out.split(" ", 1)[0]) if out else None)
     return None
-
-
-def _line(found: str) -> tuple[str, int] | None:
-    path, _, rest = found.split(" ", 1)[0].rpartition(":")
-    return (path, int(rest)) if rest.isdigit() else None
