@@ -52,10 +52,12 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP027",
         "DDP028",
         "DDP029",
+        "DDP030",
+        "DDP031",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
-    assert Selection(ignore=("DDP01", "DDP02"), preview=True).codes() == [
+    assert Selection(ignore=("DDP01", "DDP02", "DDP03"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
     assert Selection().held_back() == ["DDP001", "DDP005", "DDP015"]
@@ -481,6 +483,15 @@ CASES: dict[str, tuple[str, str]] = {
     "DDP029": (
         "dist.all_reduce(loss.detach().clone())\n",
         "t = loss.detach().clone()\ndist.all_reduce(t)\n",
+    ),
+    "DDP030": (
+        'if not os.path.exists(d):\n    os.makedirs(d)\nmodel = DDP(net)\n',
+        'if not os.path.exists(d):\n    os.makedirs(d, exist_ok=True)\nmodel = DDP(net)\n',
+    ),
+    "DDP031": (
+        'if dist.get_rank() == 0:\n    torch.save(m, "a.pt")\nm = torch.load("a.pt")\n',
+        'if dist.get_rank() == 0:\n    torch.save(m, "a.pt")\ndist.barrier()\n'
+        'm = torch.load("a.pt")\n',
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',

@@ -53,3 +53,45 @@ def rank_dependent(info: ModuleInfo, obj: ast.expr) -> bool:
                                                                           "rank")):
                 return True
     return False
+
+
+_SEP = "/"
+
+
+def path_key(info: ModuleInfo, node: ast.expr) -> tuple[str, ...]:
+    """A path expression as the string it builds, piece by piece: `os.path.join(d, n + ".pt")`,
+    `os.path.join(d, n) + ".pt"`, `f"{d}/{n}.pt"` and `Path(d) / f"{n}.pt"` have one key. Literal
+    text is merged, any other piece is its AST dump."""
+    out: list[str] = []
+    _pieces(info, node, out)
+    merged: list[str] = []
+    for p in out:
+        if merged and p.startswith("'") and merged[-1].startswith("'"):
+            merged[-1] += p[1:]
+        else:
+            merged.append(p)
+    return tuple(merged)
+
+
+def _pieces(info: ModuleInfo, node: ast.expr, out: list[str]) -> None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        out.append("'" + node.value)
+    elif isinstance(node, ast.JoinedStr):
+        for v in node.values:
+            if isinstance(v, ast.FormattedValue) and v.format_spec is None and v.conversion < 0:
+                _pieces(info, v.value, out)
+            else:
+                _pieces(info, v, out)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Div):
+        _pieces(info, node.left, out)
+        if isinstance(node.op, ast.Div):
+            out.append("'" + _SEP)
+        _pieces(info, node.right, out)
+    elif isinstance(node, ast.Call) and node.args and not node.keywords and (
+            info.qualify(node.func) or "") in ("os.path.join", "str", "Path", "pathlib.Path"):
+        for i, a in enumerate(node.args):
+            if i:
+                out.append("'" + _SEP)
+            _pieces(info, a, out)
+    else:
+        out.append(ast.dump(node))

@@ -1,0 +1,200 @@
+"""DDP030 a create-directory race on every rank.
+
+```python
+dist.init_process_group("nccl")
+if not os.path.exists(args.out_dir):
+    os.makedirs(args.out_dir)         # every rank
+model = DDP(model)
+```
+
+Every rank tests the folder, finds it missing, and creates it: the ranks start together, so
+two of them pass the test before either has made it, and the later `mkdir` raises
+FileExistsError. That rank dies; the others go on into the next collective (here the DDP
+constructor's broadcast) and wait there for it, until the launcher tears the job down or the
+timeout ends it. Reported for `os.mkdir`, `os.makedirs` and `Path(...).mkdir` without
+`exist_ok=True`, under a test that the same path does not exist, reached on every rank (not
+under a rank test, in a function not called only under one) of a module that runs under
+torch.distributed, when a collective, a DDP wrap or a backward follows in the same function or
+in the caller (the ranks must meet again after it for one death to hang the rest). Silent in a
+`try` that catches FileExistsError (or OSError), for a path that names the rank, and where
+rank 0 created the same path before. Fix: `os.makedirs(path, exist_ok=True)`, or create it on
+rank 0 and `dist.barrier()` before the others use it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ..analysis.context import Func, ModuleInfo, is_collective, kwarg
+from ..analysis.paths import per_rank_path
+from ..analysis.provenance import NONE
+from ..registry import Hit, rule
+
+_EXISTS = {"exists", "isdir", "lexists", "is_dir"}
+_CATCH = {"FileExistsError", "OSError", "IOError", "EnvironmentError", "Exception",
+          "BaseException"}
+
+
+@rule('DDP030', 'makedirs-race', 'warning',
+      'a folder created on every rank after a test that it is missing, without exist_ok',
+      'os.makedirs(path, exist_ok=True), or create it on rank 0 and barrier before others use it')
+def ddp030(info: ModuleInfo) -> Iterator[Hit]:
+    if not info.distributed:
+        return
+    for rec in info.calls_named("makedirs", "mkdir"):
+        call = rec.node
+        path = _made_path(info, call)
+        if path is None or info.effective_guard(rec) != NONE or per_rank_path(info, path):
+            continue
+        chain = _chain(rec.func, info.tree, call)
+        if chain is None or not _tested_missing(chain, path) or _caught(chain) \
+                or _made_by_rank0(info, rec, path):
+            continue
+        follow = _follow(info, rec.func, call.lineno)
+        if not follow:
+            continue
+        yield call, "DDP030", (
+            f"every rank creates `{ast.unparse(path)}` after testing that it is missing: two "
+            f"ranks pass the test together and the later {rec.last}() raises FileExistsError, "
+            f"so that rank dies while the others go on to {follow} and wait for it")
+
+
+def _made_path(info: ModuleInfo, call: ast.Call) -> ast.expr | None:
+    """The folder `os.makedirs(p)` / `os.mkdir(p)` / `Path(p).mkdir()` creates, when nothing
+    says exist_ok=True; else None."""
+    f = call.func
+    if not isinstance(f, ast.Attribute):
+        if isinstance(f, ast.Name) and (info.qualify(f) or "") in ("os.makedirs", "os.mkdir") \
+                and call.args and not _exist_ok(call, 2):
+            return call.args[0]
+        return None
+    q = info.qualify(f) or ""
+    if q in ("os.makedirs", "os.mkdir"):
+        return call.args[0] if call.args and not _exist_ok(call, 2) else None
+    if f.attr == "mkdir" and _is_path(info, f.value) and not _exist_ok(call, 2):
+        return f.value
+    return None
+
+
+def _exist_ok(call: ast.Call, pos: int) -> bool:
+    v = kwarg(call, "exist_ok")
+    if v is None and len(call.args) > pos:
+        v = call.args[pos]
+    return v is not None and not (isinstance(v, ast.Constant) and not v.value)
+
+
+def _is_path(info: ModuleInfo, node: ast.expr, depth: int = 0) -> bool:
+    if isinstance(node, ast.Call):
+        return (info.qualify(node.func) or "").rsplit(".", 1)[-1] in ("Path", "PurePath")
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return _is_path(info, node.left, depth)
+    if isinstance(node, ast.Name) and depth < 2:
+        return any(_is_path(info, v, depth + 1) for _, v in info.assigns.get(node.id, []))
+    return False
+
+
+def _chain(func: Func | None, tree: ast.Module, node: ast.AST) -> list[ast.AST] | None:
+    """The statements enclosing `node` inside its function (outermost first)."""
+    stack: list[tuple[ast.AST, list[ast.AST]]] = [
+        (st, []) for st in (func.body if func is not None else tree.body)]
+    while stack:
+        cur, up = stack.pop()
+        if cur is node:
+            return up
+        if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        down = [*up, cur]
+        stack.extend((child, down) for child in ast.iter_child_nodes(cur))
+    return None
+
+
+def _same(a: ast.expr, b: ast.expr) -> bool:
+    return ast.dump(a) == ast.dump(b)
+
+
+def _tested_missing(chain: list[ast.AST], path: ast.expr) -> bool:
+    """An enclosing `if not os.path.exists(path):` (`isdir`, `Path.exists()`), taken in its
+    body."""
+    for i, node in enumerate(chain):
+        if not isinstance(node, ast.If) or i + 1 >= len(chain) \
+                or chain[i + 1] not in node.body:
+            continue
+        tests = node.test.values if isinstance(node.test, ast.BoolOp) \
+            and isinstance(node.test.op, ast.And) else [node.test]
+        for t in tests:
+            if not (isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
+                    and isinstance(t.operand, ast.Call)):
+                continue
+            c = t.operand
+            f = c.func
+            if not isinstance(f, ast.Attribute) or f.attr not in _EXISTS:
+                continue
+            arg = c.args[0] if c.args else f.value
+            if _same(arg, path):
+                return True
+    return False
+
+
+def _caught(chain: list[ast.AST]) -> bool:
+    for node in chain:
+        if isinstance(node, ast.Try) and any(
+                h.type is None or any(n.id in _CATCH for n in ast.walk(h.type)
+                                      if isinstance(n, ast.Name))
+                or any(n.attr in _CATCH for n in ast.walk(h.type)
+                       if isinstance(n, ast.Attribute))
+                for h in node.handlers):
+            return True
+    return False
+
+
+def _made_by_rank0(info: ModuleInfo, rec: object, path: ast.expr) -> bool:
+    """Rank 0 made the same folder earlier in the same scope (and, as the code's own order
+    says, the others wait for it)."""
+    line = rec.node.lineno  # type: ignore[attr-defined]
+    func = rec.func  # type: ignore[attr-defined]
+    for other in info.calls_named("makedirs", "mkdir"):
+        if other.func is func and other.node.lineno < line and other.guard \
+                and other.node.args and _same(other.node.args[0], path):
+            return True
+    return False
+
+
+def _follow(info: ModuleInfo, func: Func | None, line: int, depth: int = 0) -> str:
+    """What every rank reaches after `line` in `func` (or after a call of `func` in a caller of
+    the same file): a collective, a DDP wrap, a backward or a rendezvous ("" for none)."""
+    for rec in info.calls:
+        if rec.func is not func or rec.node.lineno <= line or rec.guard:
+            continue
+        if is_collective(rec):
+            return f"{rec.last}() at line {rec.node.lineno}"
+        if info.is_ddp_call(rec.node):
+            return f"the DDP constructor's broadcast at line {rec.node.lineno}"
+        if rec.last == "init_process_group":
+            return f"the rendezvous of init_process_group() at line {rec.node.lineno}"
+        if rec.last == "backward":
+            return f"the backward's all-reduce at line {rec.node.lineno}"
+    if func is None or depth > 1:
+        return ""
+    for site in info.calls_named(func.name):
+        if site.guard or not isinstance(site.node.func, ast.Name) or site.func is func:
+            continue
+        found = _follow(info, site.func, site.node.lineno, depth + 1)
+        if found:
+            return found
+    return ""
+
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("nccl")
+if not os.path.exists(out_dir):
+    os.makedirs(out_dir)
+model = DDP(net)
+"""
+
+RULE = ddp030
