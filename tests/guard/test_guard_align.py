@@ -716,3 +716,67 @@ def test_a_rank_gloo_aborted_after_the_loop_left_it_early():
                  reason="rank 1 died (a collective the other ranks did not match is the usual "
                         "cause)")
     assert d["cause"] != "left_early", d
+
+
+# -- an epoch loop one rank left on its own early stop ---------------------------------------
+
+STOP = "/u/earlystop.py"
+STOP_SOURCE = [
+    "def worker(rank):",                                   # 1
+    "    for epoch in range(6):",                          # 2
+    "        for i, (x, y) in enumerate(loader):",         # 3
+    "            train_step(x, y)",                        # 4
+    "            if i >= max_steps: break",                # 5 (leaves the batch loop only)
+    "        if rank == 0 and val_loss() > best:",         # 6
+    "            break",                                   # 7 the fault: rank 0 alone
+    "        dist.barrier()",                              # 8
+    "    dist.destroy_process_group()",                    # 9
+]
+
+
+def _early_stop(waiter_line):
+    barrier = [(STOP, waiter_line, "worker"),
+               (f"{TORCH}distributed/distributed_c10d.py", 1, "barrier")]
+    recs = [rec(0, None, batches=64, fwd=64, bwd=64, state="exited", loaders={}),
+            rec(1, barrier, pending=[entry(104, "barrier", ())], batches=64, fwd=64, bwd=64,
+                loaders={}, codes={waiter_line: STOP_SOURCE[waiter_line - 1].strip()})]
+    # An exited rank has no stacks; its last heartbeat says where it was.
+    recs[0]["hb"]["where"] = f"{STOP}:9 in worker  `dist.destroy_process_group()`"
+    return recs
+
+
+def test_a_rank_that_left_its_epoch_loop_and_exited_is_named_with_the_loops_way_out():
+    d = diagnose(_early_stop(8), {STOP: STOP_SOURCE}, cause="peer_gone", reason="r",
+                 culprits=[0])
+    assert d["cause"] == "left_early" and d["culprits"] == [0], d
+    assert said(f"left the loop at {STOP}:2 early", d), d["explanation"]
+    # The batch loop's own `break` (line 5) leaves only that loop: the one way out is line 7.
+    assert said(f"the loop's way out: {STOP}:7 `break`", d), d["explanation"]
+    # The twin: the waiting rank is past the loop too (both left it): no loop was left early,
+    # and no line is named for it.
+    d = diagnose(_early_stop(9), {STOP: STOP_SOURCE}, cause="peer_gone", reason="r",
+                 culprits=[0])
+    assert "left the loop at" not in d["explanation"], d
+
+
+def test_way_out_skips_a_break_of_an_inner_loop():
+    assert way_out({STOP: STOP_SOURCE}, f"{STOP}:2") == f"{STOP}:7 `break`"
+    assert way_out({STOP: STOP_SOURCE}, f"{STOP}:3") == f"{STOP}:5 `if i >= max_steps: break`"
+    # A `return` in the inner loop leaves both: two ways out, under no rank test alike.
+    ret = [*STOP_SOURCE]
+    ret[4] = "            if i >= max_steps: return"
+    ret[5] = "        if val_loss() > best:"
+    assert way_out({STOP: ret}, f"{STOP}:2") is None
+
+
+def test_a_rank_test_spelled_with_elif_guards_its_way_out():
+    loop = ["for epoch in range(4):",                      # 1
+            "    if agreed:",                              # 2
+            "        if stop.item():",                     # 3
+            "            break",                           # 4
+            "    elif rank == 0 and patience == 0:",       # 5
+            "        break",                               # 6
+            "    dist.barrier()"]                          # 7
+    assert way_out({"t.py": loop}, "t.py:1") == "t.py:6 `break`"
+    loop[4] = "    elif patience == 0:"  # the twin: no rank test, two alike ways out
+    assert way_out({"t.py": loop}, "t.py:1") is None

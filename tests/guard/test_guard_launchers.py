@@ -73,6 +73,21 @@ def test_spawn_inside_main(tmp_path: Path) -> None:
     _stopped(res, took)
 
 
+def test_spawned_rank_that_left_its_epoch_loop_alone_and_returned(tmp_path: Path) -> None:
+    """Rank 0 early-stops on its own, destroys the group and returns; rank 1's barrier fails
+    with gloo's "connection closed" (it used to end as "rank 1 crashed", exit 1, no report).
+    The twin broadcasts the stop first: both leave together, exit 0."""
+    res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
+                     str(free_port()), "--early-stop", tmp_path=tmp_path)
+    _stopped(res, took, line=_marked("# the EARLY STOP"))
+    block = res.stderr[res.stderr.index("likely cause:"):]
+    assert "a rank left its loop or the program early" in block, block[:2000]
+    res, _ = _run("--", sys.executable, JOB, "--launch", "spawn", "--port", str(free_port()),
+                  "--early-stop", "--agreed", tmp_path=tmp_path)
+    _healthy(res)
+    assert res.stdout.count("finished") == 2 and "JOB DONE" in res.stdout
+
+
 def test_a_program_that_drops_its_ranks_exit_codes_still_ends_with_the_verdict(
         tmp_path: Path) -> None:
     """One multiprocessing.Process per rank, joined and never checked: the program exits 0

@@ -81,7 +81,7 @@ def waiting_on(g: GuardHandle) -> str:
     return f" in {describe_entry(first)}" if first else ""
 
 def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
-    """Which other ranks crashed or died, for a rank whose own collective just failed
+    """Which other ranks crashed, died or left, for a rank whose own collective just failed
     with a connection error that blames nobody in particular."""
     deadline = time.monotonic() + wait
     while True:
@@ -96,6 +96,10 @@ def peer_failures(g: GuardHandle, wait: float = 1.5) -> list[str]:
                 continue
             if hb.get("state") == "crashed":
                 found.append(f"rank {r} crashed ({hb.get('error')})")
+            elif hb.get("state") == "exited":
+                # It destroyed its group or left the program on purpose while this rank's
+                # collective still needed it: the transport's "connection closed" is its echo.
+                found.append(f"rank {r} exited (left the job or destroyed its process group)")
             elif hb.get("host") == g.host and not procs.pid_alive(int(hb.get("pid", 0))):
                 found.append(f"rank {r} died (process {hb.get('pid')} is gone"
                              f"{g.peers.oom_text()}){last_words(hb.get('fault'), hb.get('main'))}")

@@ -15,7 +15,7 @@ from .findings import Finding
 from .ledger import describe_entry, first_pending
 from .loops import RANK_TEST, framework_skip
 from .parting import extra_before_death, second_thread
-from .passes import left_then_died
+from .passes import left_outer_loop, left_then_died
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
     Frame,
@@ -321,6 +321,12 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
             found = explain(records, pos, sources)
             if found and found.cause in ("skipped_backward", "forward_on_some_ranks",
                                          "left_early"):
+                return found.cause, found
+        if states <= {"exited"}:
+            # From the lines alone (no loader or DDP counters needed): the loop the rank
+            # that exited had left while its peer waits inside it.
+            found = left_outer_loop(records, pos, sources)
+            if found:
                 return found.cause, found
         if aligned and states & {"dead", "crashed"}:
             found = extra_before_death(records, pos)

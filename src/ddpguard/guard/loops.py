@@ -112,7 +112,7 @@ def _in_inner_loop(src: list[str], head: int, line: int) -> bool:
 # A test of which rank this is: `rank`, `self.global_rank`, `args.gpu == 0` (the GPU index
 # is the local rank in the tutorials that spawn one process per GPU), `is_master()`,
 # Lightning's `trainer.is_global_zero`, Accelerate's `process_index`, ...
-RANK_TEST = re.compile(r"\bif\b.*(\w*rank\b|\bis_main\w*|\bis_local_main\w*|\bget_rank\b|"
+RANK_TEST = re.compile(r"\b(?:el)?if\b.*(\w*rank\b|\bis_main\w*|\bis_local_main\w*|\bget_rank\b|"
                    r"\bmaster_process\b|\bmain_process\b|\bis_master\w*|\bis_primary\w*|"
                    r"\bgpu(?:_id)?\s*(?:==|!=|\bin\b)|\bis_leader\b|\w*global_zero\b|"
                    r"\w*process_index\b|\brank_?0\b|\w*rank_zero\w*)", re.IGNORECASE)
@@ -129,12 +129,19 @@ def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
     if src is None or not num.isdigit():
         return None
     found = [n for n in range(int(num) + 1, len(src) + 1)
-             if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])]
+             if inside_loop(src, int(num), n) and _EXIT.match(src[n - 1])
+             and not (_breaks(src[n - 1]) and _in_inner_loop(src, int(num), n))]
     if len(found) > 1:
         # Several ways out: the one under a test of which rank this is, if only one is.
         ranked = [n for n in found if _rank_guarded(src, int(num), n)]
         found = ranked if len(ranked) == 1 else found
     return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
+
+
+def _breaks(text: str) -> bool:
+    """A `break` leaves only its own innermost loop (a `return` or `raise` leaves them all)."""
+    m = _EXIT.match(text)
+    return m is not None and m.group(1) == "break"
 
 
 def _rank_guarded(src: list[str], head: int, line: int) -> bool:

@@ -11,7 +11,7 @@ from .findings import Finding, file_line
 from .loops import inside_loop, is_loop_head, way_out
 from .records import Position, RankRecord
 
-__all__ = ["unfinished_pass", "in_pass", "left_then_died"]
+__all__ = ["unfinished_pass", "in_pass", "left_then_died", "left_outer_loop"]
 
 
 def unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
@@ -135,3 +135,68 @@ def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Positi
                     f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
                     (int(d["rank"]),), file_line(out.split(" ", 1)[0]) if out else None)
     return None
+
+
+def left_outer_loop(records: Sequence[RankRecord], positions: Mapping[int, Position],
+                    sources: Mapping[str, list[str]]) -> Finding | None:
+    """A rank that exited from a line after a loop of its function, while a peer waits at a
+    line inside that loop: it left the loop (an epoch loop left on a rank-0 early stop, say)
+    and the peer is in an iteration it will never share. Names the loop's one way out when its
+    lines leave no choice. (A rank that crashed after the loop may have finished it: a crash
+    is told as such.)"""
+    for d in records:
+        if d.get("state") != "exited":
+            continue
+        # A rank that exited has no stacks left; its last heartbeat says where it was.
+        dl = ((positions.get(int(d["rank"])) or {}).get("user_line")
+              or file_line(str((d.get("hb") or {}).get("where") or "")))
+        for w in records:
+            wl = (positions.get(int(w["rank"])) or {}).get("user_line")
+            if (not dl or w.get("state") != "running" or not wl
+                    or not _same_file(str(wl[0]), str(dl[0])) or int(wl[1]) >= int(dl[1])):
+                continue
+            src = sources.get(wl[0])
+            head = _loop_left(src, int(wl[1]), int(dl[1])) if src else None
+            if head is None:
+                continue
+            out = way_out(sources, f"{wl[0]}:{head}")
+            return Finding("left_early", (
+                f"rank {d['rank']} left the loop at {wl[0]}:{head} early: it exited at "
+                f"{dl[0]}:{dl[1]}, after that loop, while rank {w['rank']} waits inside it at "
+                f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
+                (int(d["rank"]),), file_line(out.split(" ", 1)[0]) if out else None)
+    return None
+
+
+def _loop_left(src: list[str], inner: int, after: int) -> int | None:
+    """The innermost loop head around line `inner` that line `after` (later, same function)
+    is past: the loop one rank is still in and the other has left."""
+    for head in range(inner - 1, 0, -1):
+        text = src[head - 1]
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ", "class ")) and \
+                len(text) - len(stripped) < _indent(src[inner - 1]):
+            return None  # reached the function's own line: no loop of it was left
+        if not (stripped.startswith(("for ", "while ", "async for ")) and
+                inside_loop(src, head, inner)):
+            continue
+        if not inside_loop(src, head, after) and _same_function(src, head, after):
+            return head
+    return None
+
+
+def _same_file(full: str, told: str) -> bool:
+    """A heartbeat's `where` names its file relative to the rank's directory, stacks in full."""
+    return full == told or full.endswith("/" + told.lstrip("./"))
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+def _same_function(src: list[str], head: int, line: int) -> bool:
+    """No line between the loop head and `line` is indented less than the head (we are still
+    in the body that holds the loop)."""
+    base = _indent(src[head - 1])
+    return all(_indent(src[n - 1]) >= base for n in range(head + 1, line + 1)
+               if src[n - 1].strip() and not src[n - 1].lstrip().startswith("#"))

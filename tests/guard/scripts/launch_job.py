@@ -9,6 +9,9 @@
 With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG'); with --abort,
 rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
 marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: rank 1 instead).
+--early-stop (spawn): rank 0 alone leaves the epoch loop on its own patience (the line marked
+'the EARLY STOP'), destroys the group and returns while rank 1 waits in the epoch's barrier;
+with --agreed the stop is broadcast from rank 0 first, so both ranks leave together.
 --finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
 with --fail rank 1 raises its own error there (the line marked 'the FAIL').
 """
@@ -40,6 +43,25 @@ def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
         dist.destroy_process_group()
 
 
+def epochs(rank: int, agreed: bool) -> None:
+    t = torch.ones(4)
+    patience = 2
+    for _epoch in range(4):
+        for _ in range(3):
+            dist.all_reduce(t)
+        patience -= 1
+        if agreed:
+            stop = torch.tensor([int(rank == 0 and patience == 0)])
+            dist.broadcast(stop, 0)
+            if stop.item():
+                break
+        elif rank == 0 and patience == 0:
+            break  # the EARLY STOP: rank 0 alone
+        dist.barrier()
+    print(f"rank {rank} finished", flush=True)
+    dist.destroy_process_group()
+
+
 def guarded_body(rank: int, a: argparse.Namespace) -> None:
     """--finally-destroy: the loop in try/except/finally as real programs write it, the
     group destroyed while the error propagates."""
@@ -55,10 +77,14 @@ def guarded_body(rank: int, a: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def spawned(rank: int, world: int, port: int, bug: bool, abort: bool) -> None:
+def spawned(rank: int, world: int, port: int, bug: bool, abort: bool,
+            early_stop: str = "") -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    body(rank, bug, abort)
+    if early_stop:
+        epochs(rank, early_stop == "agreed")
+    else:
+        body(rank, bug, abort)
 
 
 def main() -> None:
@@ -71,9 +97,12 @@ def main() -> None:
     p.add_argument("--aborted", type=int, default=0, help="the rank gloo aborts (--abort)")
     p.add_argument("--finally-destroy", action="store_true")
     p.add_argument("--fail", action="store_true", help="rank 1 raises (--finally-destroy)")
+    p.add_argument("--early-stop", action="store_true")
+    p.add_argument("--agreed", action="store_true", help="the stop is broadcast (--early-stop)")
     a = p.parse_args()
     if a.launch == "spawn":
-        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort), nprocs=2)
+        stop = ("agreed" if a.agreed else "alone") if a.early_stop else ""
+        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop), nprocs=2)
     elif a.launch == "process":
         ranks = [mp.get_context("spawn").Process(target=spawned, args=(r, 2, a.port, a.bug,
                                                                        a.abort))
