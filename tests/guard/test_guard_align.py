@@ -419,6 +419,22 @@ def test_skip_before_needs_exactly_one_continue_of_the_loop_itself():
     assert skip_before({SCRIPT: ["loss.backward()"]}, (SCRIPT, 1)) is None
 
 
+def test_skip_before_takes_a_return_when_the_step_loop_has_no_continue():
+    # A step function's loop left on a bad loss with `return`: its one way past the backward.
+    ret = [*SOURCE]
+    ret[7] = "        if torch.isinf(loss): return"
+    assert skip_before({SCRIPT: ret}, (SCRIPT, 9)) == f"{SCRIPT}:8 `if torch.isinf(loss): return`"
+    # Twins: a `continue` is still the one named over a `break`; two returns are not guessed
+    # between; a return after the backward is no way past it.
+    both = [*SOURCE[:6], "        if xb is None: break", *SOURCE[6:]]
+    assert skip_before({SCRIPT: both}, (SCRIPT, 10)) == \
+        f"{SCRIPT}:9 `if not torch.isfinite(loss): continue`"
+    two = [*ret[:6], "        if xb is None: return", *ret[6:]]
+    assert skip_before({SCRIPT: two}, (SCRIPT, 10)) is None
+    after = [*SOURCE[:7], "        loss.backward()", "        if done: return"]
+    assert skip_before({SCRIPT: after}, (SCRIPT, 8)) is None
+
+
 
 def _batches(rank_extra, n=3):
     """Loop-phase all-reduces, one per batch; `rank_extra`: a 1-number all_reduce issued

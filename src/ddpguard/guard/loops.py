@@ -97,9 +97,13 @@ def skip_before(sources: Mapping[str, list[str]],
         if not calls:
             return None
         end = max(calls)
-    found = [n for n in range(head + 1, end)
-             if inside_loop(src, head, n) and _SKIP.match(src[n - 1])
-             and not _in_inner_loop(src, head, n)]
+    body = [n for n in range(head + 1, end)
+            if inside_loop(src, head, n) and not _in_inner_loop(src, head, n)]
+    found = [n for n in body if _SKIP.match(src[n - 1])]
+    if not found:
+        # No `continue`: a `return` (a step function's loop left on a bad loss) or a `break`
+        # before the backward is the way past it, when it is the only one.
+        found = [n for n in body if _exit_word(src[n - 1]) in ("return", "break")]
     return f"{backward[0]}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
 
 
@@ -138,10 +142,15 @@ def way_out(sources: Mapping[str, list[str]], site: str) -> str | None:
     return f"{path}:{found[0]} `{src[found[0] - 1].strip()}`" if len(found) == 1 else None
 
 
+def _exit_word(text: str) -> str | None:
+    """'break', 'return' or 'raise' for a line that leaves (under its own one-line `if`)."""
+    m = _EXIT.match(text)
+    return m.group(1) if m else None
+
+
 def _breaks(text: str) -> bool:
     """A `break` leaves only its own innermost loop (a `return` or `raise` leaves them all)."""
-    m = _EXIT.match(text)
-    return m is not None and m.group(1) == "break"
+    return _exit_word(text) == "break"
 
 
 def _rank_guarded(src: list[str], head: int, line: int) -> bool:
