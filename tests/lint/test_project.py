@@ -204,3 +204,46 @@ def test_the_rank_passed_to_init_process_group_is_the_rank_where_it_is_assigned(
     # another expression (the device's index, not the rank the group was formed with)
     files["trainer.py"] = TRAINER.replace("opt.gpu_ranks[device_id]", "opt.gpu_ids[device_id]")
     assert _project(tmp_path, files) == []
+
+
+STAR_UTILS = """\
+from torch import distributed as dist
+
+
+def evaluate(model, loader):
+    for x in loader:
+        dist.all_reduce(model(x))
+"""
+
+STAR_TRAIN = """\
+import torch
+from utils.dist_utils import *
+
+
+def main(model, loader, rank, patience):
+    torch.distributed.init_process_group("nccl")
+    bad = 0
+    for epoch in range(10):
+        evaluate(model, loader)
+        if rank == 0:
+            bad += 1
+            if bad > patience:
+                break
+        dist.barrier()
+"""
+
+
+def test_a_star_import_of_a_project_module_brings_its_names(tmp_path: Path) -> None:
+    # `dist` and `evaluate` come from utils/dist_utils.py through `import *`: rank 0's break
+    # leaves the others in the next epoch's collectives (DDP019)
+    files = {"utils/__init__.py": "", "utils/dist_utils.py": STAR_UTILS, "train.py": STAR_TRAIN}
+    assert ("train.py", "DDP019", 13) in _project(tmp_path, files)
+    # each alone: the torch alias (the barrier), the function (its all_reduce)
+    files["train.py"] = STAR_TRAIN.replace("        evaluate(model, loader)\n", "")
+    assert ("train.py", "DDP019", 12) in _project(tmp_path, files)
+    files["train.py"] = STAR_TRAIN.replace("dist.barrier()", "pass")
+    assert ("train.py", "DDP019", 13) in _project(tmp_path, files)
+    files["train.py"] = STAR_TRAIN
+    # a star import of a module that is not one of the files names nothing
+    files["train.py"] = STAR_TRAIN.replace("utils.dist_utils", "other.dist_utils")
+    assert [c for _, c, _ in _project(tmp_path, files) if c == "DDP019"] == []

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .analysis.context import ModuleInfo
-from .analysis.crossfile import FileSet, walk_seeds
+from .analysis.crossfile import FileSet, Seed, walk_seeds
 from .analysis.source import Unreadable, parse, read
 from .analysis.walker import build
 from .catalog import RULES
@@ -102,7 +102,7 @@ def _ddp000(path: str, exc: Unreadable) -> Finding:
 def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> list[Finding]:
     selection = selection or Selection()
     path = info.path
-    lines = source.splitlines()
+    lines: list[str] | None = None  # split only when a rule reports (suppression comments)
     found: dict[tuple[int, int, str], Finding] = {}
     for code in selection.codes():
         try:
@@ -113,6 +113,8 @@ def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> 
         for node, hit_code, message, *sev in hits:
             line = getattr(node, "lineno", 1)
             col = getattr(node, "col_offset", 0) + 1
+            if lines is None:
+                lines = source.splitlines()
             if _suppressed(lines, line, hit_code):
                 continue
             key = (line, col, hit_code)
@@ -195,8 +197,7 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
     return sorted(out, key=lambda f: (order.get(f.path, 0), f.line, f.col, f.code))
 
 
-def _seeds(infos: list[tuple[ModuleInfo, str]]) -> dict[int, tuple[dict[str, int],
-                                                                  dict[str, int]]]:
+def _seeds(infos: list[tuple[ModuleInfo, str]]) -> dict[int, Seed]:
     by_id = walk_seeds([i for i, _ in infos])
     return {k: by_id[id(i)] for k, (i, _) in enumerate(infos) if id(i) in by_id}
 

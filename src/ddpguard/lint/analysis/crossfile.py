@@ -203,11 +203,50 @@ def _ddp_class_aliases(file_set: FileSet, infos: list[ModuleInfo]) -> None:
             info._memo.clear()
 
 
-def walk_seeds(infos: list[ModuleInfo]) -> dict[int, tuple[dict[str, int], dict[str, int]]]:
+Seed = tuple[dict[str, int], dict[str, int], dict[str, str]]
+
+
+def walk_seeds(infos: list[ModuleInfo]) -> dict[int, Seed]:
     """Per file (by id) to walk again: the rank predicates of other files it calls
-    (rank_function_seeds) and the names it assigns the rank (rank_name_seeds)."""
+    (rank_function_seeds), the names it assigns the rank (rank_name_seeds) and the names a
+    `from mod import *` of a project module brings (star_seeds)."""
     funcs, names = rank_function_seeds(infos), rank_name_seeds(infos)
-    return {k: (funcs.get(k, {}), names.get(k, {})) for k in {*funcs, *names}}
+    stars = star_seeds(infos)
+    return {k: (funcs.get(k, {}), names.get(k, {}), stars.get(k, {}))
+            for k in {*funcs, *names, *stars}}
+
+
+def star_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, str]]:
+    """`from utils.dist_utils import *` where utils/dist_utils.py is one of the files: its
+    torch imports (`from torch import distributed as dist`) and its functions are names of
+    this file too, unless this file binds them itself."""
+    out: dict[int, dict[str, str]] = {}
+    by_stem: dict[str, list[ModuleInfo]] | None = None
+    for info in infos:
+        for s in info.tree.body:
+            if type(s) is not ast.ImportFrom or s.names[0].name != "*" or not s.module:
+                continue
+            if by_stem is None:
+                by_stem = {}
+                for m in infos:
+                    by_stem.setdefault(Path(m.path).stem, []).append(m)
+            tail = s.module.replace(".", "/")
+            here = os.path.dirname(os.path.abspath(info.path))
+            for m in by_stem.get(tail.rsplit("/", 1)[-1], ()):
+                mp = os.path.abspath(m.path)[:-3]
+                if m is info or not (mp.endswith("/" + tail) if not s.level else mp == (
+                        os.path.normpath(os.path.join(here, *[".."] * (s.level - 1), tail)))):
+                    continue
+                seed = out.setdefault(id(info), {})
+                for name, qual in m.aliases.items():
+                    if qual.startswith(("torch", "mpi4py")) and name not in info.aliases:
+                        seed.setdefault(name, qual)
+                for name in m.funcs:
+                    if name not in info.funcs and name not in info.aliases and any(
+                            f not in m.func_class for f in m.funcs[name]):
+                        seed.setdefault(name, f"{s.module}.{name}")
+                break
+    return {k: v for k, v in out.items() if v}
 
 
 def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:

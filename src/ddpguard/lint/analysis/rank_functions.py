@@ -58,8 +58,10 @@ def _guard_functions(info: ModuleInfo) -> None:
     funcs = info.funcs
     for rec in info.calls:
         # info.local_callees(rec), inlined for the common case
+        # (instance_methods answers [] unless the attribute names a function of this file)
         for fn in funcs.get(rec.callee, ()) if rec.callee else \
-                info.instance_methods(rec) if rec.callee == "" and info.classes else ():
+                info.instance_methods(rec) if rec.callee == "" and rec.last in funcs \
+                and info.classes else ():
             sites.setdefault(fn, []).append(rec)
     for fns in info.funcs.values():
         for fn in fns:

@@ -380,15 +380,15 @@ def _model_like(node: ast.expr) -> bool:
 
 
 def build(tree: ast.Module, path: str = "<string>",
-          seed: tuple[dict[str, int], dict[str, int]] | None = None) -> ModuleInfo:
-    """One walk over `tree`, then the functions' guard levels. `seed`: the rank predicates
-    other files define and this one calls, and the names this one assigns the expression
-    the program passes as `init_process_group(rank=...)` (crossfile.walk_seeds)."""
+          seed: tuple[dict[str, int], dict[str, int], dict[str, str]] | None = None) -> ModuleInfo:
+    """One walk over `tree`, then the functions' guard levels. `seed`: what other files tell
+    this one (crossfile.walk_seeds: rank predicates, rank expressions, star imports)."""
     info = ModuleInfo(tree, path=path)
     walker = Walker(info)
     if seed is not None:
         info.rank_funcs.update(seed[0])
         info.rank_names.update(seed[1])
+        info.aliases.update(seed[2])
     _rank_functions_first(info, tree.body)
     # What that look-ahead cached was read before the imports were: read it again.
     info._memo.clear()

@@ -27,6 +27,7 @@ import ast
 from collections.abc import Iterator
 
 from ..analysis.context import Func, ModuleInfo, is_collective, kwarg
+from ..analysis.enclosing import dead, enclosing
 from ..analysis.paths import per_rank_path
 from ..analysis.provenance import NONE
 from ..registry import Hit, rule
@@ -47,9 +48,9 @@ def ddp030(info: ModuleInfo) -> Iterator[Hit]:
         path = _made_path(info, call)
         if path is None or info.effective_guard(rec) != NONE or per_rank_path(info, path):
             continue
-        chain = _chain(rec.func, info.tree, call)
-        if chain is None or not _tested_missing(chain, path) or _caught(chain) \
-                or _made_by_rank0(info, rec, path):
+        chain = enclosing(rec.func, info.tree, call)
+        if chain is None or dead(chain, call) or not _tested_missing(chain, path) \
+                or _caught(chain) or _made_by_rank0(info, rec, path):
             continue
         follow = _follow(info, rec.func, call.lineno)
         if not follow:
@@ -92,21 +93,6 @@ def _is_path(info: ModuleInfo, node: ast.expr, depth: int = 0) -> bool:
     if isinstance(node, ast.Name) and depth < 2:
         return any(_is_path(info, v, depth + 1) for _, v in info.assigns.get(node.id, []))
     return False
-
-
-def _chain(func: Func | None, tree: ast.Module, node: ast.AST) -> list[ast.AST] | None:
-    """The statements enclosing `node` inside its function (outermost first)."""
-    stack: list[tuple[ast.AST, list[ast.AST]]] = [
-        (st, []) for st in (func.body if func is not None else tree.body)]
-    while stack:
-        cur, up = stack.pop()
-        if cur is node:
-            return up
-        if isinstance(cur, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            continue
-        down = [*up, cur]
-        stack.extend((child, down) for child in ast.iter_child_nodes(cur))
-    return None
 
 
 def _same(a: ast.expr, b: ast.expr) -> bool:

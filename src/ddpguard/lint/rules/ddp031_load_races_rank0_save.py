@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 from ..analysis.callgraph import calls_by_func, params_of, resolve
 from ..analysis.context import CallRec, Func, ModuleInfo, exclusive, is_collective, kwarg
+from ..analysis.enclosing import dead, enclosing
 from ..analysis.paths import path_key
 from ..analysis.provenance import NONE
 from ..registry import Hit, rule
@@ -37,24 +38,34 @@ from ..registry import Hit, rule
       'every rank loads a file that rank 0 saves just before, with no barrier in between',
       'dist.barrier() on every rank after the save, before the load')
 def ddp031(info: ModuleInfo) -> Iterator[Hit]:
+    fs = info.file_set
+    mods = fs.infos if fs is not None and fs.multi else [info]  # type: ignore[attr-defined]
+    if not any(_saves(m) for m in mods):  # no rank-guarded torch.save in the project
+        return
     loads = [r for r in info.calls_named("load") if _torch(info, r, "load")
              and info.effective_guard(r) == NONE and _arg(r.node, 0, "f") is not None]
-    if not loads:
-        return
-    saves = [r for r in info.calls_named("save") if _torch(info, r, "save") and r.guard
-             and _arg(r.node, 1, "f") is not None]
+    saves = _saves(info) if info.distributed else []
     for load in loads:
         path = _arg(load.node, 0, "f")
         assert path is not None
-        key = path_key(info, path)
-        hit = _same_function(info, load, key, saves) if info.distributed else None
-        where = hit or _through_caller(info, load, path)
-        if where:
+        where = _same_function(info, load, path, saves) or _through_caller(info, load, path)
+        chain = enclosing(load.func, info.tree, load.node) if where else None
+        if where and chain is not None and not dead(chain, load.node):
             yield load.node, "DDP031", (
                 f"every rank loads `{ast.unparse(path)}` here, which rank 0 writes at {where} "
                 "with nothing in between that makes the ranks wait: the others read a file "
                 "not yet written (or half written) and die, while rank 0 waits for them in the "
                 "next collective")
+
+
+def _saves(m: ModuleInfo) -> list[CallRec]:
+    """The module's `torch.save(obj, path)` calls under a rank test."""
+    hit = m._memo.get(("ddp031_saves", 0))
+    if hit is None:
+        hit = m._memo[("ddp031_saves", 0)] = [
+            r for r in m.calls_named("save") if r.guard and _torch(m, r, "save")
+            and _arg(r.node, 1, "f") is not None]
+    return hit  # type: ignore[return-value]
 
 
 def _torch(info: ModuleInfo, rec: CallRec, name: str) -> bool:
@@ -68,13 +79,16 @@ def _arg(call: ast.Call, pos: int, name: str) -> ast.expr | None:
     return v
 
 
-def _same_function(info: ModuleInfo, load: CallRec, key: tuple[str, ...],
+def _same_function(info: ModuleInfo, load: CallRec, path: ast.expr,
                    saves: list[CallRec]) -> str:
+    key: tuple[str, ...] | None = None
     for save in saves:
         end = save.node.end_lineno or save.node.lineno
         if save.func is not load.func or end >= load.node.lineno or exclusive(save, load):
             continue
         p = _arg(save.node, 1, "f")
+        if key is None:
+            key = path_key(info, path)
         if p is None or path_key(info, p) != key:
             continue
         if not _waits(info, save.func, end, load.node.lineno):
@@ -101,29 +115,24 @@ def _through_caller(info: ModuleInfo, load: CallRec, path: ast.expr) -> str:
     """The load is the first thing of its function that waits, and a caller runs, on every
     rank and with nothing in between, a function that ends with rank 0's save of that path."""
     fb = load.func
-    if fb is None or _waits(info, fb, 0, load.node.lineno):
+    if fb is None:
         return ""
     fs = info.file_set
     for mg in (getattr(fs, "infos", None) or [info]):
         for site in mg.calls_named(fb.name):
-            if site.guard or resolve(mg, site) != (info, fb):
-                continue
-            prev = _previous_call(mg, site)
-            if prev is None:
-                continue
-            got = resolve(mg, prev)
-            if got is None:
+            prev = None if site.guard else _previous_call(mg, site)
+            got = resolve(mg, prev) if prev is not None else None
+            if got is None or resolve(mg, site) != (info, fb):
                 continue
             ma, fa = got
-            for save in ma.calls_named("save"):
+            for save in _saves(ma):
                 p = _arg(save.node, 1, "f")
-                if save.func is not fa or not save.guard or p is None \
-                        or not _torch(ma, save, "save") or not (ma.distributed or mg.distributed):
+                if save.func is not fa or p is None or not (ma.distributed or mg.distributed):
                     continue
                 end = save.node.end_lineno or save.node.lineno
-                if _waits(ma, fa, end, 10**9):
+                if _waits(ma, fa, end, 10**9) or _waits(info, fb, 0, load.node.lineno):
                     continue
-                a = _bound(ma, fa, prev.node, p)
+                a = _bound(ma, fa, prev.node, p)  # type: ignore[union-attr]
                 b = _bound(info, fb, site.node, path)
                 if a is not None and a == b:
                     name = ma.path.replace("\\", "/").rsplit("/", 1)[-1]
