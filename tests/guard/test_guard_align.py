@@ -796,3 +796,17 @@ def test_a_rank_test_spelled_with_elif_guards_its_way_out():
     assert way_out({"t.py": loop}, "t.py:1") == "t.py:6 `break`"
     loop[4] = "    elif patience == 0:"  # the twin: no rank test, two alike ways out
     assert way_out({"t.py": loop}, "t.py:1") is None
+
+
+def test_a_peer_waiting_past_the_last_collective_of_a_leaving_rank_is_waiting_for_it():
+    from ddpguard.guard.leaving import waiting_for
+
+    peers = {0: {"state": "exited", "pending": []},
+             1: {"state": "running", "pending": [entry(81)]}}
+    assert [r for r, _ in waiting_for(0, {"0": [80, 80]}, peers)] == [1]
+    # Twins: the peer waits in a collective this rank issued (it will complete); in a group
+    # this rank is not in; a peer that left too.
+    assert waiting_for(0, {"0": [81, 80]}, peers) == []
+    assert waiting_for(0, {"1": [3, 3]}, peers) == []
+    peers[1]["state"] = "exited"
+    assert waiting_for(0, {"0": [80, 80]}, peers) == []

@@ -179,6 +179,18 @@ def test_one_srun_task_per_rank(tmp_path: Path) -> None:
     assert "another task's `ddpguard run` prints it" in other.stderr, other.stderr[-2000:]
 
 
+def test_a_task_whose_rank_exits_early_with_code_0_ends_17_and_names_its_exit(
+        tmp_path: Path) -> None:
+    # Rank 0 calls sys.exit(0) while rank 1 goes on to a barrier: rank 0's own launcher saw
+    # exit 0 (the job looked fine there). Leaving, rank 0's guard sees rank 1 waiting in a
+    # collective it never issued: it left early, and it names its sys.exit.
+    res = _srun_by_hand(tmp_path, False, "--leave")
+    assert [r.returncode for r in res] == [17, 17], [r.stderr[-2000:] for r in res]
+    block = next(r for r in res if "likely cause:" in r.stderr).stderr
+    assert "a rank left its loop or the program early" in block, block[-3000:]
+    assert _marked("# the LEAVE") in block.split("likely cause:", 1)[1], block[-3000:]
+
+
 def test_a_group_destroyed_while_a_peers_failure_propagates_still_gets_the_report(
         tmp_path: Path) -> None:
     # corpus33d's blind miss: one launcher per task, gloo aborts rank 1 (SIGABRT: nothing of

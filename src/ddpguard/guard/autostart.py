@@ -21,6 +21,7 @@ torch's per-rank entry point.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import sys
@@ -82,6 +83,10 @@ def hook_process_group(c10d: ModuleType | None = None) -> None:
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
         if not args and kwargs.get("group") is None:
             from ddpguard import guard
+
+            from .leaving import note_leave_site
+
+            note_leave_site(sys._getframe(1))
 
             failing = _report_failure_in_flight()
             if failing is None:
@@ -170,6 +175,27 @@ def _install_exits() -> None:
 
     atexit.register(guard.stop, "exited")
     install_excepthook()
+    _note_sys_exit()
+
+
+def _note_sys_exit() -> None:
+    """sys.exit raises SystemExit, which leaves no traceback for atexit to read: note the
+    caller's line first, so a rank that exits early is named at its `sys.exit`."""
+    orig = sys.exit
+    if getattr(orig, _MARK, False):
+        return
+
+    @functools.wraps(orig)
+    def exit(*args: Any) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            from .leaving import note_leave_site
+
+            with contextlib.suppress(Exception):
+                note_leave_site(sys._getframe(1))
+        return orig(*args)
+
+    setattr(exit, _MARK, True)
+    sys.exit = exit
 
 
 def _hook_spawn(module: ModuleType) -> None:

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        _note_exit(exc)
         if exc.code not in (None, 0) and not isinstance(exc.code, int):
             channel.write(str(exc.code))
     except BaseException as exc:
@@ -79,5 +80,17 @@ def _mark_attempt() -> None:
         attempts.mark_start(folder, launch, attempts.attempt_now())
 
 
+def _note_exit(exc: SystemExit) -> None:
+    """The line of the script's `sys.exit`: the innermost frame of its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        from .leaving import note_leave_site
+
+        note_leave_site(tb.tb_frame)
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

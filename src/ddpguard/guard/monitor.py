@@ -26,6 +26,7 @@ from .heartbeat import Heartbeat, PeerView
 from .hooks import install_hooks, uninstall_hooks
 from .issued import IssueSites
 from .lanes import Lanes
+from .leaving import on_leave
 from .ledger import (
     Entry,
     Ledger,
@@ -98,6 +99,7 @@ class Guard:
         self._frames: list[Frame] = []
         self._doing = ("running", "starting")
         self._where = "?"
+        self.leave_site: str | None = None  # the line that left (sys.exit, destroy), if known
         self._waiting: str | None = None
         self._setup: str | None = None
         self._waiting_since: float | None = None
@@ -142,7 +144,12 @@ class Guard:
                 self._publish()
             except Exception as exc:
                 log.debug("exit heartbeat not written: %s", exc)
-            self._final_desync_check()
+            found = on_leave(self)
+            if found:
+                self._stop.set()
+                if self._thread is not None:
+                    self._thread.join(timeout=5)
+                self.failure.fail(found, self.read_peers())
         if self.state == "running":
             self.state, self.error = state, error
         self._stop.set()
@@ -156,22 +163,6 @@ class Guard:
             self._publish()
         except Exception as exc:  # the store host may already be gone at exit
             log.debug("final heartbeat not written: %s", exc)
-
-    def _final_desync_check(self) -> None:
-        """A short job can end before the periodic comparison ran: compare once more at the
-        end, so a desync that did not hang is still reported."""
-        try:
-            found = self.exchange.at_exit()
-        except Exception as exc:
-            log.debug("final desync check failed: %s", exc)
-            return
-        if found:
-            from .rules import Decision
-
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self.failure.fail(Decision("desync", found), self.read_peers())
 
     # -- store access (guard thread, and the failure path) -------------------------------------
 
@@ -212,7 +203,9 @@ class Guard:
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
             pending=self._pending if self._blocked_since is not None else [],
             quiet=self.quiet_for(now), life=self.life.last_kind,
-            doing=self._doing[1], kind=self._doing[0], where=self._where,
+            doing=self._doing[1], kind=self._doing[0],
+            # Leaving, the guard thread's ticks see no stack: the line that left says where.
+            where=self.leave_site if self.state == "exited" and self.leave_site else self._where,
             fault=self.fault_log.path, main=self._main_ident))
         return snap
 

@@ -12,12 +12,15 @@ marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: ran
 --early-stop (spawn): rank 0 alone leaves the epoch loop on its own patience (the line marked
 'the EARLY STOP'), destroys the group and returns while rank 1 waits in the epoch's barrier;
 with --agreed the stop is broadcast from rank 0 first, so both ranks leave together.
+--leave (slurm): rank 0 alone calls sys.exit(0) after its all-reduces (the line marked
+'the LEAVE'), while rank 1 goes on to the barrier.
 --finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
 with --fail rank 1 raises its own error there (the line marked 'the FAIL').
 """
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -25,10 +28,12 @@ import torch.multiprocessing as mp
 
 
 def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
-         destroy: bool = True, fail: bool = False) -> None:
+         destroy: bool = True, fail: bool = False, leave: bool = False) -> None:
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
+    if leave and rank == 0:
+        sys.exit(0)  # the LEAVE: rank 0 alone, its launcher would see exit 0
     if bug and rank == 0:
         dist.all_reduce(t)  # the BUG: rank 0 only
     if abort and rank == aborted:
@@ -66,7 +71,7 @@ def guarded_body(rank: int, a: argparse.Namespace) -> None:
     """--finally-destroy: the loop in try/except/finally as real programs write it, the
     group destroyed while the error propagates."""
     if not a.finally_destroy:
-        body(rank, a.bug, a.abort, a.aborted)
+        body(rank, a.bug, a.abort, a.aborted, leave=a.leave)
         return
     try:
         body(rank, a.bug, a.abort, a.aborted, destroy=False, fail=a.fail)
@@ -98,6 +103,7 @@ def main() -> None:
     p.add_argument("--finally-destroy", action="store_true")
     p.add_argument("--fail", action="store_true", help="rank 1 raises (--finally-destroy)")
     p.add_argument("--early-stop", action="store_true")
+    p.add_argument("--leave", action="store_true", help="rank 0 exits early (slurm)")
     p.add_argument("--agreed", action="store_true", help="the stop is broadcast (--early-stop)")
     a = p.parse_args()
     if a.launch == "spawn":

@@ -1,0 +1,93 @@
+"""What a rank checks as it leaves (destroys its group or exits): a desync that did not hang,
+and a peer that already waits in a collective this rank never issued. The second is proof
+that this rank left early, and this rank is the one that knows it first: under srun its own
+launcher would otherwise see it exit 0 while the job hangs or dies behind it."""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .heartbeat import Heartbeat
+from .ledger import describe_entry
+from .rules import Decision
+from .stacks import fmt_frame, is_library_file
+
+__all__ = ["waiting_for", "on_leave", "note_leave_site", "site_of_frame"]
+
+log = logging.getLogger("ddpguard.guard")
+
+
+def site_of_frame(frame: Any) -> str | None:
+    """'train.py:88 in main  `sys.exit(0)`' for the innermost frame of user code at or
+    above `frame` (a Python frame object); None when there is none."""
+    while frame is not None and is_library_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    return fmt_frame({"file": path, "line": frame.f_lineno, "func": frame.f_code.co_name,
+                      "code": linecache.getline(path, frame.f_lineno).strip()})
+
+
+def note_leave_site(frame: Any) -> None:
+    """Remember where this rank is leaving (the caller of sys.exit or of
+    destroy_process_group): its exit heartbeat then names that line, not '?' (the stacks
+    are gone by the time atexit runs)."""
+    from ddpguard import guard
+
+    g = guard.active()
+    if g is not None and g.leave_site is None:
+        g.leave_site = site_of_frame(frame)
+
+
+def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbeat]
+                ) -> list[tuple[int, str]]:
+    """(rank, 'all_reduce #104 (group 0) ...') for each peer still running that waits in a
+    collective numbered past the last one this rank issued in that group (one of its groups):
+    a collective this rank, leaving, will never join. Pure."""
+    out = []
+    for r, hb in sorted(peers.items()):
+        if r == me or hb.get("state") != "running":
+            continue
+        for e in hb.get("pending") or []:
+            g, seq = str(e[0]), int(e[1])
+            if g in status and seq > int(status[g][0]):
+                out.append((r, describe_entry(e)))
+                break
+    return out
+
+
+def on_leave(g: Any, wait: float = 1.5) -> Decision | None:
+    """The checks at a clean leave, in order; the decision to stop the job, or None. Waits
+    at most `wait` seconds for a peer's heartbeat to show it waiting, and only while a peer
+    still runs (a job whose ranks all left pays nothing)."""
+    try:
+        found = g.exchange.at_exit()
+    except Exception as exc:
+        log.debug("final desync check failed: %s", exc)
+        found = None
+    if found:
+        return Decision("desync", found)
+    try:
+        status = g.ledger.status() if g.ledger.available else {}
+        deadline = time.monotonic() + wait
+        while status:
+            peers = g.read_peers()
+            waiting = waiting_for(g.rank, status, peers)
+            if waiting:
+                r, what = waiting[0]
+                return Decision("peer_gone", (
+                    f"rank {g.rank} left (it destroyed its process group or exited) after its "
+                    f"collective #{max(int(v[0]) for v in status.values())}, while rank {r} "
+                    f"waits in {what}, a collective rank {g.rank} never issued"), (g.rank,))
+            if time.monotonic() > deadline or not any(
+                    hb.get("state") == "running" for r, hb in peers.items() if r != g.rank):
+                return None
+            time.sleep(0.25)
+    except Exception as exc:  # the store may be gone with the peer that hosted it
+        log.debug("leave check failed: %s", exc)
+    return None
