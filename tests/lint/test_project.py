@@ -247,3 +247,45 @@ def test_a_star_import_of_a_project_module_brings_its_names(tmp_path: Path) -> N
     # a star import of a module that is not one of the files names nothing
     files["train.py"] = STAR_TRAIN.replace("utils.dist_utils", "other.dist_utils")
     assert [c for _, c, _ in _project(tmp_path, files) if c == "DDP019"] == []
+
+
+METER = """\
+import torch
+import torch.distributed as dist
+
+
+class MeterDDP:
+    def update(self, value):
+        t = torch.tensor([value])
+        dist.barrier()
+        dist.all_reduce(t)
+"""
+
+METER_LOOP = """\
+import torch.distributed as dist
+from utils.meters import MeterDDP
+
+
+def train(model, loader, optimizer):
+    meter = MeterDDP()
+    for batch in loader:
+        out = model(batch)
+        out.sum().backward()
+        optimizer.step()
+        try:
+            if not out.isfinite().all():
+                raise ValueError("not finite")
+            meter.update(out.mean().item())
+        except ValueError:
+            print("skipped")
+"""
+
+
+def test_a_swallowed_error_skips_a_method_of_another_files_class(tmp_path: Path) -> None:
+    # `meter.update` all-reduces in utils/meters.py: the rank whose output was not finite
+    # skips it (DDP004 at the handler)
+    files = {"utils/__init__.py": "", "utils/meters.py": METER, "train.py": METER_LOOP}
+    assert _project(tmp_path, files) == [("train.py", "DDP004", 15)]
+    files["utils/meters.py"] = METER.replace("        dist.barrier()\n        dist.all_reduce(t)\n",
+                                             "        print(t)\n")
+    assert _project(tmp_path, files) == []

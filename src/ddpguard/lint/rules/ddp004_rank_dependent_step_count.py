@@ -46,6 +46,7 @@ import os
 from collections.abc import Iterator
 
 from ..analysis.callgraph import is_collective
+from ..analysis.collective_reach import reaches_collective
 from ..analysis.context import (
     CallRec,
     Func,
@@ -241,8 +242,12 @@ def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.exc
     collectives = {id(r.node) for r in info.calls if loop in r.loops and is_collective(r)}
 
     def syncs(n: ast.AST) -> bool:
-        return isinstance(n, ast.Call) and (
-            info.callee_last(n) in ("backward", "step") or id(n) in collectives)
+        if not isinstance(n, ast.Call):
+            return False
+        if info.callee_last(n) in ("backward", "step") or id(n) in collectives:
+            return True
+        rec = info.call_rec(n)  # a project helper that all-reduces, at any depth
+        return rec is not None and reaches_collective(info, rec)
 
     guarded_sync = any(syncs(n) for st in node.body for n in ast.walk(st))
     for h in node.handlers:
