@@ -355,6 +355,26 @@ def test_blocked_call_names_library_waits_from_the_users_line():
     assert blocked_call(sleep) is None
 
 
+def test_a_lock_that_polls_with_sleeps_is_a_wait_for_the_lock():
+    # py-filelock tries a non-blocking flock, then sleeps: the rank waits for the lock.
+    lib = "/x/site-packages/filelock/_api.py"
+    frames = [{"file": SCRIPT, "line": 7, "func": "evaluate",
+               "code": "with FileLock(path):"},
+              {"file": lib, "line": 330, "func": "__enter__", "code": "self.acquire()"},
+              {"file": lib, "line": 290, "func": "acquire", "code": "time.sleep(poll_interval)"}]
+    assert blocked_call(frames) == "FileLock(path).__enter__ -> acquire (polling a lock)"
+    # Under mp.spawn torch's own wrapper is above the user's line: no wait of torch's.
+    spawned = [{"file": f"{TORCH}multiprocessing/spawn.py", "line": 87, "func": "_wrap",
+                "code": "fn(i, *args)"}, *frames]
+    assert blocked_call(spawned) == "FileLock(path).__enter__ -> acquire (polling a lock)"
+    in_torch = {"file": f"{TORCH}distributed/distributed_c10d.py", "line": 1, "func": "barrier",
+                "code": "work.wait()"}
+    assert blocked_call([*spawned[:2], in_torch]) is None
+    # Twin: a library that sleeps between retries of something else is not a lock.
+    frames[-1] = {**frames[-1], "func": "retry"}
+    assert blocked_call(frames) is None
+
+
 def test_inside_loop_by_indentation():
     assert inside_loop(SOURCE, 3, 9)
     assert not inside_loop(SOURCE, 3, 11)

@@ -238,19 +238,32 @@ def blocked_call(frames: list[Frame]) -> str | None:
     would have a frame of its own), else the user's call into the library and the library's
     innermost call ('q.get -> waiter.acquire'). None inside torch, in time.sleep, and on a line
     that calls nothing (a loop spinning in its own bytecode is not blocked in a call)."""
-    if not frames or any(_in(f, "torch/") for f in frames):
+    if not frames:
+        return None
+    uf = user_frame(frames)
+    # Only the calls below the user's line count: torch's mp.spawn wrapper above it is no wait.
+    below = frames[frames.index(uf):] if uf is not None and uf in frames else frames
+    if any(_in(f, "torch/") for f in below):
         return None
     inner = frames[-1]
     if inner["func"] == "sleep" or not inner.get("code"):
         return None
     own = _call_in(inner["code"])
-    if own is None or own.endswith("sleep"):
+    if own is None:
+        return None
+    theirs = _call_in(uf["code"]) if uf is not None and uf.get("code") else None
+    if own.endswith("sleep"):
+        # A sleep is no wait on anything, except inside a library's lock that polls (py-filelock
+        # and its kin try a non-blocking flock, then sleep): that rank waits for the lock.
+        if is_library_file(inner["file"]) and _POLLED_LOCK.search(inner["func"]):
+            return f"{theirs or 'a call'} -> {inner['func']} (polling a lock)"
         return None
     if not is_library_file(inner["file"]):
         return own
-    uf = user_frame(frames)
-    theirs = _call_in(uf["code"]) if uf is not None and uf.get("code") else None
     return f"{theirs} -> {own}" if theirs else own
+
+
+_POLLED_LOCK = re.compile(r"acquire|lock", re.IGNORECASE)
 
 
 # Waits for a child process: the child's own state is the cause, not a lock between ranks.
