@@ -830,3 +830,30 @@ def test_a_peer_waiting_past_the_last_collective_of_a_leaving_rank_is_waiting_fo
     assert waiting_for(0, {"1": [3, 3]}, peers) == []
     peers[1]["state"] = "exited"
     assert waiting_for(0, {"0": [80, 80]}, peers) == []
+
+
+def test_a_metric_synced_by_lightning_names_the_self_log_only_one_rank_called():
+    from ddpguard.guard.metric_sync import synced_log_on_some_ranks
+
+    module = "/u/model.py"
+    src = ["    def on_validation_epoch_end(self):",      # 1
+           "        if self.trainer.is_global_zero:",    # 2
+           "            self.log('acc', acc, sync_dist=True)",  # 3
+           "        self.log('loss', loss, sync_dist=True)"]    # 4
+    sync = [(f"{TORCH}x.py", 1, "fit"),
+            ("/x/site-packages/lightning/pytorch/trainer/connectors/logger_connector/result.py",
+             248, "compute"), (f"{TORCH}distributed/distributed_c10d.py", 1, "all_reduce")]
+    recs = [rec(0, sync, pending=[entry(16)]), rec(1, coll(11, "barrier"),
+                                                    pending=[entry(16, "barrier", ())])]
+    recs[0]["hb"]["synced_logs"] = {f"{module}:3": 1, f"{module}:4": 1}
+    recs[1]["hb"]["synced_logs"] = {f"{module}:4": 1}
+    found = synced_log_on_some_ranks(recs, {module: src})
+    assert found is not None and found.cause == "conditional_collective", found
+    assert found.line == (module, 3) and found.culprits == (0,)
+    # Twins: every rank logged both lines (no line is one rank's); the waiting rank is not in
+    # Lightning's sync (its own collective has its line on the stack).
+    recs[1]["hb"]["synced_logs"] = {f"{module}:3": 1, f"{module}:4": 1}
+    assert synced_log_on_some_ranks(recs, {module: src}) is None
+    recs[1]["hb"]["synced_logs"] = {f"{module}:4": 1}
+    recs[0]["stacks"]["main"] = recs[0]["stacks"]["main"][:1] + recs[0]["stacks"]["main"][2:]
+    assert synced_log_on_some_ranks(recs, {module: src}) is None

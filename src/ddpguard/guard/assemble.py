@@ -64,6 +64,11 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
             path = str(site).rpartition(":")[0]
             if path and path not in sources:
                 sources[path] = linecache.getlines(path)
+        # Lightning's synced self.log lines (metric_sync.py: under a rank test?).
+        for line in ((rec["hb"] or {}).get("synced_logs") or {}):
+            path = str(line).rpartition(":")[0]
+            if path:
+                sources.setdefault(path, linecache.getlines(path))
         for where in rec["issued"].values():
             path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
             sources.setdefault(path, linecache.getlines(path))

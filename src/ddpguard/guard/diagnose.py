@@ -14,6 +14,7 @@ from .align import explain
 from .findings import Finding
 from .ledger import describe_entry, first_pending
 from .loops import RANK_TEST, framework_skip
+from .metric_sync import synced_log_on_some_ranks
 from .parting import extra_before_death, second_thread
 from .passes import left_outer_loop, left_then_died
 from .records import Diagnosis, Position, RankRecord
@@ -298,6 +299,9 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     # Heartbeats that carry the loop counters can be aligned; older reports fall back to the
     # evidence of the stacks alone.
     aligned = any("backwards" in (r.get("hb") or {}) for r in records)
+    found = synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log line
+    if found and cause not in ("crashed_rank", "collective_timeout", "loader_worker_killed"):
+        return found.cause, found
     if cause in ("no_life", "hard_limit"):
         found = _blocked_outside(records, pos, culprits)
         if found:

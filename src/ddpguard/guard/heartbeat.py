@@ -35,6 +35,7 @@ class Heartbeat(TypedDict, total=False):
     train_forwards: int         # forwards in training mode with gradients on
     backwards: int              # calls of torch.autograd.backward
     forward_lines: dict[str, int]  # user file:line -> forwards through the wrapper there
+    synced_logs: dict[str, int]  # user file:line -> Lightning self.log(sync_dist=True) calls
     epoch_batches: int
     epoch_len: int | None
     loaders: dict[str, LoaderInfo]

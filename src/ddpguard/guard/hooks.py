@@ -164,6 +164,33 @@ def install_hooks(progress: Progress) -> None:
         _saved["iter"] = orig_iter
         _saved["next"] = orig_next
         _saved["step"] = optim_mod.register_optimizer_step_post_hook(on_step)
+        _patch_lightning_log()
+
+
+# Where Lightning's LightningModule lives (the unified package and the older one).
+_LIGHTNING = ("lightning.pytorch.core.module", "pytorch_lightning.core.module")
+
+
+def _patch_lightning_log() -> None:
+    """Note the user's line of each self.log(..., sync_dist=True): Lightning all-reduces the
+    metric at the end of the step or epoch from its own code, where no user line is on the
+    stack (a sync logged under `if self.trainer.is_global_zero:` hangs there)."""
+    for name in _LIGHTNING:
+        cls = getattr(sys.modules.get(name), "LightningModule", None)
+        if cls is None or f"log:{name}" in _saved:
+            continue
+        orig = cls.log
+
+        @functools.wraps(orig)
+        def guarded_log(self: Any, *args: Any, __orig: Any = orig, **kwargs: Any) -> Any:
+            prog = _current
+            if prog is not None and kwargs.get("sync_dist"):
+                with contextlib.suppress(Exception):
+                    prog.synced_log(caller_site(2))
+            return __orig(self, *args, **kwargs)
+
+        cls.log = guarded_log
+        _saved[f"log:{name}"] = (cls, orig)
 
 
 def uninstall_hooks(progress: Progress | None = None) -> None:
@@ -186,3 +213,6 @@ def uninstall_hooks(progress: Progress | None = None) -> None:
         dl.DataLoader.__iter__ = _saved.pop("iter")  # type: ignore[method-assign]
         dl._BaseDataLoaderIter.__next__ = _saved.pop("next")  # type: ignore[method-assign]
         _saved.pop("step").remove()
+        for key in [k for k in _saved if k.startswith("log:")]:
+            cls, orig = _saved.pop(key)
+            cls.log = orig

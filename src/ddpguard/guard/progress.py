@@ -87,6 +87,9 @@ class Progress:
         # Forwards through the wrapper per user line: a forward some ranks run and others do
         # not (a look at the predictions on rank 0) is named by its line.
         self.forward_lines: dict[str, int] = {}
+        # Lightning's self.log(..., sync_dist=True) per user line: Lightning all-reduces the
+        # metric later, from its own code, on every rank that logged it.
+        self.synced_logs: dict[str, int] = {}
         self.backwards = 0
         self.timeline = Timeline()
         self.epoch = 0
@@ -171,6 +174,10 @@ class Progress:
             self.forward_lines[line] = self.forward_lines.get(line, 0) + 1
         self.timeline.mark(self, FORWARD)
 
+    def synced_log(self, line: str) -> None:
+        if line in self.synced_logs or len(self.synced_logs) < FORWARD_LINES_KEPT:
+            self.synced_logs[line] = self.synced_logs.get(line, 0) + 1
+
     def forward_done(self) -> None:
         self.timeline.mark(self, LOOP)
 
@@ -196,6 +203,7 @@ class Progress:
             "forwards": self.forwards,
             "train_forwards": self.train_forwards,
             "forward_lines": dict(self.forward_lines),
+            "synced_logs": dict(self.synced_logs),
             "backwards": self.backwards,
             "epoch_batches": ep.batches if ep else 0,
             "epoch_len": ep.length if ep else None,

@@ -1,5 +1,8 @@
 """A two-rank PyTorch Lightning job run with plain `python` (Lightning's own launcher re-runs
-this script for rank 1). With --bug, rank 0 alone all-reduces at its third batch."""
+this script for rank 1). With --bug, rank 0 alone all-reduces at its third batch; with
+--sync-log, rank 0 alone logs a metric with sync_dist=True at the end of each epoch (the line
+marked 'the SYNC LOG'), which Lightning all-reduces from its own code; with --sync-log --all,
+every rank logs it (healthy)."""
 
 import sys
 
@@ -19,6 +22,15 @@ class Tiny(L.LightningModule):
             dist.barrier()  # the BUG: rank 0 only
         return self.layer(batch[0]).pow(2).mean()
 
+    def on_train_epoch_end(self):
+        if "--sync-log" not in sys.argv:
+            return
+        value = self.layer.weight.detach().abs().mean()
+        if "--all" in sys.argv:
+            self.log("w", value, sync_dist=True)
+        elif self.trainer.is_global_zero:
+            self.log("w", value, sync_dist=True)  # the SYNC LOG: rank 0 only
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -26,7 +38,7 @@ class Tiny(L.LightningModule):
 def main() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(32, 4))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1,
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
                         limit_train_batches=6, enable_progress_bar=False, logger=False,
                         enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(Tiny("--bug" in sys.argv), loader)
