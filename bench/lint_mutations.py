@@ -297,6 +297,8 @@ M = [
  ("DDP004 a swallowed error skips a helper's collective", "rules/ddp004_rank_dependent_step_count.py", "        return rec is not None and reaches_collective(info, rec)", "        return False"),
  ("collective reach: deeper than one call", "analysis/collective_reach.py", "            hit = m._memo[key] = any(reaches_collective(m, r)", "            hit = m._memo[key] = any(is_collective(r)"),
  ("collective reach: another file's class", "analysis/collective_reach.py", "            if cls in m.classes:", "            if False:"),
+ ("DDP004 a loop that steps through another file's function", "rules/ddp004_rank_dependent_step_count.py", "        reaches_collective(info, r, _SYNCS) for r in info.calls if loop in r.loops)", "        False for r in info.calls if loop in r.loops)"),
+ ("collective reach: the names that count as well", "analysis/collective_reach.py", "    if is_collective(rec) or rec.last in also:", "    if is_collective(rec):"),
  ("DDP030 exist_ok=True is no race", "rules/ddp030_makedirs_race.py", "    return v is not None and not (isinstance(v, ast.Constant) and not v.value)", "    return False"),
  ("DDP030 only under a test that the folder is missing", "rules/ddp030_makedirs_race.py", "dead(chain, call) or not _tested_missing(chain, path) \\", "dead(chain, call) or False \\"),
  ("DDP030 a try that catches FileExistsError", "rules/ddp030_makedirs_race.py", "            return True\n    return False\n\n\ndef _made_by_rank0", "            return False\n    return False\n\n\ndef _made_by_rank0"),

@@ -289,3 +289,34 @@ def test_a_swallowed_error_skips_a_method_of_another_files_class(tmp_path: Path)
     files["utils/meters.py"] = METER.replace("        dist.barrier()\n        dist.all_reduce(t)\n",
                                              "        print(t)\n")
     assert _project(tmp_path, files) == []
+
+
+ENGINE = """\
+def train_step(model, batch, optimizer):
+    loss = model(batch).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+STEP_LOOP = """\
+import torch.distributed as dist
+from engine import train_step
+
+
+def train(model, loader, optimizer):
+    dist.init_process_group("nccl")
+    for batch in loader:
+        if batch is None:
+            continue
+        train_step(model, batch, optimizer)
+"""
+
+
+def test_a_loop_whose_step_is_another_files_function_steps_together(tmp_path: Path) -> None:
+    # the loop's only sync is the backward inside engine.train_step: a rank that skips a
+    # batch does one step fewer (DDP004)
+    files = {"engine.py": ENGINE, "train.py": STEP_LOOP}
+    assert _project(tmp_path, files) == [("train.py", "DDP004", 8)]
+    files["engine.py"] = ENGINE.replace("    loss.backward()\n    optimizer.step()\n",
+                                        "    print(loss)\n")
+    assert _project(tmp_path, files) == []

@@ -279,7 +279,12 @@ def _steps_together(info: ModuleInfo, loop: Loop) -> bool:
                     seen.add(id(fn))
                     nxt.extend(r for r in info.calls if r.func is fn)
         todo = nxt
-    return False
+    # or through the project's code in other files, at any depth (a `trainer.step(batch)`)
+    return info.file_set is not None and getattr(info.file_set, "multi", False) and any(
+        reaches_collective(info, r, _SYNCS) for r in info.calls if loop in r.loops)
+
+
+_SYNCS = frozenset(("backward", "step"))
 
 
 def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
