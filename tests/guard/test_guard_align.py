@@ -857,3 +857,55 @@ def test_a_metric_synced_by_lightning_names_the_self_log_only_one_rank_called():
     recs[1]["hb"]["synced_logs"] = {f"{module}:4": 1}
     recs[0]["stacks"]["main"] = recs[0]["stacks"]["main"][:1] + recs[0]["stacks"]["main"][2:]
     assert synced_log_on_some_ranks(recs, {module: src}) is None
+
+
+def test_a_forward_every_rank_runs_after_a_peer_exited_is_a_rank_that_left():
+    from ddpguard.guard.findings import Finding
+    from ddpguard.guard.passes import left_before_a_shared_forward
+
+    main = "/u/main.py"
+    src = ["def test(model):",                     # 1
+           "    for x in loader:",                 # 2
+           "        model(x)",                     # 3
+           "train()",                              # 4
+           "if rank == 1: sys.exit(0)",            # 5 the fault
+           "test(model)"]                          # 6
+    fwd = [(main, 6, "<module>"), (main, 3, "test"), *FWD[1:]]
+    recs = [rec(0, fwd, pending=[entry(90, "broadcast", ((16,),))]),
+            rec(1, None, state="exited")]
+    recs[1]["hb"]["where"] = f"{main}:5 in <module>  `if rank == 1: sys.exit(0)`"
+    found = Finding("forward_on_some_ranks", "r", (0,))
+    got = left_before_a_shared_forward(found, recs, {main: src})
+    assert got.cause == "left_early" and got.culprits == (1,) and got.line == (main, 5), got
+    # Twin: the forward is reached under a rank test (rank 0 evaluates alone): it stays.
+    src[5] = "if rank == 0: test(model)"
+    assert left_before_a_shared_forward(found, recs, {main: src}) is found
+
+
+def test_a_helper_collective_called_under_a_rank_test_names_the_call():
+    from ddpguard.guard.conditional import or_conditional
+    from ddpguard.guard.diagnose import rank_position
+    from ddpguard.guard.findings import Finding
+
+    helper, loop = "/u/metrics.py", "/u/train.py"
+    sources = {helper: ["def global_mean(x):", "    dist.all_reduce(x)", "    return x"],
+               loop: ["for b in loader:", "    step(b)", "    if rank == 0:",
+                      "        print(global_mean(m))", "    metrics = global_mean(m)"]}
+    stack = [(loop, 4, "<module>"), (helper, 2, "global_mean"),
+             (f"{TORCH}distributed/distributed_c10d.py", 1, "all_reduce")]
+    recs = [rec(0, stack, pending=[entry(83, sizes=((),))]),
+            rec(1, [(loop, 2, "<module>"), *FWD[1:]], pending=[entry(83, "broadcast")])]
+    for r in recs:
+        for f in r["stacks"]["main"]:
+            f["code"] = (sources.get(f["file"]) or [""] * 9)[f["line"] - 1].strip()
+    pos = {r["rank"]: rank_position(r) for r in recs}
+    found = Finding("extra_collective", "rank 0 issued all_reduce #83 at metrics.py:2", (0,),
+                    (helper, 2))
+    cause, named = or_conditional(found, recs, pos, sources)
+    assert cause == "conditional_collective", cause
+    assert f"the call under the rank test is {loop}:4 `print(global_mean(m))`" in named.text
+    # Twin: the same helper called by every rank (line 5): no rank test, nothing added.
+    recs[0]["stacks"]["main"][0].update(line=5, code="metrics = global_mean(m)")
+    pos = {r["rank"]: rank_position(r) for r in recs}
+    cause, named = or_conditional(found, recs, pos, sources)
+    assert cause == "extra_collective" and named is found

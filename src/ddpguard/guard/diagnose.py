@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 
 from .align import explain
+from .conditional import conditional, guarded_call, loop_conditional, or_conditional
 from .findings import Finding
 from .ledger import describe_entry, first_pending
-from .loops import RANK_TEST, framework_skip
+from .loops import framework_skip
 from .metric_sync import synced_log_on_some_ranks
 from .parting import extra_before_death, second_thread
-from .passes import left_outer_loop, left_then_died
+from .passes import left_before_a_shared_forward, left_outer_loop, left_then_died
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
     Frame,
@@ -199,82 +200,6 @@ def rank_position(rec: RankRecord) -> Position:
             "child_wait": bool(blocked_in) and waits_for_child(main)}
 
 
-def _in_conditional(source: list[str] | None, line: int) -> bool:
-    """Is `line` (1-based) nested under an `if ... rank ...:` in `source`?"""
-    if not source or not 0 < line <= len(source):
-        return False
-    target = source[line - 1]
-    indent = len(target) - len(target.lstrip())
-    for prev in reversed(source[: line - 1]):
-        stripped = prev.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        ind = len(prev) - len(prev.lstrip())
-        if ind < indent:
-            if RANK_TEST.search(stripped):
-                return True
-            indent = ind
-            if ind == 0:
-                break
-    return bool(RANK_TEST.search(target))
-
-
-def _conditional(records: list[RankRecord], pos: dict[int, Position],
-                 sources: dict[str, list[str]]) -> bool:
-    """A waiting rank's collective (or a call leading to it) sits under `if ...rank...:` and
-    not every rank stands at that line."""
-    for r in records:
-        p = pos[r["rank"]]
-        waits = p["pending"] or p["kind"].startswith("collective:")
-        if not waits:
-            continue
-        lines = [p["user_line"]] if p["user_line"] else []
-        lines += [c for c in p.get("callers", ()) if c not in lines]
-        for where in lines:
-            if _in_conditional(sources.get(where[0]), where[1]):
-                others = [o for o in records if where == pos[o["rank"]]["user_line"]
-                          or where in pos[o["rank"]].get("callers", ())]
-                if len(others) < len(records):
-                    return True
-    return False
-
-
-def _or_conditional(found: Finding, records: list[RankRecord],
-                    pos: dict[int, Position], sources: dict[str, list[str]]) -> str:
-    """An extra collective whose line sits under `if ...rank...:` is the more specific
-    conditional collective; so is a mismatch where a waiting rank's collective sits under one
-    and not every rank stands at that line."""
-    if found.cause not in ("extra_collective", "mismatch"):
-        return found.cause
-    line = found.line
-    if (line and _in_conditional(sources.get(line[0]), line[1])) or _conditional(
-            records, pos, sources):
-        return "conditional_collective"
-    return found.cause
-
-
-def _loop_conditional(found: Finding, records: list[RankRecord], pos: dict[int, Position],
-                      sources: dict[str, list[str]]) -> Finding | None:
-    """A forward through the wrapper on one rank meets another rank's collective that its
-    loop issued under a rank test (`if rank == 0: log(reduce(loss))`): the counters cannot
-    tell which side is extra, the rank test can. The forward rank is only the first to
-    reach the next forward every rank runs."""
-    for r in records:
-        rank = r["rank"]
-        p = pos[rank]
-        if rank in found.culprits or not p["pending"] or not p["kind"].startswith("collective:"):
-            continue
-        lines = [p["user_line"]] if p["user_line"] else []
-        for where in lines + [c for c in p.get("callers", ()) if c not in lines]:
-            if _in_conditional(sources.get(where[0]), where[1]):
-                return Finding("conditional_collective", (
-                    f"rank {rank} waits in {p['pending']} issued from {where[0]}:{where[1]}, "
-                    f"under a rank test, while rank {found.culprits[0]} went on to a forward "
-                    "through the wrapper every rank runs: rank "
-                    f"{rank}'s collective is the one the others never issue"), (rank,), where)
-    return None
-
-
 def _blocked_outside(records: list[RankRecord], pos: dict[int, Position],
                      culprits: list[int]) -> Finding | None:
     """A rank others wait for sits in a call outside torch with no life (a lock, a queue, a
@@ -325,6 +250,7 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
             found = explain(records, pos, sources)
             if found and found.cause in ("skipped_backward", "forward_on_some_ranks",
                                          "left_early"):
+                found = left_before_a_shared_forward(found, records, sources)
                 return found.cause, found
         if states <= {"exited"}:
             # From the lines alone (no loader or DDP counters needed): the loop the rank
@@ -335,7 +261,7 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
         if aligned and states & {"dead", "crashed"}:
             found = extra_before_death(records, pos)
             if found:
-                return _or_conditional(found, records, pos, sources), found
+                return or_conditional(found, records, pos, sources)
         if not aligned:
             # A waiting rank in DDP's buffer broadcast with the module in eval mode is
             # evaluating through the wrapper on its own; the peer that left had finished.
@@ -356,9 +282,9 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
         if aligned and cause in ("mismatch", "deadlock"):
             found = explain(records, pos, sources)
             if found is not None and found.cause == "forward_on_some_ranks":
-                found = _loop_conditional(found, records, pos, sources) or found
+                found = loop_conditional(found, records, pos, sources) or found
             if found is not None:
-                return _or_conditional(found, records, pos, sources), found
+                return or_conditional(found, records, pos, sources)
         if not aligned:
             for r in records:
                 p = pos[r["rank"]]
@@ -366,8 +292,9 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
                 if pend.startswith("broadcast") and p["kind"] == "ddp_forward" \
                         and p["buffer_sync"]:
                     return "forward_on_some_ranks", None
-        if _conditional(records, pos, sources):
-            return "conditional_collective", None
+        where = conditional(records, pos, sources)
+        if where:
+            return "conditional_collective", guarded_call(where, records, pos, sources)
     if cause == "no_life" and any(pos[r]["kind"] == "dataloader" for r in culprits if r in pos):
         return "loader_stall", None
     return cause, None

@@ -181,7 +181,11 @@ class Failure:
         exited does not cut the others off before they ended their own workers."""
         g = self.g
         # Only ranks that answered with their stacks will also leave: a frozen one cannot.
-        want = [r for r in self._answered if r != g.rank and r in peers]
+        # A rank that said it exited may still be leaving (leaving.on_leave): it follows this
+        # stop, and must read it before this rank takes the store down.
+        want = [r for r in peers if r != g.rank and (r in self._answered or (
+            peers[r].get("state") == "exited" and peers[r].get("host") == g.host
+            and procs.pid_alive(int(peers[r].get("pid", 0)))))]
         deadline = time.monotonic() + 5.0
         while want and time.monotonic() < deadline:
             got = g.store_get_many([f"left/{r}" for r in want])

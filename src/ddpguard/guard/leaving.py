@@ -9,10 +9,11 @@ import linecache
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from .heartbeat import Heartbeat
 from .ledger import describe_entry
+from .records import Trigger
 from .rules import Decision
 from .stacks import fmt_frame, is_library_file
 
@@ -61,21 +62,22 @@ def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbea
     return out
 
 
-def on_leave(g: Any, wait: float = 1.5) -> Decision | None:
-    """The checks at a clean leave, in order; the decision to stop the job, or None. Waits
-    at most `wait` seconds for a peer's heartbeat to show it waiting, and only while a peer
+def on_leave(g: Any, wait: float | None = None) -> Decision | Trigger | None:
+    """The checks at a clean leave: another rank's stop already under way (this rank follows
+    it: its launcher must not see exit 0 while the job is being stopped), a peer waiting in a
+    collective this rank never issued (the decision to stop), then a desync that did not
+    hang. Waits at most `wait` seconds (default: the peers' grace after a rank left, and 2 s
+    more) for a peer's heartbeat to show it waiting or for its stop, and only while a peer
     still runs (a job whose ranks all left pays nothing)."""
-    try:
-        found = g.exchange.at_exit()
-    except Exception as exc:
-        log.debug("final desync check failed: %s", exc)
-        found = None
-    if found:
-        return Decision("desync", found)
+    if wait is None:
+        wait = float(g.config.grace) + 2.0
     try:
         status = g.ledger.status() if g.ledger.available else {}
         deadline = time.monotonic() + wait
-        while status:
+        while True:
+            trigger = g.store_get_many(["trigger"]).get("trigger")
+            if trigger:
+                return cast(Trigger, trigger)
             peers = g.read_peers()
             waiting = waiting_for(g.rank, status, peers)
             if waiting:
@@ -84,10 +86,16 @@ def on_leave(g: Any, wait: float = 1.5) -> Decision | None:
                     f"rank {g.rank} left (it destroyed its process group or exited) after its "
                     f"collective #{max(int(v[0]) for v in status.values())}, while rank {r} "
                     f"waits in {what}, a collective rank {g.rank} never issued"), (g.rank,))
-            if time.monotonic() > deadline or not any(
+            if not status or time.monotonic() > deadline or not any(
                     hb.get("state") == "running" for r, hb in peers.items() if r != g.rank):
-                return None
-            time.sleep(0.25)
+                break
+            time.sleep(0.2)
     except Exception as exc:  # the store may be gone with the peer that hosted it
         log.debug("leave check failed: %s", exc)
-    return None
+        return None
+    try:
+        found = g.exchange.at_exit()
+    except Exception as exc:
+        log.debug("final desync check failed: %s", exc)
+        return None
+    return Decision("desync", found) if found else None

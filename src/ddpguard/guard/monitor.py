@@ -149,7 +149,10 @@ class Guard:
                 self._stop.set()
                 if self._thread is not None:
                     self._thread.join(timeout=5)
-                self.failure.fail(found, self.read_peers())
+                if isinstance(found, Decision):
+                    self.failure.fail(found, self.read_peers())
+                else:  # another rank is stopping the job: leave with it, exit 17
+                    self.failure.follow(found, self.read_peers())
         if self.state == "running":
             self.state, self.error = state, error
         self._stop.set()

@@ -8,10 +8,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .findings import Finding, file_line
-from .loops import inside_loop, is_loop_head, way_out
+from .loops import inside_loop, is_loop_head, rank_guarded, way_out
 from .records import Position, RankRecord
+from .stacks import is_library_file
 
-__all__ = ["unfinished_pass", "in_pass", "left_then_died", "left_outer_loop"]
+__all__ = ["unfinished_pass", "in_pass", "left_then_died", "left_outer_loop",
+           "left_before_a_shared_forward"]
 
 
 def unfinished_pass(rec: RankRecord, positions: Mapping[int, Position],
@@ -200,3 +202,32 @@ def _same_function(src: list[str], head: int, line: int) -> bool:
     base = _indent(src[head - 1])
     return all(_indent(src[n - 1]) >= base for n in range(head + 1, line + 1)
                if src[n - 1].strip() and not src[n - 1].lstrip().startswith("#"))
+
+
+def left_before_a_shared_forward(found: Finding, records: Sequence[RankRecord],
+                                 sources: Mapping[str, list[str]]) -> Finding:
+    """"A forward on some ranks only" where the rank without it exited and no line of the
+    waiting rank's stack is under a rank test: the forward is one every rank runs (a test()
+    after training), and the rank that exited left the program before it."""
+    if found.cause != "forward_on_some_ranks":
+        return found
+    gone = [r for r in records if r.get("state") == "exited"]
+    if not gone:
+        return found
+    for w in records:
+        main = next(iter((w.get("stacks") or {}).values()), [])
+        if w.get("state") != "running" or not main:
+            continue
+        users = [f for f in main if not is_library_file(str(f["file"]))]
+        if not users or any(sources.get(str(f["file"])) is None
+                            or rank_guarded(sources[str(f["file"])], int(f["line"]))
+                            for f in users):
+            return found  # a rank test leads to it (or a line is unknown): rank 0's forward
+        where = str((gone[0].get("hb") or {}).get("where") or "")
+        return Finding("left_early", (
+            f"rank {gone[0]['rank']} exited" + (f" at {where}" if where and where != "?" else "")
+            + f" while rank {w['rank']} runs a forward through the DDP wrapper that no rank test "
+            f"keeps from any rank ({users[-1]['file']}:{users[-1]['line']}): rank "
+            f"{gone[0]['rank']} left the program before it"), (int(gone[0]["rank"]),),
+            file_line(where) if where and where != "?" else None)
+    return found
