@@ -313,7 +313,7 @@ M = [
  ("DDP031 a barrier between", "rules/ddp031_load_races_rank0_save.py", "        if not _waits(info, save.func, end, load.node.lineno):", "        if True:"),
  ("DDP031 the same path", "rules/ddp031_load_races_rank0_save.py", "        if p is None or path_key(info, p) != key:", "        if p is None:"),
  ("DDP031 the save on rank 0 alone", "rules/ddp031_load_races_rank0_save.py", "            r for r in m.calls_named(\"save\") if r.guard and _torch(m, r, \"save\")", "            r for r in m.calls_named(\"save\") if _torch(m, r, \"save\")"),
- ("DDP031 the load on every rank", "rules/ddp031_load_races_rank0_save.py", "             and info.effective_guard(r) == NONE and _arg(r.node, 0, \"f\") is not None]", "             and _arg(r.node, 0, \"f\") is not None]"),
+ ("DDP031 the load on every rank", "rules/ddp031_load_races_rank0_save.py", " is not None and info.effective_guard(r) == NONE]", " is not None]"),
  ("DDP031 the save before the load", "rules/ddp031_load_races_rank0_save.py", "end >= load.node.lineno or exclusive(save, load):", "exclusive(save, load):"),
  ("DDP031 through the caller", "rules/ddp031_load_races_rank0_save.py", "        where = _same_function(info, load, path, saves) or _through_caller(info, load, path)", "        where = _same_function(info, load, path, saves)"),
  ("DDP031 the next function waits first", "rules/ddp031_load_races_rank0_save.py", " or _waits(info, fb, 0, load.node.lineno):", ":"),

@@ -49,6 +49,14 @@ class Selection:
                 raise ValueError(f"severity {sev!r} for {code} is not one of {SEVERITIES}")
 
     def codes(self) -> list[str]:
+        # asked once per file: the answer is kept on the (frozen) selection itself
+        known: list[str] | None = self.__dict__.get("_codes")
+        if known is None:
+            known = self._codes()
+            object.__setattr__(self, "_codes", known)
+        return list(known)
+
+    def _codes(self) -> list[str]:
         def match(code: str, pats: Iterable[str]) -> bool:
             return any(p == "ALL" or code.startswith(p) for p in pats)
 

@@ -17,7 +17,7 @@ from .context import (
     foreign_ddp,
     mpi_qual,
 )
-from .provenance import GLOBAL, LOCAL, NONE
+from .provenance import GLOBAL, LOCAL, NONE, test_level
 from .rank_functions import _flags_set_in_arms, _guard_functions, _rank_functions_first
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
@@ -95,7 +95,7 @@ class Walker:
             if t is _If:
                 s_if: Any = s
                 if not s_if.orelse and s_if.body and isinstance(s_if.body[-1], _EXITS):
-                    self.guard = _combine(self.guard, self.info.rank_level(s_if.test))
+                    self.guard = _combine(self.guard, test_level(self.info, s_if.test))
         self.guard = saved
 
     def stmt(self, st: ast.stmt) -> None:
@@ -108,7 +108,7 @@ class Walker:
                 return
             self.expr(value)
             targets = s.targets if t is _Assign else [s.target]
-            level = info.rank_level(value) if type(value) is not _Constant else NONE
+            level = test_level(info, value) if type(value) is not _Constant else NONE
             if type(value) is ast.Tuple and any(type(g) is ast.Tuple for g in targets):
                 # `train_loader, val_loader = DataLoader(...), DataLoader(...)`
                 for tgt in targets:
@@ -136,7 +136,7 @@ class Walker:
         elif t is _If:
             self.expr(s.test)
             saved = self.guard
-            level = info.rank_level(s.test)
+            level = test_level(info, s.test)
             if level:
                 key = id(self.func) if self.func is not None else 0
                 info.split_funcs.add(key)
@@ -174,7 +174,7 @@ class Walker:
             if len(s.body) >= 1:
                 last = s.body[-1]
                 if type(last) is _Return and last.value is not None:
-                    level = info.rank_level(last.value)
+                    level = test_level(info, last.value)
                     if level:
                         info.rank_funcs[s.name] = level
             outer = (self.guard, self.loops, self.func, self.in_class, self.branch)

@@ -42,12 +42,10 @@ def ddp031(info: ModuleInfo) -> Iterator[Hit]:
     mods = fs.infos if fs is not None and fs.multi else [info]  # type: ignore[attr-defined]
     if not any(_saves(m) for m in mods):  # no rank-guarded torch.save in the project
         return
-    loads = [r for r in info.calls_named("load") if _torch(info, r, "load")
-             and info.effective_guard(r) == NONE and _arg(r.node, 0, "f") is not None]
+    loads = [(r, p) for r in info.calls_named("load") if _torch(info, r, "load")
+             and (p := _arg(r.node, 0, "f")) is not None and info.effective_guard(r) == NONE]
     saves = _saves(info) if info.distributed else []
-    for load in loads:
-        path = _arg(load.node, 0, "f")
-        assert path is not None
+    for load, path in loads:
         where = _same_function(info, load, path, saves) or _through_caller(info, load, path)
         chain = enclosing(load.func, info.tree, load.node) if where else None
         if where and chain is not None and not dead(chain, load.node):
