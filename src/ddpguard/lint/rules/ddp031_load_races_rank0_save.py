@@ -134,7 +134,7 @@ def _through_caller(info: ModuleInfo, load: CallRec, path: ast.expr) -> str:
                 b = _bound(info, fb, site.node, path)
                 if a is not None and a == b:
                     name = ma.path.replace("\\", "/").rsplit("/", 1)[-1]
-                    return f"{name}:{save.node.lineno} in {fa.name}(), called just before"
+                    return f"{name}:{save.node.lineno} in {fa.name}() (called just before)"
     return ""
 
 
