@@ -93,9 +93,12 @@ def compose(logs: list[RankLog]) -> Report | None:
     if not dead:
         return None
     world = max([log.world for log in logs] + [log.rank + 1 for log in logs])
-    if len(logs) < world:
+    if len(logs) < world and not any(log.rank == 0 for log in dead):
         # Other ranks belong to other launchers (one srun task per rank): the survivors'
-        # own launchers print the job's verdict; this one says how its rank ended.
+        # own launchers print the job's verdict; this one says how its rank ended. Unless
+        # the rank that died is rank 0: it hosts the group's store when each task forms the
+        # group itself (env:// or the program's own TCPStore), so no survivor's guard can
+        # report, and this launcher's log is all that is left (the others show as missing).
         return None
     by_rank = {log.rank: log for log in logs}
     records: list[RankRecord] = []
