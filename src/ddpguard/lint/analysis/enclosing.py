@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from .context import Func
+from .context import Func, ModuleInfo, is_collective
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -35,3 +35,23 @@ def dead(chain: list[ast.AST], node: ast.AST) -> bool:
             if inner not in taken:
                 return True
     return False
+
+
+def waits_after(info: ModuleInfo, func: Func | None, start: int,
+                rendezvous: bool = False) -> str:
+    """The first call in `func`, at line `start` or later and under no rank test, that makes
+    every rank wait for the others: a collective, a DDP wrap, a backward (and, with
+    `rendezvous`, init_process_group), said with its line; "" for none."""
+    for rec in info.calls:
+        if rec.func is not func or rec.node.lineno < start or rec.guard:
+            continue
+        if is_collective(rec):
+            return f"{rec.last}() at line {rec.node.lineno}"
+        if info.is_ddp_call(rec.node):
+            return f"the DDP constructor's broadcast at line {rec.node.lineno}"
+        if rendezvous and rec.last == "init_process_group":
+            return f"the rendezvous of init_process_group() at line {rec.node.lineno}"
+        if rec.last == "backward":
+            return f"the backward's all-reduce at line {rec.node.lineno}"
+    return ""
+

@@ -32,6 +32,7 @@ from ..analysis.context import (
     ModuleInfo,
     is_collective,
 )
+from ..analysis.enclosing import waits_after
 from ..registry import At, Hit, rule
 
 _SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -81,7 +82,7 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
             read = _first_open_read(info, stmts, name, end)
             if read is None or any(end < line < read.lineno for line in bound.get(name, [])):
                 continue
-            follow = _collective_after(info, func, read.lineno)
+            follow = waits_after(info, func, read.lineno)
             if follow:
                 yield At(read.lineno, read.col_offset), "DDP027", (
                     f"`{name}` is bound only where `{ast.unparse(st.test)}` holds (line "
@@ -224,21 +225,6 @@ def _follows(info: ModuleInfo, rec: CallRec) -> bool:
     return last == "backward" or is_collective(rec) or (
         (last == "DistributedDataParallel" or last.endswith("_DDP"))
         and info.is_ddp_call(rec.node))
-
-
-def _collective_after(info: ModuleInfo, func: Func | None, line: int) -> str:
-    """What every rank reaches after `line` in the same function: a collective, a DDP wrap, a
-    backward or an optimizer step ("" for none)."""
-    for rec in info.calls:
-        if rec.func is not func or rec.node.lineno < line or rec.guard:
-            continue
-        if is_collective(rec):
-            return f"{rec.last}() at line {rec.node.lineno}"
-        if info.is_ddp_call(rec.node):
-            return f"the DDP constructor's broadcast at line {rec.node.lineno}"
-        if rec.last == "backward":
-            return f"the backward's all-reduce at line {rec.node.lineno}"
-    return ""
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.

@@ -26,8 +26,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, is_collective, kwarg
-from ..analysis.enclosing import dead, enclosing
+from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.enclosing import dead, enclosing, waits_after
 from ..analysis.paths import per_rank_path
 from ..analysis.provenance import NONE
 from ..registry import Hit, rule
@@ -149,17 +149,9 @@ def _made_by_rank0(info: ModuleInfo, rec: object, path: ast.expr) -> bool:
 def _follow(info: ModuleInfo, func: Func | None, line: int, depth: int = 0) -> str:
     """What every rank reaches after `line` in `func` (or after a call of `func` in a caller of
     the same file): a collective, a DDP wrap, a backward or a rendezvous ("" for none)."""
-    for rec in info.calls:
-        if rec.func is not func or rec.node.lineno <= line or rec.guard:
-            continue
-        if is_collective(rec):
-            return f"{rec.last}() at line {rec.node.lineno}"
-        if info.is_ddp_call(rec.node):
-            return f"the DDP constructor's broadcast at line {rec.node.lineno}"
-        if rec.last == "init_process_group":
-            return f"the rendezvous of init_process_group() at line {rec.node.lineno}"
-        if rec.last == "backward":
-            return f"the backward's all-reduce at line {rec.node.lineno}"
+    found = waits_after(info, func, line + 1, rendezvous=True)
+    if found:
+        return found
     if func is None or depth > 1:
         return ""
     for site in info.calls_named(func.name):
