@@ -823,7 +823,7 @@ def test_a_peer_waiting_past_the_last_collective_of_a_leaving_rank_is_waiting_fo
 
     peers = {0: {"state": "exited", "pending": []},
              1: {"state": "running", "pending": [entry(81)]}}
-    assert [r for r, _ in waiting_for(0, {"0": [80, 80]}, peers)] == [1]
+    assert [(r, last) for r, _, last in waiting_for(0, {"0": [80, 80]}, peers)] == [(1, 80)]
     # Twins: the peer waits in a collective this rank issued (it will complete); in a group
     # this rank is not in; a peer that left too.
     assert waiting_for(0, {"0": [81, 80]}, peers) == []

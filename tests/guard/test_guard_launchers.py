@@ -191,28 +191,24 @@ def test_a_task_whose_rank_exits_early_with_code_0_ends_17_and_names_its_exit(
     assert _marked("# the LEAVE") in block.split("likely cause:", 1)[1], block[-3000:]
 
 
-def test_a_task_whose_rank_0_gloo_aborted_reports_from_its_own_fault_log(
-        tmp_path: Path) -> None:
-    # corpus33e's blind miss: one launcher per task, gloo aborts rank 0, which hosts the
-    # store; rank 1's guard cannot reach it, and no launcher held more than its own rank's
-    # log: no report at all. Rank 0's launcher composes it from that log alone.
-    res = _srun_by_hand(tmp_path, False, "--abort")
+@pytest.mark.parametrize("dead,extra", [
+    # corpus33e's blind miss: gloo aborts rank 0, which hosts the store; rank 1's guard cannot
+    # reach it, and no launcher held more than its own rank's log: no report at all. Rank 0's
+    # launcher composes it from that log alone.
+    (0, ()),
+    # corpus33d's blind miss: gloo aborts rank 1 (SIGABRT: nothing of it can report), rank 0's
+    # collective fails with a connection reset, and the program's `except: log; raise` /
+    # `finally: destroy_process_group()` ran the clean-up first, so the guard took it for a
+    # rank that left on purpose: no report at all.
+    (1, ("--aborted", "1", "--finally-destroy")),
+])
+def test_a_task_whose_rank_gloo_aborted_still_gets_the_report(
+        dead: int, extra: tuple[str, ...], tmp_path: Path) -> None:
+    # One launcher per task: the stop block comes from task 0's launcher either way.
+    res = _srun_by_hand(tmp_path, False, "--abort", *extra)
     assert res[0].returncode == 17 and res[1].returncode != 0, [r.stderr[-2000:] for r in res]
     block = res[0].stderr
-    assert "likely cause:" in block and "rank 0 died" in block, block[-3000:]
-    assert ABORT in block.split("likely cause:", 1)[1], block[-3000:]
-
-
-def test_a_group_destroyed_while_a_peers_failure_propagates_still_gets_the_report(
-        tmp_path: Path) -> None:
-    # corpus33d's blind miss: one launcher per task, gloo aborts rank 1 (SIGABRT: nothing of
-    # it can report), rank 0's collective fails with a connection reset, and the program's
-    # `except: log; raise` / `finally: destroy_process_group()` ran the clean-up first, so
-    # the guard took it for a rank that left on purpose: no report at all.
-    res = _srun_by_hand(tmp_path, False, "--abort", "--aborted", "1", "--finally-destroy")
-    assert res[0].returncode == 17 and res[1].returncode != 0, [r.stderr[-2000:] for r in res]
-    block = res[0].stderr
-    assert "likely cause:" in block and "rank 1 died" in block, block[-3000:]
+    assert "likely cause:" in block and f"rank {dead} died" in block, block[-3000:]
     assert ABORT in block.split("likely cause:", 1)[1], block[-3000:]
 
 

@@ -93,4 +93,3 @@ def _note_exit(exc: SystemExit) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -51,34 +51,23 @@ def conditional(records: list[RankRecord], pos: dict[int, Position],
     return None
 
 
-def _or_conditional_cause(found: Finding, records: list[RankRecord],
-                    pos: dict[int, Position], sources: dict[str, list[str]]) -> str:
-    """An extra collective whose line sits under `if ...rank...:` is the more specific
-    conditional collective; so is a mismatch where a waiting rank's collective sits under one
-    and not every rank stands at that line."""
-    if found.cause not in ("extra_collective", "mismatch"):
-        return found.cause
-    line = found.line
-    if (line and in_conditional(sources.get(line[0]), line[1])) or conditional(
-            records, pos, sources):
-        return "conditional_collective"
-    return found.cause
-
-
 def or_conditional(found: Finding, records: list[RankRecord], pos: dict[int, Position],
                    sources: dict[str, list[str]]) -> tuple[str, Finding]:
-    """The cause of an extra collective or a mismatch (see _or_conditional_cause), with the
-    call under the rank test named where it is not the collective's own line (a project
-    helper that all-reduces, called from `if rank == 0:`)."""
-    cause = _or_conditional_cause(found, records, pos, sources)
-    if cause != "conditional_collective" or (
-            found.line and in_conditional(sources.get(found.line[0]), found.line[1])):
-        return cause, found
+    """An extra collective whose line sits under `if ...rank...:` is the more specific
+    conditional collective; so is a mismatch where a waiting rank's collective (or a call
+    leading to it) sits under one and not every rank stands at that line. Where that is a
+    call of a project helper, not the collective's own line, the finding names the call."""
+    if found.cause not in ("extra_collective", "mismatch"):
+        return found.cause, found
+    if found.line and in_conditional(sources.get(found.line[0]), found.line[1]):
+        return "conditional_collective", found
     where = conditional(records, pos, sources)
-    if where is None or where == found.line:
-        return cause, found
-    return cause, Finding(found.cause, f"{found.text}; {_call_text(where, sources)}",
-                          found.culprits, found.line)
+    if where is None:
+        return found.cause, found
+    if where == found.line:
+        return "conditional_collective", found
+    return "conditional_collective", Finding(
+        found.cause, f"{found.text}; {_call_text(where, sources)}", found.culprits, found.line)
 
 
 def guarded_call(where: tuple[str, int], records: list[RankRecord],

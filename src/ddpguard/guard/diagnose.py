@@ -224,9 +224,10 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     # Heartbeats that carry the loop counters can be aligned; older reports fall back to the
     # evidence of the stacks alone.
     aligned = any("backwards" in (r.get("hb") or {}) for r in records)
-    found = synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log line
-    if found and cause not in ("crashed_rank", "collective_timeout", "loader_worker_killed"):
-        return found.cause, found
+    if cause not in ("crashed_rank", "collective_timeout", "loader_worker_killed"):
+        found = synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log
+        if found:
+            return found.cause, found
     if cause in ("no_life", "hard_limit"):
         found = _blocked_outside(records, pos, culprits)
         if found:

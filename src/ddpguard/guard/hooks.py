@@ -179,18 +179,19 @@ def _patch_lightning_log() -> None:
         cls = getattr(sys.modules.get(name), "LightningModule", None)
         if cls is None or f"log:{name}" in _saved:
             continue
-        orig = cls.log
+        _saved[f"log:{name}"] = (cls, cls.log)
+        cls.log = _noting_synced_logs(cls.log)
 
-        @functools.wraps(orig)
-        def guarded_log(self: Any, *args: Any, __orig: Any = orig, **kwargs: Any) -> Any:
-            prog = _current
-            if prog is not None and kwargs.get("sync_dist"):
-                with contextlib.suppress(Exception):
-                    prog.synced_log(caller_site(2))
-            return __orig(self, *args, **kwargs)
 
-        cls.log = guarded_log
-        _saved[f"log:{name}"] = (cls, orig)
+def _noting_synced_logs(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def guarded_log(self: Any, *args: Any, **kwargs: Any) -> Any:
+        prog = _current
+        if prog is not None and kwargs.get("sync_dist"):
+            with contextlib.suppress(Exception):
+                prog.synced_log(caller_site(2))
+        return orig(self, *args, **kwargs)
+    return guarded_log
 
 
 def uninstall_hooks(progress: Progress | None = None) -> None:

@@ -46,10 +46,10 @@ def note_leave_site(frame: Any) -> None:
 
 
 def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbeat]
-                ) -> list[tuple[int, str]]:
-    """(rank, 'all_reduce #104 (group 0) ...') for each peer still running that waits in a
-    collective numbered past the last one this rank issued in that group (one of its groups):
-    a collective this rank, leaving, will never join. Pure."""
+                ) -> list[tuple[int, str, int]]:
+    """(rank, 'all_reduce #104 (group 0) ...', 103) for each peer still running that waits in
+    a collective numbered past the last one this rank issued in that group (one of its
+    groups; that last number third): a collective this rank, leaving, will never join. Pure."""
     out = []
     for r, hb in sorted(peers.items()):
         if r == me or hb.get("state") != "running":
@@ -57,7 +57,7 @@ def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbea
         for e in hb.get("pending") or []:
             g, seq = str(e[0]), int(e[1])
             if g in status and seq > int(status[g][0]):
-                out.append((r, describe_entry(e)))
+                out.append((r, describe_entry(e), int(status[g][0])))
                 break
     return out
 
@@ -81,11 +81,11 @@ def on_leave(g: Any, wait: float | None = None) -> Decision | Trigger | None:
             peers = g.read_peers()
             waiting = waiting_for(g.rank, status, peers)
             if waiting:
-                r, what = waiting[0]
+                r, what, last = waiting[0]
                 return Decision("peer_gone", (
                     f"rank {g.rank} left (it destroyed its process group or exited) after its "
-                    f"collective #{max(int(v[0]) for v in status.values())}, while rank {r} "
-                    f"waits in {what}, a collective rank {g.rank} never issued"), (g.rank,))
+                    f"collective #{last} there, while rank {r} waits in {what}, a collective "
+                    f"rank {g.rank} never issued"), (g.rank,))
             if not status or time.monotonic() > deadline or not any(
                     hb.get("state") == "running" for r, hb in peers.items() if r != g.rank):
                 break

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["RANK_TEST", "rank_guarded", "is_loop_head", "inside_loop", "left_at",
-           "skip_before", "way_out", "framework_skip"]
+__all__ = ["RANK_TEST", "is_loop_head", "inside_loop", "left_at", "skip_before", "way_out",
+           "framework_skip"]
 
 # Errors a framework raises on the rank that skipped a step, where plain DDP would hang:
 # Lightning refuses a `training_step` that returns None under DDP.
@@ -151,12 +151,6 @@ def _exit_word(text: str) -> str | None:
 def _breaks(text: str) -> bool:
     """A `break` leaves only its own innermost loop (a `return` or `raise` leaves them all)."""
     return _exit_word(text) == "break"
-
-
-def rank_guarded(src: list[str], line: int) -> bool:
-    """Is the statement at `line` (1-based) under a test of which rank this is, anywhere
-    above it in its file?"""
-    return 0 < line <= len(src) and _rank_guarded(src, 0, line)
 
 
 def _rank_guarded(src: list[str], head: int, line: int) -> bool:

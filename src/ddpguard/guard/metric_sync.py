@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from .conditional import in_conditional
 from .findings import Finding, file_line
-from .loops import rank_guarded
 from .records import RankRecord
 
 __all__ = ["in_metric_sync", "synced_log_on_some_ranks"]
@@ -40,7 +40,7 @@ def synced_log_on_some_ranks(records: Sequence[RankRecord],
                 continue
             where = file_line(line)
             src = sources.get(where[0]) if where else None
-            guarded = bool(where and src and rank_guarded(src, where[1]))
+            guarded = bool(where and src and in_conditional(src, where[1]))
             cause = "conditional_collective" if guarded else "extra_collective"
             return Finding(cause, (
                 f"rank {a} waits in Lightning's sync of a metric logged with sync_dist=True at "

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .conditional import in_conditional
 from .findings import Finding, file_line
-from .loops import inside_loop, is_loop_head, rank_guarded, way_out
+from .loops import inside_loop, is_loop_head, way_out
 from .records import Position, RankRecord
 from .stacks import is_library_file
 
@@ -220,7 +221,7 @@ def left_before_a_shared_forward(found: Finding, records: Sequence[RankRecord],
             continue
         users = [f for f in main if not is_library_file(str(f["file"]))]
         if not users or any(sources.get(str(f["file"])) is None
-                            or rank_guarded(sources[str(f["file"])], int(f["line"]))
+                            or in_conditional(sources[str(f["file"])], int(f["line"]))
                             for f in users):
             return found  # a rank test leads to it (or a line is unknown): rank 0's forward
         where = str((gone[0].get("hb") or {}).get("where") or "")
