@@ -58,6 +58,8 @@ def test_no_life_setting_decides_when_a_stall_is_judged(no_life, tmp_path):
     rep = _report(tmp_path)
     assert rep["diagnosis"]["cause"] == "no_life" and rep["diagnosis"]["culprits"] == [1]
     assert line_of("stall: spins forever") in json.dumps(rep["diagnosis"])
+    # Said as a loop burning CPU, not as a wait in a call or as plain computing.
+    assert rep["diagnosis"]["positions"]["1"]["doing"].startswith("spinning in a loop")
     # Judged once rank 1 had been quiet for no_life seconds: not before, and not much after.
     waited = rep["created"] - min(float(s[0]) for r in rep["ranks"] if r["rank"] == 0
                                   for s in r["lanes"] if s[2] == "collective")

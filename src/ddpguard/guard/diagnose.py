@@ -174,7 +174,8 @@ def rank_position(rec: RankRecord) -> Position:
     # A training thread that sits in one call outside torch showing no life for a settle
     # interval waits in it (a lock, a queue, a read): a call burning CPU counts as life.
     blocked_in = (blocked_call(main) if main and first is None and kind == "running"
-                  and float(hb.get("quiet", 0.0)) >= _STILL else None)
+                  and float(hb.get("quiet", 0.0)) >= _STILL and not hb.get("spinning")
+                  else None)
     if rec.get("state") not in (None, "running"):
         doing = {"exited": "exited", "crashed": "crashed", "dead": "died",
                  "missing": "never answered"}.get(rec["state"], rec["state"])
@@ -184,6 +185,9 @@ def rank_position(rec: RankRecord) -> Position:
         doing = f"waiting {text}"
     elif blocked_in:
         doing = f"blocked in {blocked_in} (no CPU for {float(hb.get('quiet', 0.0)):.0f} s)"
+    elif hb.get("spinning") and kind == "running":
+        doing = (f"spinning in a loop, burning CPU with no sign of progress for "
+                 f"{float(hb.get('quiet', 0.0)):.0f} s")
     else:
         doing = f"computing ({text})" if kind == "running" else text
     # DDP's buffer broadcast (what a forward on some ranks only hangs in), as opposed to its

@@ -56,6 +56,7 @@ class Heartbeat(TypedDict, total=False):
     # Life and position
     quiet: float                # seconds without a sign of life (waiting counts as quiet)
     life: str                   # kind of the latest sign of life
+    spinning: bool              # a loop burning CPU in its own bytecode (life.py)
     doing: str
     kind: str
     where: str                  # the training thread's user file:line

@@ -90,6 +90,7 @@ class LifeSignals:
         self._io = _thread_io(native_id)
         self._cpu = _thread_cpu(native_id)
         self._sig: tuple[Any, ...] | None = None
+        self.spinning = False  # the latest sample found a loop burning CPU in its own bytecode
         self._at = now
         self.rank = RankLife(native_id, now)
 
@@ -120,11 +121,13 @@ class LifeSignals:
         sig = sigs[-1]
         cpu = _thread_cpu(self.native_id)
         moved = self._sig is not None and any(s != self._sig for s in sigs)
+        burning = (cpu is not None and self._cpu is not None and now > self._at
+                   and (cpu - self._cpu) >= 0.2 * (now - self._at))
+        # Burning CPU in its own bytecode in one function: a loop that calls nothing.
+        self.spinning = bool(self._sig is not None and not moved and burning and not in_c)
         if moved:
             kind = kind or "stack"
-        elif (self._sig is not None and in_c and cpu is not None
-              and self._cpu is not None and now > self._at
-              and (cpu - self._cpu) >= 0.2 * (now - self._at)):
+        elif self._sig is not None and in_c and burning:
             # Still inside one call into C and burning CPU: a long kernel, not a wait.
             kind = kind or "cpu"
         # The rest of the rank, only when it can matter (and costs nothing in steady training).

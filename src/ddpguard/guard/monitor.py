@@ -205,7 +205,7 @@ class Guard:
             blocked=self._blocked_since is not None,
             blocked_for=now - self._blocked_since if self._blocked_since is not None else 0.0,
             pending=self._pending if self._blocked_since is not None else [],
-            quiet=self.quiet_for(now), life=self.life.last_kind,
+            quiet=self.quiet_for(now), life=self.life.last_kind, spinning=self.life.spinning,
             doing=self._doing[1], kind=self._doing[0],
             # Leaving, the guard thread's ticks see no stack: the line that left says where.
             where=self.leave_site if self.state == "exited" and self.leave_site else self._where,
@@ -249,7 +249,7 @@ class Guard:
             # Sitting in one call outside torch with no life (a lock, a queue, a read) is not
             # computing: say where it is blocked (notices and reports quote this text).
             call = blocked_call(frames)
-            if call is not None:
+            if call is not None and not self.life.spinning:
                 self._doing = ("running", f"blocked in {call}")
         completed = 0
         if self.ledger.available:
