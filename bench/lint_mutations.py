@@ -319,6 +319,16 @@ M = [
  ("DDP031 the next function waits first", "rules/ddp031_load_races_rank0_save.py", " or _waits(info, fb, 0, load.node.lineno):", ":"),
  ("DDP031 the caller's arguments", "rules/ddp031_load_races_rank0_save.py", "    new = _Sub(given).visit(copy.deepcopy(path))", "    new = path"),
  ("DDP030 DDP031 dead code", "analysis/enclosing.py", "            if inner not in taken:\n                return True", "            if False:\n                return True"),
+ ("DDP004 a status-0 exit is this rank's own", "analysis/rank_failures.py", "            if isinstance(st, ast.Expr) and clean_exit(info, st.value):\n                return False", "            if False:\n                return False"),
+ ("DDP004 a failing exit ends the job", "analysis/rank_failures.py", "    return not node.args or isinstance(node.args[0], ast.Constant) and \\", "    return True or isinstance(node.args[0], ast.Constant) and \\"),
+ ("DDP004 a guarded backward makes a training loop", "rules/ddp004_rank_dependent_step_count.py", "tries and (batches or _backward_in(info, tries))", "tries and batches"),
+ ("DDP025 the index of a cuda string", "rules/ddp025_rank_kind_mixup.py", "            return val.value\n", "            return None\n"),
+ ("DDP025 torch.device's index argument", "rules/ddp025_rank_kind_mixup.py", "        return [args[1]]\n", "        return []\n"),
+ ("DDP025 a map_location dict", "rules/ddp025_rank_kind_mixup.py", "vals = where.values if isinstance(where, ast.Dict) else [where]", "vals = [where]"),
+ ("DDP025 a %-formatted cuda string", "rules/ddp025_rank_kind_mixup.py", "if isinstance(node.op, ast.Mod) and node.left.value in", "if False and node.left.value in"),
+ ("DDP025 one built device a function", "rules/ddp025_rank_kind_mixup.py", "        if id(rec.func) in reported:\n            continue\n        node = rec.node", "        node = rec.node"),
+ ("DDP004 a loop over anything else needs a clean exit", "rules/ddp004_rank_dependent_step_count.py", "            if not batches and ex is None:", "            if False:"),
+ ("DDP025 a device nothing reads", "rules/ddp025_rank_kind_mixup.py", "                    or _unused(info, rec.stmt, node):", "                    or False:"),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
 ]
 

@@ -44,12 +44,37 @@ def caught_here(h: ast.ExceptHandler) -> bool:
     return not (caught and caught <= COMMON_ERRORS)
 
 
+def clean_exit(info: ModuleInfo, node: ast.AST) -> bool:
+    """`exit()`, `exit(0)`, `sys.exit()`, `os._exit(0)`, `quit()`: the process ends with status
+    0, which neither torchrun nor mp.spawn reads as a failure, so no launcher ends the peers;
+    `sys.exit(1)`, `sys.exit("msg")` and `abort()` are failures the launcher acts on."""
+    if not (isinstance(node, ast.Call) and info.callee_last(node) in ("exit", "_exit", "quit")):
+        return False
+    if node.keywords or len(node.args) > 1:
+        return False
+    return not node.args or isinstance(node.args[0], ast.Constant) and \
+        node.args[0].value in (0, None, False) and not isinstance(node.args[0].value, float)
+
+
+def exits_cleanly(info: ModuleInfo, h: ast.ExceptHandler) -> ast.Call | None:
+    """The status-0 exit at the handler's top level, ahead of any `raise` there."""
+    for st in h.body:
+        if isinstance(st, ast.Raise):
+            return None
+        if isinstance(st, ast.Expr) and clean_exit(info, st.value):
+            return st.value  # type: ignore[return-value]
+    return None
+
+
 def reraises_first(info: ModuleInfo, h: ast.ExceptHandler) -> bool:
-    """A `raise` or exit at the handler's top level that no path leaves before: `if oom:
-    continue` ahead of a top-level `raise e` is this rank's own way out, not a re-raise."""
+    """A `raise` or failing exit at the handler's top level that no path leaves before: `if
+    oom: continue` ahead of a top-level `raise e` is this rank's own way out, not a re-raise;
+    so is a status-0 exit (`exit(0)`), which ends this rank alone in good order."""
     for k, st in enumerate(h.body):
         if isinstance(st, ast.Raise) or (isinstance(st, ast.Expr) and isinstance(
                 st.value, ast.Call) and info.callee_last(st.value) in EXITS):
+            if isinstance(st, ast.Expr) and clean_exit(info, st.value):
+                return False
             return not any(isinstance(n, _LEAVES) for n in own_nodes(h.body[:k]))
     return False
 

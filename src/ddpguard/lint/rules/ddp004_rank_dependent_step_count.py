@@ -31,7 +31,13 @@ False`), and then the loop's tests of what it returned, or of a counter advanced
 held, that leave the loop or reach a sync (`if succ: step += 1` ... `if step % k == 0:
 evaluate()`); not a handler that all-reduces a skip flag;
 a handler that only sets a flag around a block without the sync, which a later collective
-shares, stays silent. And only in a module that
+shares, stays silent. A handler that ends the rank with status 0 (`exit(0)`, `exit()`,
+`sys.exit()`, `os._exit(0)`) is this rank's own exit, not a re-raise: neither torchrun nor
+mp.spawn reads status 0 as a failure, so nothing ends the peers waiting in the step's
+all-reduce (a non-zero exit is the launcher's to act on, and stays silent); such a handler is
+reported in any loop whose guarded block calls `.backward()` itself (`for i, batch in t:` over
+a project's own batch generator), the message naming what it assumed (the error is not met on
+every rank at once). And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
@@ -57,6 +63,7 @@ from ..analysis.context import (
 )
 from ..analysis.rank_failures import (
     caught_here,
+    exits_cleanly,
     failing_return,
     rank_local_tests,
     reraises_first,
@@ -137,10 +144,22 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         # the walk for a `try` only in a function that has one
         tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
             id(lrec.func) if lrec.func is not None else 0) in info.catching else []
-        if not (skips or tries) or not _batch_loop(info, node.iter) \
+        batches = _batch_loop(info, node.iter)
+        if not (skips and batches or tries and (batches or _backward_in(info, tries))) \
                 or not _steps_together(info, node):
             continue
         for handler in (h for t in tries for h in _swallowing(info, node, t)):
+            ex = exits_cleanly(info, handler)
+            if not batches and ex is None:
+                continue  # a loop over anything else: only a status-0 exit is certain
+            if ex is not None:
+                yield handler, "DDP004", (
+                    f"an error caught here (an out-of-memory, a bad sample) ends this rank alone "
+                    f"with `{ast.unparse(ex)}`: a status-0 exit is no failure to torchrun or "
+                    "mp.spawn, so nothing ends the other ranks, which wait in the step's "
+                    "gradient all-reduce or collective for it (assumed: the error is not met "
+                    "on every rank at once); re-raise, or exit with a non-zero status")
+                continue
             yield handler, "DDP004", (
                 "an error caught here (an out-of-memory in the forward, a bad sample) is "
                 "swallowed on this rank alone, which then skips the step's gradient all-reduce "
@@ -232,7 +251,7 @@ def _own_statements(loop: Loop) -> Iterator[ast.AST]:
                                                                         | ast.excepthandler))
 
 
-def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.excepthandler]:
+def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.ExceptHandler]:
     """The handlers of a `try` in a training loop that carry on after an error of this rank:
     no `raise` or exit at the handler's top level, and either the guarded block holds the
     step's sync (a backward, an optimizer step, a collective) or the handler leaves the step
@@ -253,9 +272,20 @@ def _swallowing(info: ModuleInfo, loop: Loop, node: ast.Try) -> Iterator[ast.exc
     for h in node.handlers:
         if not caught_here(h) or reraises_first(info, h):
             continue
-        leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h))
+        leaves = any(isinstance(n, ast.Continue | ast.Break) for n in ast.walk(h)) \
+            or exits_cleanly(info, h) is not None
         if guarded_sync or leaves:
             yield h
+
+
+def _backward_in(info: ModuleInfo, tries: list[ast.Try]) -> bool:
+    """A guarded block that calls `.backward()` itself: the loop is a training loop whatever
+    it iterates over (`for i, batch in t:` over a project's own batch generator), for a
+    handler that ends the rank with status 0. A swallowed error there stays unreported: a
+    loop over loss terms (`for loss_i in losses: try: loss_i.backward()`) in a program that
+    all-reduces gradients by hand afterwards is no step the peers wait in."""
+    return any(isinstance(n, ast.Call) and info.callee_last(n) == "backward"
+               for t in tries for st in t.body for n in ast.walk(st))
 
 
 def _steps_together(info: ModuleInfo, loop: Loop) -> bool:

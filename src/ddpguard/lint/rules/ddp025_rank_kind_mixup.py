@@ -10,6 +10,12 @@ Two spellings of one confusion, both right on one node and wrong on several:
   `SLURM_LOCALID`, the launcher's `--local_rank`): every node has a rank 0, so two processes
   claim each rank and the rendezvous fails or waits forever.
 
+The same global rank as the index of a device built by hand is the first spelling too:
+`torch.device(f"cuda:{r}")`, `torch.device("cuda", r)`, `x.cuda(r)`, `x.to(r)`, and
+`torch.load`'s `map_location` (`lambda s, loc: s.cuda(r)`, `f"cuda:{r}"`, a dict whose value
+is such a string); the first such site in a function, none in a function already reported for
+`set_device` or `device_ids`.
+
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
 `mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
 `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
@@ -38,6 +44,7 @@ _SOURCE_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank"
 def ddp025(info: ModuleInfo) -> Iterator[Hit]:
     """Reported only where the value's source is read in this file (a launcher variable or
     torch's rank call), so the kind is known, not guessed from a name."""
+    reported: set[int] = set()
     for rec in info.calls_named("set_device", "init_process_group", "DistributedDataParallel"):
         if rec.last == "init_process_group":
             r = kwarg(rec.node, "rank")
@@ -56,10 +63,90 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
             ids = kwarg(rec.node, "device_ids")
             dev = ids.elts[0] if isinstance(ids, ast.List) and len(ids.elts) == 1 else None
         if dev is not None and (src := _source(info, dev, GLOBAL, rec.func)):
+            reported.add(id(rec.func))
             yield dev, "DDP025", (
                 f"the device index `{ast.unparse(dev)}` is the global rank ({src}): on a "
                 "second node it is at least the GPUs per node, a device that does not exist "
                 "(or shared by two processes); use the local rank")
+    yield from _built_devices(info, reported)
+
+
+def _built_devices(info: ModuleInfo, reported: set[int]) -> Iterator[Hit]:
+    """The global rank as the index of a device built by hand: `torch.device(f"cuda:{r}")`,
+    `torch.device("cuda", r)`, `x.cuda(r)`, `x.to(r)`, and `torch.load`'s `map_location`
+    (`lambda s, loc: s.cuda(r)`, `f"cuda:{r}"`, `{"cuda:0": f"cuda:{r}"}`). The first in a
+    function, and none in a function already reported for `set_device` or `device_ids`."""
+    for rec in info.calls_named("device", "cuda", "to", "load"):
+        if id(rec.func) in reported:
+            continue
+        node = rec.node
+        if rec.last == "load":
+            where = kwarg(node, "map_location")
+            devs = _mapped(where) if where is not None else []
+        elif rec.last == "device":
+            if not (info.qualify(node.func) or "").startswith("torch") \
+                    or _unused(info, rec.stmt, node):
+                continue
+            devs = _indexed(node.args)
+        else:
+            devs = [node.args[0]] if len(node.args) == 1 and not node.keywords else []
+            devs = [d for d in devs if not isinstance(d, ast.Constant)]
+        for dev in devs:
+            dev = _cuda_index(dev) or dev
+            if (src := _source(info, dev, GLOBAL, rec.func)):
+                reported.add(id(rec.func))
+                yield dev, "DDP025", (
+                    f"the CUDA device index `{ast.unparse(dev)}` is the global rank ({src}): "
+                    "on a second node it is at least the GPUs per node, a device that does "
+                    "not exist (or shared by two processes); use the local rank")
+                break
+
+
+def _unused(info: ModuleInfo, stmt: ast.stmt | None, call: ast.Call) -> bool:
+    """`self.device = torch.device(f"cuda:{r}")` that nothing reads: building a device checks
+    nothing, only moving to it fails."""
+    if not (isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1):
+        return False
+    target = stmt.targets[0]
+    name = dotted(target)
+    if name is None:
+        return False
+    return not any(isinstance(n, ast.Attribute | ast.Name) and isinstance(n.ctx, ast.Load)
+                   and dotted(n) == name for n in ast.walk(info.tree))
+
+
+def _indexed(args: list[ast.expr]) -> list[ast.expr]:
+    """The index of `torch.device("cuda", r)` or `torch.device(f"cuda:{r}")`."""
+    if len(args) == 2 and isinstance(args[0], ast.Constant) and args[0].value == "cuda":
+        return [args[1]]
+    return [i for i in args[:1] if _cuda_index(i) is not None]
+
+
+def _mapped(where: ast.expr) -> list[ast.expr]:
+    """The device indices a `map_location` names: the index of a `"cuda:{r}"` string (alone
+    or as a dict's value). A lambda's `.cuda(r)` is a call of its own, read as one."""
+    vals = where.values if isinstance(where, ast.Dict) else [where]
+    return [v for v in vals if v is not None and _cuda_index(v) is not None]
+
+
+def _cuda_index(node: ast.expr) -> ast.expr | None:
+    """`r` of `f"cuda:{r}"`, `"cuda:{}".format(r)`, `"cuda:%d" % r`, `"cuda:" + str(r)`."""
+    if isinstance(node, ast.JoinedStr) and len(node.values) == 2:
+        head, val = node.values
+        if isinstance(head, ast.Constant) and head.value == "cuda:" \
+                and isinstance(val, ast.FormattedValue):
+            return val.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "format" and len(node.args) == 1 \
+            and isinstance(node.func.value, ast.Constant) \
+            and node.func.value.value == "cuda:{}":
+        return node.args[0]
+    if isinstance(node, ast.BinOp) and isinstance(node.left, ast.Constant):
+        if isinstance(node.op, ast.Mod) and node.left.value in ("cuda:%d", "cuda:%s"):
+            return node.right
+        if isinstance(node.op, ast.Add) and node.left.value == "cuda:":
+            return node.right
+    return None
 
 
 def _source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
