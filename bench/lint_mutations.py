@@ -329,6 +329,12 @@ M = [
  ("DDP025 one built device a function", "rules/ddp025_rank_kind_mixup.py", "        if id(rec.func) in reported:\n            continue\n        node = rec.node", "        node = rec.node"),
  ("DDP004 a loop over anything else needs a clean exit", "rules/ddp004_rank_dependent_step_count.py", "            if not batches and ex is None:", "            if False:"),
  ("DDP025 a device nothing reads", "rules/ddp025_rank_kind_mixup.py", "                    or _unused(info, rec.stmt, node):", "                    or False:"),
+ ("DDP027 a count advanced only under a rank test", "rules/ddp027_rank_only_binding.py", "counted = _advanced(test.body) - _names_bound(test.orelse)", "counted = _advanced(test.body) - _names_bound(test.body)"),
+ ("DDP027 the count's other arm", "rules/ddp027_rank_only_binding.py", "counted = _advanced(test.body) - _names_bound(test.orelse)", "counted = _advanced(test.body)"),
+ ("DDP027 a test of the count", "rules/ddp027_rank_only_binding.py", "_guarded(info, st, stmts) or _tests(stmts, st, name) else", "_guarded(info, st, stmts) else"),
+ ("DDP027 a conditional expression on the count", "rules/ddp027_rank_only_binding.py", "if hit is not None and not any(isinstance(x, ast.IfExp)", "if hit is not None and not any(False"),
+ ("DDP027 the loop's next turn", "rules/ddp027_rank_only_binding.py", "            follow = waits_after(info, func, loop.lineno)\n", "            follow = \"\"\n"),
+ ("DDP027 a count set in a tuple", "rules/ddp027_rank_only_binding.py", "        pairs = list(zip(t.elts, v.elts, strict=True))", "        pairs = [(t, v)]"),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
 ]
 

@@ -15,7 +15,14 @@ Reported where the name is read outside any rank test, when nothing bound it on 
 ranks before (in the branch's `else`, earlier in the function, as a parameter) and a
 collective, a DDP wrap or a training step follows the read in the same function. A read
 guarded again by the rank (`pbar if is_main else loader`, `if rank == 0: writer.add(...)`) is
-fine. Fix: bind the name on every rank (compute it everywhere, or broadcast it).
+fine. The same for a count every rank sets to 0 but only the rank-tested arm advances by a
+constant (`cont = 0; if rank == 0: for b in val_loader: ...; cont += 1`), then divides by on
+every rank (`loss / cont`): the other ranks raise ZeroDivisionError while the ranks that counted
+go on to the next collective (later in the function, or in the next turn of the loop around
+it: the next epoch's backward). Not where a test of the count guards the division (`if cont:`,
+`x / cont if cont else 0`), the other arm advances it too, or the divisor is not the bare
+count (`max(cont, 1)`). Fix: bind the name on every rank (compute it everywhere, or broadcast
+it).
 """
 
 from __future__ import annotations
@@ -63,6 +70,107 @@ def ddp027(info: ModuleInfo) -> Iterator[Hit]:
             scopes.setdefault(key, (func, []))[1].append(test)
     for func, ifs in scopes.values():
         yield from _scope(info, func, ifs)
+    yield from _counters(info)
+
+
+def _counters(info: ModuleInfo) -> Iterator[Hit]:
+    """A count set to 0 on every rank, advanced only under a rank test and divided by on
+    every rank (`cont = 0; if rank == 0: for ...: cont += 1` ... `loss / cont`): the other
+    ranks divide by zero while the rank that counted goes on to the next collective."""
+    seen: dict[int, list[ast.stmt]] = {}
+    for func, test in info.rank_ifs:
+        key = id(func) if func is not None else 0
+        if key not in seen:
+            seen[key] = _statements(func.body if func is not None else info.tree.body)
+        stmts = seen[key]
+        counted = _advanced(test.body) - _names_bound(test.orelse)
+        for name in sorted(counted):
+            div = _zero_division(info, stmts, test, name)
+            if div is None:
+                continue
+            follow = _next_wait(info, func, stmts, div)
+            if follow:
+                yield At(div.lineno, div.col_offset), "DDP027", (
+                    f"`{name}` starts at 0 on every rank but only advances where "
+                    f"`{ast.unparse(test.test)}` holds (line {test.lineno}): the other ranks "
+                    f"divide by zero at line {div.lineno} (ZeroDivisionError) while the ranks "
+                    f"that counted go on to {follow} and wait for them")
+
+
+def _advanced(body: list[ast.stmt]) -> set[str]:
+    """The names `body` advances by a constant (`cont += 1`)."""
+    return {st.target.id for st in _statements(body) if isinstance(st, ast.AugAssign)
+            and isinstance(st.op, ast.Add) and isinstance(st.target, ast.Name)
+            and isinstance(st.value, ast.Constant) and type(st.value.value) in (int, float)}
+
+
+def _zero_division(info: ModuleInfo, stmts: list[ast.stmt], test: ast.If,
+                   name: str) -> ast.BinOp | None:
+    """The first `x / name` past the rank test, on every rank, when every binding of `name`
+    before it is `name = 0` outside the test or a constant step inside it, and no test of
+    `name` (`if cont:`, `x / cont if cont else 0`) or `try` stands around the division."""
+    end = test.end_lineno or test.lineno
+    inits = 0
+    for st in stmts:
+        inside = test.lineno <= st.lineno <= end
+        if st.lineno > end:
+            hit = None if _guarded(info, st, stmts) or _tests(stmts, st, name) else next(
+                (n for part in _own_expressions(st) for n in ast.walk(part)
+                 if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div | ast.FloorDiv
+                                                            | ast.Mod)
+                 and isinstance(n.right, ast.Name) and n.right.id == name), None)
+            if hit is not None and not any(isinstance(x, ast.IfExp) and _reads(x.test, name)
+                                           for x in ast.walk(st)):
+                return hit if inits else None
+        if name not in set(_names_of(st)):
+            continue
+        if inside and isinstance(st, ast.AugAssign):
+            continue
+        if st.lineno > end or inside or not _zeroes(st, name):
+            return None
+        inits += 1
+    return None
+
+
+def _zeroes(st: ast.stmt, name: str) -> bool:
+    """`name = 0`, or `total, name = 0.0, 0`."""
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+        return False
+    t, v = st.targets[0], st.value
+    if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts):
+        pairs = list(zip(t.elts, v.elts, strict=True))
+    else:
+        pairs = [(t, v)]
+    return any(isinstance(a, ast.Name) and a.id == name for a, _ in pairs) and all(
+        isinstance(b, ast.Constant) and b.value == 0 and type(b.value) in (int, float)
+        for a, b in pairs if isinstance(a, ast.Name) and a.id == name)
+
+
+def _reads(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _tests(stmts: list[ast.stmt], st: ast.stmt, name: str) -> bool:
+    """An `if`/`while` on `name` holds `st`."""
+    return any(isinstance(o, ast.If | ast.While) and o is not st and _reads(o.test, name)
+               and o.lineno <= st.lineno <= (o.end_lineno or 0) for o in stmts)
+
+
+def _next_wait(info: ModuleInfo, func: Func | None, stmts: list[ast.stmt],
+               div: ast.BinOp) -> str:
+    """What every rank waits in after the division: later in the function, or in the next
+    turn of a loop around it (the next epoch's backward)."""
+    follow = waits_after(info, func, div.lineno)
+    if follow:
+        return follow
+    for loop in stmts:
+        if isinstance(loop, ast.For | ast.While) and \
+                loop.lineno <= div.lineno <= (loop.end_lineno or 0):
+            follow = waits_after(info, func, loop.lineno)
+            line = int(follow.rsplit(" ", 1)[-1]) if follow else 0
+            if line and line <= (loop.end_lineno or 0):
+                return f"{follow} (the loop's next turn)"
+    return ""
 
 
 def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[Hit]:
