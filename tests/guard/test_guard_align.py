@@ -494,6 +494,39 @@ def test_the_sequences_part_at_an_extra_collective_named_with_its_line():
 
 
 
+def _same_op_from(line0):
+    """Both ranks' barrier #3 paired, rank 0's issued at `line0`, rank 1's at line 11; at #4
+    rank 0's next barrier meets rank 1's all_reduce."""
+    head = _batches(False, n=2)
+    r0 = head + [seq_entry(3, "barrier", "loop", 2, 2, 2, 2, sig="b",
+                           line=f"{SCRIPT}:{line0} in <module>"),
+                 seq_entry(4, "barrier", "loop", 2, 2, 2, 2, sig="b",
+                           line=f"{SCRIPT}:11 in <module>")]
+    r1 = head + [seq_entry(3, "barrier", "loop", 2, 2, 2, 2, sig="b",
+                           line=f"{SCRIPT}:11 in <module>"),
+                 seq_entry(4, "all_reduce", "loop", 2, 2, 2, 2, sig="ar 4",
+                           line=f"{SCRIPT}:5 in <module>")]
+    # (No loader passes: both wait in the epoch's end, as under Lightning's trainer.fit.)
+    return [rec(0, coll(11, "barrier"), pending=[entry(4, "barrier", ())], batches=2, fwd=2,
+                bwd=2, sequence=r0, loaders={}),
+            rec(1, coll(5, "all_reduce"), pending=[entry(4, sizes=((4,),))], batches=2,
+                fwd=2, bwd=2, sequence=r1, loaders={})]
+
+
+def test_a_rank_tested_collective_that_paired_with_a_peers_own_is_named_by_its_line():
+    """Rank 0's barrier under `if rank == 0:` completed with rank 1's barrier of another line
+    (gloo pairs by number); the ranks then wait in different collectives, whose lines say
+    nothing. The issuing lines of the paired ones, one under a rank test, name it."""
+    d = diag(_same_op_from(13), cause="deadlock")
+    assert d["cause"] == "conditional_collective", d
+    assert d["culprits"] == [0]
+    assert said(f"rank 0 issued barrier #3 (group 0) at {SCRIPT}:13", d), d["explanation"]
+    # Twin: the same pairing from a line under no rank test: nothing says which rank added
+    # it, so not this title.
+    d = diag(_same_op_from(5), cause="deadlock")
+    assert not said("under a rank test", d), d["explanation"]
+
+
 def test_a_rank_that_broke_out_epochs_before_it_left_is_named_by_that_pass():
     """Rank 1 `break`s out of pass 2 of 6 at batch 5; the ranks then pair shifted steps
     until rank 1 runs out of passes and exits while rank 0 waits in its last backward. Its

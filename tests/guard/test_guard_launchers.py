@@ -235,8 +235,10 @@ def test_accelerate_launch(tmp_path: Path) -> None:
 def test_lightning_script_with_plain_python(tmp_path: Path) -> None:
     _needs("lightning")
     script = str(SCRIPTS / "lightning_job.py")
-    # Healthy: every rank logs a metric with sync_dist=True at the end of each epoch.
-    res, _ = _run("--", sys.executable, script, "--sync-log", "--all", tmp_path=tmp_path)
+    # Healthy: every rank logs a metric with sync_dist=True at the end of each epoch, and
+    # every rank sets trainer.should_stop at the same batch.
+    res, _ = _run("--", sys.executable, script, "--sync-log", "--stop", "--all",
+                  tmp_path=tmp_path)
     _healthy(res)
     assert "JOB DONE rank 0" in res.stdout and "JOB DONE rank 1" in res.stdout
     lines = (SCRIPTS / "lightning_job.py").read_text().splitlines()
@@ -249,3 +251,10 @@ def test_lightning_script_with_plain_python(tmp_path: Path) -> None:
     mark = next(i + 1 for i, t in enumerate(lines) if "# the SYNC LOG" in t)
     _stopped(res, took, line=f"lightning_job.py:{mark}")
     assert "a collective inside a rank-conditional branch" in res.stderr, res.stderr[-3000:]
+    # Rank 1 alone sets trainer.should_stop: its epoch loop ends, rank 0 waits in the next
+    # step's gradient all-reduce; the assignment's line is history by then (corpus33e's blind
+    # case named only trainer.fit).
+    res, took = _run("--", sys.executable, script, "--stop", tmp_path=tmp_path)
+    mark = next(i + 1 for i, t in enumerate(lines) if "# the STOP" in t)
+    _stopped(res, took, line=f"lightning_job.py:{mark}")
+    assert "set trainer.should_stop = True" in res.stderr, res.stderr[-3000:]

@@ -272,7 +272,7 @@ def test_last_words_of_an_aborted_rank(tmp_path):
     assert last_words(str(empty), main) == "" and last_words(None, main) == ""
 
 
-def test_async_collectives_are_matched_to_the_line_that_issued_them(monkeypatch):
+def test_collectives_are_matched_to_the_line_that_issued_them(monkeypatch):
     import torch
     import torch.distributed as dist
 
@@ -290,17 +290,22 @@ def test_async_collectives_are_matched_to_the_line_that_issued_them(monkeypatch)
     sites = IssueSites()
     sites.install()
     try:
-        dist.all_reduce(torch.ones(3))  # synchronous: not noted
-        work = dist.all_reduce(torch.ones(4), async_op=True)  # issued here
+        dist.all_reduce(torch.ones(3))  # synchronous, issued here
+        work = dist.all_reduce(torch.ones(4), async_op=True)  # asynchronous, issued here
         work.wait()
-        assert len(sites.sites) == 1
+        assert len(sites.sites) == 2
         ledger = Ledger()
         last = max(e[1] for e in ledger.entries())
-        created = ledger.created_ns({("0", last)})
-        where = sites.site_for(created[("0", last)])
-        assert where is not None and where.endswith(
-            "test_guard_protocol.py:" + str(_line_of("# issued here")) +
-            " in test_async_collectives_are_matched_to_the_line_that_issued_them"), where
+        created = ledger.created_ns({("0", last), ("0", last - 1)})
+        me = threading.get_ident()
+        for seq, snippet in ((last, "# asynchronous, issued here"),
+                             (last - 1, "# synchronous, issued here")):
+            where = sites.site_for(created[("0", seq)], me)
+            assert where is not None and where.endswith(
+                "test_guard_protocol.py:" + str(_line_of(snippet)) +
+                " in test_collectives_are_matched_to_the_line_that_issued_them"), where
+        # Another thread's entry is never matched to this thread's call.
+        assert sites.site_for(created[("0", last)], me + 1) is None
     finally:
         sites.uninstall()
         dist.destroy_process_group()

@@ -333,4 +333,4 @@ def explain(records: Sequence[RankRecord], positions: Mapping[int, Position],
     # evaluation forwards are compared first.
     return (forward_on_some_ranks(sp) or skipped_backward(sp, positions, sources)
             or left_early(records, sp, positions, sources) or extra_collective(sp, positions)
-            or parted(records))
+            or parted(records, sources))

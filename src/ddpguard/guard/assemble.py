@@ -64,14 +64,17 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
             path = str(site).rpartition(":")[0]
             if path and path not in sources:
                 sources[path] = linecache.getlines(path)
-        # Lightning's synced self.log lines (metric_sync.py: under a rank test?).
-        for line in ((rec["hb"] or {}).get("synced_logs") or {}):
+        # Lightning's synced self.log lines and should_stop sets (metric_sync.py).
+        hb = rec["hb"] or {}
+        for line in [*(hb.get("synced_logs") or {}), *(hb.get("stop_requests") or {})]:
             path = str(line).rpartition(":")[0]
             if path:
                 sources.setdefault(path, linecache.getlines(path))
-        for where in rec["issued"].values():
-            path = str(where).rsplit(" in ", 1)[0].rsplit(":", 1)[0]
-            sources.setdefault(path, linecache.getlines(path))
+        # Where each rank issued its recent collectives (parting.py: under a rank test?).
+        for where in [*rec["issued"].values(), *(e["line"] for e in rec["sequence"])]:
+            path = str(where or "").rsplit(" in ", 1)[0].rsplit(":", 1)[0]
+            if path and path != "?":
+                sources.setdefault(path, linecache.getlines(path))
     diag = diagnose(records, sources, decision.cause, decision.reason, list(decision.culprits))
     starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]
     return {"event": "training hang detected" if decision.proof

@@ -15,7 +15,7 @@ from .conditional import conditional, guarded_call, loop_conditional, or_conditi
 from .findings import Finding
 from .ledger import describe_entry, first_pending
 from .loops import framework_skip
-from .metric_sync import synced_log_on_some_ranks
+from .metric_sync import stop_on_some_ranks, synced_log_on_some_ranks
 from .parting import extra_before_death, second_thread
 from .passes import left_before_a_shared_forward, left_outer_loop, left_then_died
 from .records import Diagnosis, Position, RankRecord
@@ -229,7 +229,8 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     # evidence of the stacks alone.
     aligned = any("backwards" in (r.get("hb") or {}) for r in records)
     if cause not in ("crashed_rank", "collective_timeout", "loader_worker_killed"):
-        found = synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log
+        found = (synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log
+                 or stop_on_some_ranks(records))  # Lightning's should_stop set by one rank
         if found:
             return found.cause, found
     if cause in ("no_life", "hard_limit"):

@@ -57,7 +57,8 @@ class Failure:
                 "issued": self._issued(),
                 "ddp_training": ddp_training(threading.main_thread().ident),
                 # This rank's recent collectives placed in its loop, for the alignment.
-                "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident)}
+                "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident,
+                                   site_for=g.issue_sites.site_for)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them

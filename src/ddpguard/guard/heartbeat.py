@@ -36,6 +36,7 @@ class Heartbeat(TypedDict, total=False):
     backwards: int              # calls of torch.autograd.backward
     forward_lines: dict[str, int]  # user file:line -> forwards through the wrapper there
     synced_logs: dict[str, int]  # user file:line -> Lightning self.log(sync_dist=True) calls
+    stop_requests: dict[str, int]  # user file:line -> Lightning trainer.should_stop = True
     epoch_batches: int
     epoch_len: int | None
     loaders: dict[str, LoaderInfo]

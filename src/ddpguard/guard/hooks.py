@@ -165,6 +165,7 @@ def install_hooks(progress: Progress) -> None:
         _saved["next"] = orig_next
         _saved["step"] = optim_mod.register_optimizer_step_post_hook(on_step)
         _patch_lightning_log()
+        _patch_lightning_should_stop()
 
 
 # Where Lightning's LightningModule lives (the unified package and the older one).
@@ -194,6 +195,36 @@ def _noting_synced_logs(orig: Callable[..., Any]) -> Callable[..., Any]:
     return guarded_log
 
 
+# Where Lightning's Trainer lives.
+_TRAINERS = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+
+
+def _patch_lightning_should_stop() -> None:
+    """Note the user's line that sets `trainer.should_stop = True`: Lightning ends the epoch
+    loop of that rank alone (it never reduces the flag), the others go on into their next
+    collective, and by the time they wait the line is history."""
+    for name in _TRAINERS:
+        cls = getattr(sys.modules.get(name), "Trainer", None)
+        if cls is None or f"stop:{name}" in _saved or "should_stop" in vars(cls):
+            continue
+        _saved[f"stop:{name}"] = (cls, None)
+        cls.should_stop = property(_get_should_stop, _set_should_stop)
+
+
+def _get_should_stop(trainer: Any) -> Any:
+    return trainer.__dict__.get("should_stop", False)
+
+
+def _set_should_stop(trainer: Any, value: Any) -> None:
+    trainer.__dict__["should_stop"] = value
+    prog = _current
+    if prog is not None and value:
+        with contextlib.suppress(Exception):
+            f = sys._getframe(1)  # the assignment's own line (Lightning's callbacks: skipped)
+            if not is_library_file(f.f_code.co_filename):
+                prog.stop_request(f"{f.f_code.co_filename}:{f.f_lineno}")
+
+
 def uninstall_hooks(progress: Progress | None = None) -> None:
     """Restore torch's classes; with `progress`, only if it is still the current one."""
     global _current
@@ -217,3 +248,6 @@ def uninstall_hooks(progress: Progress | None = None) -> None:
         for key in [k for k in _saved if k.startswith("log:")]:
             cls, orig = _saved.pop(key)
             cls.log = orig
+        for key in [k for k in _saved if k.startswith("stop:")]:
+            cls, _ = _saved.pop(key)
+            del cls.should_stop  # the instances' own values show through again

@@ -1,15 +1,17 @@
-"""Where each asynchronous collective was issued.
+"""Where each collective was issued.
 
 A rank that issues `all_reduce(..., async_op=True)` (or any collective on NCCL, whose host
 returns at once) waits for it somewhere else: `Work.wait()`, a poll, a synchronise. Its stack
 then shows the wait, not the line that issued the collective, and that line is the one a
 report must name (it is the one under `if rank == 0:`). The flight recorder can symbolize its
 own stack traces, but that takes seconds (far longer while the waiting thread spins on the
-GIL). So while the guard runs, the collectives of `torch.distributed` called with
-`async_op=True` note their caller's file:line and a time window; an entry of the recorder is
-matched to its call by the time it was created.
+GIL). So while the guard runs, the collectives of `torch.distributed` note their caller's
+file:line, their thread and a time window; an entry of the recorder is matched to its call by
+the time it was created and the thread that created it.
 
-Synchronous calls are left alone (one keyword lookup): their line is on the stack.
+Synchronous calls are noted too: a waiting rank's line is on its stack, but the collective a
+rank issued under a rank test and got through (paired with a peer's different call at the same
+number) is history by the time the ranks wait, and only its noted line can name it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from __future__ import annotations
 import collections
 import functools
 import sys
+import threading
 import time
 from typing import Any
+
+from .stacks import is_library_file
 
 __all__ = ["IssueSites"]
 
@@ -27,22 +32,28 @@ _NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "re
           "gather", "scatter", "barrier", "all_reduce_coalesced", "all_gather_coalesced")
 
 
-def _caller(depth_limit: int = 12) -> str:
-    """The first frame outside torch: the user's line."""
+def _caller(depth_limit: int = 64) -> str:
+    """The user's line that called the collective: the first frame outside torch, the standard
+    library, site-packages and the guard (a Lightning hook's line, not Lightning's), else the
+    first outside torch and the guard."""
     f: Any = sys._getframe(2)
+    first = None
     for _ in range(depth_limit):
         if f is None:
             break
         name = f.f_code.co_filename
-        if "/torch/" not in name and "/ddpguard/guard/" not in name:
+        if not is_library_file(name):
             return f"{name}:{f.f_lineno} in {f.f_code.co_name}"
+        if first is None and "/torch/" not in name and "/ddpguard/guard/" not in name:
+            first = f"{name}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
-    return "?"
+    return first or "?"
 
 
 class IssueSites:
-    def __init__(self, keep: int = 64) -> None:
-        self.sites: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=keep)
+    def __init__(self, keep: int = 256) -> None:
+        self.sites: collections.deque[tuple[int, int, int, str]] = collections.deque(
+            maxlen=keep)
         self._orig: dict[tuple[Any, str], Any] = {}
 
     def _wrap(self, fn: Any) -> Any:
@@ -50,11 +61,10 @@ class IssueSites:
 
         @functools.wraps(fn)
         def issue(*args: Any, **kwargs: Any) -> Any:
-            if not kwargs.get("async_op"):
-                return fn(*args, **kwargs)
             t0 = time.time_ns()
+            where = _caller()
             work = fn(*args, **kwargs)
-            sites.append((t0, time.time_ns(), _caller()))
+            sites.append((t0, time.time_ns(), threading.get_ident(), where))
             return work
 
         issue.__ddpguard_wrapped__ = fn  # type: ignore[attr-defined]
@@ -83,9 +93,11 @@ class IssueSites:
                 setattr(mod, name, fn)
         self._orig.clear()
 
-    def site_for(self, created_ns: int) -> str | None:
-        """The call whose time window holds the recorder's creation time of an entry."""
-        for t0, t1, where in reversed(self.sites):
-            if t0 <= created_ns <= t1:
+    def site_for(self, created_ns: int, thread: int = 0) -> str | None:
+        """The call whose time window holds the recorder's creation time of an entry, on the
+        entry's thread where the recorder names it (a blocking call's window holds whatever
+        other threads issued meanwhile)."""
+        for t0, t1, tid, where in reversed(self.sites):
+            if t0 <= created_ns <= t1 and (not thread or tid == thread):
                 return where
         return None

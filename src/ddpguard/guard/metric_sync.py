@@ -12,7 +12,7 @@ from .conditional import in_conditional
 from .findings import Finding, file_line
 from .records import RankRecord
 
-__all__ = ["in_metric_sync", "synced_log_on_some_ranks"]
+__all__ = ["in_metric_sync", "stop_on_some_ranks", "synced_log_on_some_ranks"]
 
 # Lightning's result collection computes (and syncs) logged metrics here.
 _SYNC_FILES = ("logger_connector/result.py",)
@@ -51,3 +51,22 @@ def synced_log_on_some_ranks(records: Sequence[RankRecord],
                 "log it on every rank, or use rank_zero_only=True instead of sync_dist there"),
                 (a,), where)
     return None
+
+
+def stop_on_some_ranks(records: Sequence[RankRecord]) -> Finding | None:
+    """Some ranks' code set Lightning's `trainer.should_stop = True` and others' never did:
+    Lightning ends the epoch loop of a rank that sets it, alone."""
+    asked = {int(r["rank"]): (r.get("hb") or {}).get("stop_requests") or {} for r in records}
+    setters = [r for r in sorted(asked) if asked[r]]
+    others = [r for r in sorted(asked) if not asked[r]]
+    if not setters or not others:
+        return None
+    r = setters[0]
+    line = next(iter(asked[r]))
+    return Finding("left_early", (
+        f"rank {r} set trainer.should_stop = True at {line} on its own (rank "
+        f"{', '.join(map(str, others))} never did): Lightning ends the epoch loop of a rank "
+        "that sets it, at once and alone, while the others go on to their next collective; "
+        "decide the stop on every rank together (reduce the decision with "
+        "self.trainer.strategy.reduce_boolean_decision, or let the EarlyStopping callback, "
+        "which reduces it, set the flag)"), (r,), file_line(line))

@@ -4,7 +4,9 @@ the loop needed). Pure.
 - a collective issued by a thread other than the training thread, paired by the group with
   another rank's training collective (the group numbers collectives in issue order);
 - the first number at which two ranks issued different collectives, and which of the two is
-  new to its rank's loop (the extra one);
+  new to its rank's loop (the extra one); before it, the same collective issued from different
+  lines, one under a rank test: the collective that rank added (it paired with the peer's
+  next one, and the sequences part from there);
 - a survivor's new collective just before a peer died inside its own (the transport aborted
   on the difference).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from .conditional import in_conditional
 from .findings import Finding
 from .findings import file_line as _file_line
 from .findings import phase_words as _phase_words
@@ -60,7 +63,8 @@ def _thread_line(records: Sequence[RankRecord], rank: int, thread: str) -> str |
     return None
 
 
-def parted(records: Sequence[RankRecord]) -> Finding | None:
+def parted(records: Sequence[RankRecord],
+           sources: Mapping[str, list[str]] | None = None) -> Finding | None:
     """The first number at which two ranks' training threads issued different collectives
     (operation, sizes or types): from there on every collective pairs with the wrong one, so
     where the ranks wait now is a consequence. Of the two, the one its rank never issued at
@@ -72,7 +76,11 @@ def parted(records: Sequence[RankRecord]) -> Finding | None:
     for r, seq in seqs.items():
         for e in seq:
             by_key.setdefault((e["g"], e["seq"]), {})[r] = e
-    for key in sorted(by_key, key=lambda k: (k[1], k[0])):
+    keys = sorted(by_key, key=lambda k: (k[1], k[0]))
+    found = _added_under_a_rank_test([by_key[k] for k in keys], sources or {})
+    if found:
+        return found
+    for key in keys:
         side = by_key[key]
         if len(side) < 2 or len({e["sig"] for e in side.values()}) < 2:
             continue
@@ -93,6 +101,38 @@ def parted(records: Sequence[RankRecord]) -> Finding | None:
             f"{ea['batches']}), rank {b} {eb['desc']}{_at(eb)} ({_phase_words(eb['phase'])}, "
             f"batch {eb['batches']})"), (a, b), _file_line(ea.get("line")))
     return None
+
+
+def _added_under_a_rank_test(numbers: Sequence[Mapping[int, SeqEntry]],
+                             sources: Mapping[str, list[str]]) -> Finding | None:
+    """Before the first number where the ranks' collectives differ, one where they are the
+    same operation issued from different lines, exactly one of them under a rank test: that
+    rank added it (`if rank == 0: dist.barrier()`), and it paired with the peer's next one."""
+    parts = next((i for i, side in enumerate(numbers)
+                  if len(side) > 1 and len({e["sig"] for e in side.values()}) > 1), None)
+    if parts is None:
+        return None
+    for side in numbers[:parts]:
+        lines = {r: e.get("line") for r, e in side.items()}
+        if len(side) < 2 or None in lines.values() or len(set(lines.values())) < 2:
+            continue
+        under = [r for r, where in lines.items() if _under_rank_test(where, sources)]
+        if len(under) != 1:
+            continue
+        r = under[0]
+        e = side[r]
+        o, eo = next((o, eo) for o, eo in sorted(side.items()) if o != r)
+        return Finding("conditional_collective", (
+            f"rank {r} issued {e['desc']} at {e['line']}, under a rank test, where rank {o} "
+            f"issued its {eo['desc'].split(' #')[0]} from another line ({eo['line']}); the two "
+            f"paired, and from number {numbers[parts][r]['seq'] if r in numbers[parts] else '?'}"
+            " on every collective pairs with the wrong one"), (r,), _file_line(e["line"]))
+    return None
+
+
+def _under_rank_test(where: str | None, sources: Mapping[str, list[str]]) -> bool:
+    at = _file_line(where)
+    return at is not None and in_conditional(sources.get(at[0]), at[1])
 
 
 def _at(e: SeqEntry) -> str:

@@ -90,6 +90,7 @@ class Progress:
         # Lightning's self.log(..., sync_dist=True) per user line: Lightning all-reduces the
         # metric later, from its own code, on every rank that logged it.
         self.synced_logs: dict[str, int] = {}
+        self.stop_requests: dict[str, int] = {}  # user line -> trainer.should_stop = True
         self.backwards = 0
         self.timeline = Timeline()
         self.epoch = 0
@@ -178,6 +179,10 @@ class Progress:
         if line in self.synced_logs or len(self.synced_logs) < FORWARD_LINES_KEPT:
             self.synced_logs[line] = self.synced_logs.get(line, 0) + 1
 
+    def stop_request(self, line: str) -> None:
+        if line in self.stop_requests or len(self.stop_requests) < FORWARD_LINES_KEPT:
+            self.stop_requests[line] = self.stop_requests.get(line, 0) + 1
+
     def forward_done(self) -> None:
         self.timeline.mark(self, LOOP)
 
@@ -204,6 +209,7 @@ class Progress:
             "train_forwards": self.train_forwards,
             "forward_lines": dict(self.forward_lines),
             "synced_logs": dict(self.synced_logs),
+            "stop_requests": dict(self.stop_requests),
             "backwards": self.backwards,
             "epoch_batches": ep.batches if ep else 0,
             "epoch_len": ep.length if ep else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .ledger import Ledger, describe_entry, signature
@@ -28,9 +29,10 @@ KEEP = 48
 LINES_FOR = 8
 
 
-def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
-           keep: int = KEEP) -> list[SeqEntry]:
-    """The newest `keep` collectives of this rank, oldest first; [] without the recorder."""
+def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None, keep: int = KEEP,
+           site_for: Callable[[int, int], str | None] | None = None) -> list[SeqEntry]:
+    """The newest `keep` collectives of this rank, oldest first; [] without the recorder.
+    `site_for(created_ns, thread)` names the line that issued each (issued.IssueSites)."""
     if not ledger.available:
         return []
     try:
@@ -53,7 +55,8 @@ def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None,
             "phase": m.phase if m else LOOP, "epoch": m.epoch if m else 0,
             "batches": m.batches if m else 0, "fwd": m.forwards if m else 0,
             "tfwd": m.train_forwards if m else 0, "bwd": m.backwards if m else 0,
-            "steps": m.steps if m else 0, "thread": names.get(tid, ""), "line": None})
+            "steps": m.steps if m else 0, "thread": names.get(tid, ""),
+            "line": site_for(created, tid) if site_for is not None else None})
     return out
 
 

@@ -2,7 +2,9 @@
 this script for rank 1). With --bug, rank 0 alone all-reduces at its third batch; with
 --sync-log, rank 0 alone logs a metric with sync_dist=True at the end of each epoch (the line
 marked 'the SYNC LOG'), which Lightning all-reduces from its own code; with --sync-log --all,
-every rank logs it (healthy)."""
+every rank logs it (healthy). With --stop, rank 1 alone sets trainer.should_stop = True in its
+first epoch (the line marked 'the STOP'), which ends its epoch loop alone; with --stop --all,
+every rank sets it at the same batch (healthy)."""
 
 import sys
 
@@ -20,6 +22,11 @@ class Tiny(L.LightningModule):
     def training_step(self, batch, i):
         if self.bug and self.global_rank == 0 and i == 2:
             dist.barrier()  # the BUG: rank 0 only
+        if "--stop" in sys.argv and self.current_epoch == 0 and i == 2:
+            if "--all" in sys.argv:
+                self.trainer.should_stop = True
+            elif self.global_rank == 1:
+                self.trainer.should_stop = True  # the STOP: rank 1 alone
         return self.layer(batch[0]).pow(2).mean()
 
     def on_train_epoch_end(self):
