@@ -426,6 +426,20 @@ def test_a_rank_that_skipped_a_backward_and_exited_is_named_with_the_loops_one_s
                 "`if not torch.isfinite(loss): continue`", d), d["explanation"]
 
 
+def test_a_rank_that_returned_before_a_backward_and_exited_left_early():
+    """corpus33e's NaN check: rank 1 `return`ed out of its step function before the backward
+    (a local non-finite test) and exited; rank 0 waits in that backward. The twin above, a
+    `continue` that stays in the loop, is a skipped backward."""
+    source = list(SOURCE)
+    source[7] = "        if not torch.isfinite(loss): return"
+    recs = [rec(0, BWD, pending=[entry(40)], batches=32, fwd=32, bwd=32),
+            rec(1, None, batches=32, fwd=32, bwd=31, state="exited")]
+    d = diagnose(recs, {SCRIPT: source}, cause="peer_gone", reason="r", culprits=[1])
+    assert d["cause"] == "left_early", d
+    assert said(f"one way out before {SCRIPT}:9: {SCRIPT}:8 "
+                "`if not torch.isfinite(loss): return`", d), d["explanation"]
+
+
 def test_skip_before_needs_exactly_one_continue_of_the_loop_itself():
     assert skip_before(SOURCES, (SCRIPT, 9)) == \
         f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`"

@@ -22,6 +22,7 @@ Nothing is named where the places do not show it: the caller keeps the guard's d
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 
 from .findings import Finding
@@ -143,8 +144,24 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                 if skip:
                     text += (f". The loop has one way past the backward before {_at(sa)}: "
                              f"{skip}")
+                    if sb.phase == "gone" and _LEAVES.search(skip):
+                        # Its way past the backward left the loop, and the rank is gone: it
+                        # left early (the backward it skipped is only the first of many).
+                        return Finding("left_early", (
+                            f"rank {b} left its training loop before the backward of batch "
+                            f"{batch} and is gone, while rank {a} waits in "
+                            f"{sa.waits['desc']} ({_phase_words(sa.phase)} of batch {batch}): "
+                            f"it ran {sb.tfwd} training forwards and {sb.bwd} backwards, rank "
+                            f"{a} {sa.tfwd} and {sa.bwd}. The loop's one way out before "
+                            f"{_at(sa)}: {skip}"), (b,), _file_line(skip.split(" ", 1)[0]))
             return Finding("skipped_backward", text, (b,))
     return _ran_ahead_past_a_backward(sp, sources)
+
+
+# A way past the backward that leaves the loop, as skip_before quotes it (`return x`,
+# `if bad: break`).
+_LEAVES = re.compile(r"`\s*(?:(?:if|elif|else)\b[^`#]*:\s*)?"
+                     r"(?:return|break|raise|sys\.exit|exit|os\._exit)\b")
 
 
 def _deficit(s: Spot) -> int:
