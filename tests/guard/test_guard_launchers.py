@@ -88,6 +88,15 @@ def test_spawned_rank_that_left_its_epoch_loop_alone_and_returned(tmp_path: Path
     assert res.stdout.count("finished") == 2 and "JOB DONE" in res.stdout
 
 
+def test_spawned_rank_that_calls_os_exit_is_named(tmp_path: Path) -> None:
+    """os._exit(1) on rank 1: no atexit runs, and mp.spawn kills rank 0 at once on the
+    nonzero code, before rank 0's guard could say anything (it used to end with exit 1 and
+    no report). The leaving rank decides first, at its os._exit line."""
+    res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
+                     str(free_port()), "--os-exit", tmp_path=tmp_path)
+    _stopped(res, took, line=_marked("# the OS EXIT"))
+
+
 def test_a_program_that_drops_its_ranks_exit_codes_still_ends_with_the_verdict(
         tmp_path: Path) -> None:
     """One multiprocessing.Process per rank, joined and never checked: the program exits 0

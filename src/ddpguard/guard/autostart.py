@@ -176,6 +176,7 @@ def _install_exits() -> None:
     atexit.register(guard.stop, "exited")
     install_excepthook()
     _note_sys_exit()
+    _note_os_exit()
 
 
 def _note_sys_exit() -> None:
@@ -196,6 +197,37 @@ def _note_sys_exit() -> None:
 
     setattr(exit, _MARK, True)
     sys.exit = exit
+
+
+_os_exiting: list[bool] = []
+
+
+def _note_os_exit() -> None:
+    """os._exit ends the process at once (no atexit, no SystemExit; under mp.spawn a nonzero
+    code makes the parent kill the other ranks before their guards can say anything). A rank
+    that calls it leaves through the guard's stop first, as at a normal exit: its line noted,
+    and a peer waiting for a collective it will never issue is a stop decided here."""
+    orig = os._exit
+    if getattr(orig, _MARK, False):
+        return
+
+    @functools.wraps(orig)
+    def _exit(code: int) -> Any:
+        caller = sys._getframe(1)
+        # The guard's own os._exit (exit 17 after a report) and a second call go straight on.
+        if not _os_exiting and "/ddpguard/" not in caller.f_code.co_filename.replace(os.sep, "/"):
+            _os_exiting.append(True)
+            with contextlib.suppress(BaseException):
+                from ddpguard import guard
+
+                from .leaving import note_leave_site
+
+                note_leave_site(caller)
+                guard.stop("exited")
+        orig(code)
+
+    setattr(_exit, _MARK, True)
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def _hook_spawn(module: ModuleType) -> None:

@@ -12,6 +12,8 @@ marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: ran
 --early-stop (spawn): rank 0 alone leaves the epoch loop on its own patience (the line marked
 'the EARLY STOP'), destroys the group and returns while rank 1 waits in the epoch's barrier;
 with --agreed the stop is broadcast from rank 0 first, so both ranks leave together.
+--os-exit (spawn): rank 1 alone calls os._exit(1) after its all-reduces (the line marked
+'the OS EXIT'): no atexit, and mp.spawn kills rank 0 at once on the nonzero code.
 --leave (slurm): rank 0 alone calls sys.exit(0) after its all-reduces (the line marked
 'the LEAVE'), while rank 1 goes on to the barrier.
 --finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
@@ -28,10 +30,13 @@ import torch.multiprocessing as mp
 
 
 def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
-         destroy: bool = True, fail: bool = False, leave: bool = False) -> None:
+         destroy: bool = True, fail: bool = False, leave: bool = False,
+         os_exit: bool = False) -> None:
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
+    if os_exit and rank == 1:
+        os._exit(1)  # the OS EXIT: rank 1 alone
     if leave and rank == 0:
         sys.exit(0)  # the LEAVE: rank 0 alone, its launcher would see exit 0
     if bug and rank == 0:
@@ -83,13 +88,13 @@ def guarded_body(rank: int, a: argparse.Namespace) -> None:
 
 
 def spawned(rank: int, world: int, port: int, bug: bool, abort: bool,
-            early_stop: str = "") -> None:
+            early_stop: str = "", os_exit: bool = False) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     if early_stop:
         epochs(rank, early_stop == "agreed")
     else:
-        body(rank, bug, abort)
+        body(rank, bug, abort, os_exit=os_exit)
 
 
 def main() -> None:
@@ -104,11 +109,12 @@ def main() -> None:
     p.add_argument("--fail", action="store_true", help="rank 1 raises (--finally-destroy)")
     p.add_argument("--early-stop", action="store_true")
     p.add_argument("--leave", action="store_true", help="rank 0 exits early (slurm)")
+    p.add_argument("--os-exit", action="store_true", help="rank 1 calls os._exit(1) (spawn)")
     p.add_argument("--agreed", action="store_true", help="the stop is broadcast (--early-stop)")
     a = p.parse_args()
     if a.launch == "spawn":
         stop = ("agreed" if a.agreed else "alone") if a.early_stop else ""
-        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop), nprocs=2)
+        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop, a.os_exit), nprocs=2)
     elif a.launch == "process":
         ranks = [mp.get_context("spawn").Process(target=spawned, args=(r, 2, a.port, a.bug,
                                                                        a.abort))
