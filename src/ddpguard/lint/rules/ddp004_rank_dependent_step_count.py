@@ -11,8 +11,11 @@ builds from it before the skip (`images, targets = batch["image"], batch["target
 len(targets) == 0: continue`). Also: a skip on a test of the batch's items (`if
 any(len(t) < 1 for t in targets): continue`, maskrcnn-benchmark's trainer), and a rank that
 leaves or skips the step on its own non-finite loss (`if torch.isnan(loss): break`, `if not
-torch.isfinite(loss): continue`; a `*_dl` loader counts as a loader): the loss comes from this
-rank's batch alone, so one rank may meet a NaN the others do not. Not when the tested value went
+torch.isfinite(loss): continue`, or a status-0 `exit()` there; a `*_dl` loader, or a call
+wrapping a loader (`self._stable(self.train_loader, seed)`), counts as a loader): the loss
+comes from this rank's batch alone, so one rank may meet a NaN the others do not. A
+`dist.reduce(loss, dst=0)`, or a helper of the file whose only collectives are such reduces,
+does not make the test common: only the destination holds the sum. Not when the tested value went
 through a collective or a reducing helper (`reduce_mean(loss)`, any call named `*reduce*`,
 `*gather*`, `*sync*`, `*broadcast*`) earlier in the loop: its result is what the test reads (or
 it works in place on it); a reduction kept apart for the log line (`loss_dict_reduced =
@@ -61,8 +64,10 @@ from ..analysis.context import (
     dotted,
     kwarg,
 )
+from ..analysis.nonfinite import local_nonfinite
 from ..analysis.rank_failures import (
     caught_here,
+    clean_exit,
     exits_cleanly,
     failing_return,
     rank_local_tests,
@@ -140,7 +145,8 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         if isinstance(node, ast.While):
             continue
         skips = [s for s in node.body if isinstance(s, ast.If) and any(
-            isinstance(b, ast.Continue | ast.Break) for b in s.body)]
+            isinstance(b, ast.Continue | ast.Break) or isinstance(b, ast.Expr)
+            and clean_exit(info, b.value) for b in s.body)]
         # the walk for a `try` only in a function that has one
         tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
             id(lrec.func) if lrec.func is not None else 0) in info.catching else []
@@ -173,17 +179,23 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
             target = target.elts[1]  # `for i, batch in enumerate(...)`: `i == 0` is no batch
         names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
         for s in skips:
-            if _empty_test(s.test, _from_the_batch(node, s, names)):
+            if not any(isinstance(b, ast.Continue | ast.Break) for b in s.body):
+                pass  # a status-0 exit: only the non-finite loss form below reads it
+            elif _empty_test(s.test, _from_the_batch(node, s, names)):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
                 continue
-            loss = _local_nonfinite(info, node, s)
+            loss = local_nonfinite(info, node, s)
             if loss is not None:
-                how = "leaves the loop" if any(isinstance(b, ast.Break) for b in s.body) \
-                    else "skips the step"
+                end = next((b.value for b in s.body if isinstance(b, ast.Expr)
+                            and clean_exit(info, b.value)), None)
+                how = f"ends with `{ast.unparse(end)}` (status 0: no launcher ends the others)" \
+                    if end is not None else "leaves the loop" if any(
+                        isinstance(b, ast.Break) for b in s.body) else "skips the step"
                 yield s, "DDP004", (
                     f"a rank whose own `{loss}` is not finite {how} while the others go on: "
-                    "the loss is this rank's alone (no collective reached it), so the ranks do "
+                    "the loss is this rank's alone (no collective that every rank reads reached "
+                    "it; a reduce leaves the sum on one rank), so the ranks do "
                     "different numbers of steps and DDP's all-reduce hangs; all_reduce the "
                     "flag first so that every rank decides alike")
 
@@ -325,71 +337,12 @@ def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
     if any(isinstance(v, ast.Call) and info.callee_last(v) == "DataLoader"
            for v in info.values_of(it)):
         return True
+    if isinstance(it, ast.Call) and any(  # a wrapper over a loader: `self._stable(loader, s)`
+            "loader" in (dotted(a) or "").rsplit(".", 1)[-1].lower() for a in it.args):
+        return True
     name = (dotted(it) or "").rsplit(".", 1)[-1].lower()
     return "loader" in name or name in ("batches", "data_iter", "train_iter", "dl") \
         or name.endswith("_dl")
-
-
-_NONFINITE = {"isnan", "isinf", "isfinite"}
-
-
-_SHARED = ("reduce", "gather", "sync", "broadcast")
-
-
-def _local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
-    """`if torch.isnan(loss): break` (or `not math.isfinite(loss.item())`: continue) on a
-    loss this rank computed from its own batch: the test is the rank's own, unlike a value
-    that went through a collective or a helper that reduces it first (`reduce_mean(loss)`)
-    before the test; then every rank decides alike (MoRec's NaN break)."""
-    tested = [n for c in ast.walk(skip.test) if isinstance(c, ast.Call)
-              and info.callee_last(c) in _NONFINITE for a in c.args for n in ast.walk(a)
-              if isinstance(n, ast.Name) and "loss" in n.id.lower()]
-    if not tested:
-        return None
-    before = [r for r in info.calls if loop in r.loops and r.node.lineno < skip.lineno]
-    read = {n.id for n in ast.walk(skip.test) if isinstance(n, ast.Name)}
-    chain = _derived_from(loop, skip, read)
-    if any((is_collective(r) or any(w in r.last.lower() for w in _SHARED))
-           and _reaches(r, chain) for r in before):
-        return None
-    return tested[0].id
-
-
-def _derived_from(loop: Loop, skip: ast.If, names: set[str]) -> set[str]:
-    """The tested names and every name they were computed from in the loop before the test
-    (`losses = loss_dict["total_loss"]` reads `loss_dict`)."""
-    assigns = [s for s in ast.walk(loop) if isinstance(s, ast.Assign | ast.AugAssign)
-               and s.lineno < skip.lineno]
-    chain = set(names)
-    for _ in range(4):
-        grew = False
-        for st in assigns:
-            targets = st.targets if isinstance(st, ast.Assign) else [st.target]
-            if any(isinstance(n, ast.Name) and n.id in chain
-                   for t in targets for n in ast.walk(t)):
-                for n in ast.walk(st.value):
-                    if isinstance(n, ast.Name) and n.id not in chain:
-                        chain.add(n.id)
-                        grew = True
-        if not grew:
-            break
-    return chain
-
-
-def _reaches(rec: CallRec, chain: set[str]) -> bool:
-    """The collective or reducing helper feeds the tested value: its result is bound to one of
-    the names the test reads, or (its result dropped) it works in place on one of them. A
-    reduction kept apart for logging (YOLOF's `loss_dict_reduced = reduce_dict(loss_dict)`
-    beside a test of the rank's own `losses`) leaves the test this rank's own."""
-    st = rec.stmt
-    if isinstance(st, ast.Assign) and st.value is rec.node:
-        return any(isinstance(n, ast.Name) and n.id in chain
-                   for t in st.targets for n in ast.walk(t))
-    if isinstance(st, ast.Expr) and st.value is rec.node:
-        return any(isinstance(n, ast.Name) and n.id in chain
-                   for a in (*rec.node.args, *(k.value for k in rec.node.keywords))
-                   for n in ast.walk(a))
-    return True
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
