@@ -210,12 +210,16 @@ def _note_os_exit() -> None:
     orig = os._exit
     if getattr(orig, _MARK, False):
         return
+    rank_pid = os.getpid()
 
     @functools.wraps(orig)
     def _exit(code: int) -> Any:
         caller = sys._getframe(1)
-        # The guard's own os._exit (exit 17 after a report) and a second call go straight on.
-        if not _os_exiting and "/ddpguard/" not in caller.f_code.co_filename.replace(os.sep, "/"):
+        # The guard's own os._exit (exit 17 after a report) and a second call go straight on,
+        # and so does every forked child's (a DataLoader worker ends through os._exit in
+        # multiprocessing: it is not the rank leaving).
+        if (os.getpid() == rank_pid and not _os_exiting
+                and "/ddpguard/" not in caller.f_code.co_filename.replace(os.sep, "/")):
             _os_exiting.append(True)
             with contextlib.suppress(BaseException):
                 from ddpguard import guard
