@@ -339,6 +339,9 @@ M = [
  ("DDP004 a helper that only reduces is no agreement", "analysis/nonfinite.py", "    return not inner or any(r.last != \"reduce\" for r in inner)", "    return True"),
  ("DDP004 a non-finite loss ends the rank with status 0", "rules/ddp004_rank_dependent_step_count.py", "            isinstance(b, ast.Continue | ast.Break) or isinstance(b, ast.Expr)\n            and clean_exit(info, b.value) for b in s.body)]", "            isinstance(b, ast.Continue | ast.Break) for b in s.body)]"),
  ("DDP004 a wrapper over a loader", "rules/ddp004_rank_dependent_step_count.py", "            \"loader\" in (dotted(a) or \"\").rsplit(\".\", 1)[-1].lower() for a in it.args):", "            False for a in it.args):"),
+ ("DDP025 a per-node world size", "rules/ddp025_rank_kind_mixup.py", "            return \"GPU count (torch.cuda.device_count())\"", "            return \"\""),
+ ("DDP025 a per-node world size needs the launcher's rank", "rules/ddp025_rank_kind_mixup.py", "            if r is None and w is not None and (node_count", "            if w is not None and (node_count"),
+ ("DDP025 a name holding LOCAL_WORLD_SIZE", "rules/ddp025_rank_kind_mixup.py", "    return found[0] if found and all(found) else \"\"", "    return \"\""),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
 ]
 

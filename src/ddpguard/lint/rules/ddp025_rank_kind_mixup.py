@@ -16,6 +16,12 @@ The same global rank as the index of a device built by hand is the first spellin
 is such a string); the first such site in a function, none in a function already reported for
 `set_device` or `device_ids`.
 
+And the count of one node as the size of the whole group: `init_process_group(world_size=
+torch.cuda.device_count())` (or LOCAL_WORLD_SIZE) where the launcher gives the rank (no
+`rank=`): on a second node the ranks are at or past that size (and with fewer processes than
+GPUs the rendezvous waits for ranks never started). Not with `rank=` passed too (mp.spawn's
+one-node group, where the GPU count is the world).
+
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
 `mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
 `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
@@ -48,6 +54,14 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
     for rec in info.calls_named("set_device", "init_process_group", "DistributedDataParallel"):
         if rec.last == "init_process_group":
             r = kwarg(rec.node, "rank")
+            w = kwarg(rec.node, "world_size")
+            if r is None and w is not None and (node_count := _per_node(info, w, rec.func)):
+                yield w, "DDP025", (
+                    f"init_process_group(world_size={ast.unparse(w)}) passes this node's "
+                    f"{node_count} as the size of the whole group, while each rank comes from "
+                    "the launcher (no `rank=`): on more than one node (or with fewer processes "
+                    "than GPUs) some ranks are at or past that size and the rendezvous fails "
+                    "or waits forever; leave world_size to the launcher (WORLD_SIZE)")
             if r is not None and (src := _source(info, r, LOCAL, rec.func)):
                 yield r, "DDP025", (
                     f"init_process_group(rank={ast.unparse(r)}) passes the local rank "
@@ -113,6 +127,32 @@ def _unused(info: ModuleInfo, stmt: ast.stmt | None, call: ast.Call) -> bool:
         return False
     return not any(isinstance(n, ast.Attribute | ast.Name) and isinstance(n.ctx, ast.Load)
                    and dotted(n) == name for n in ast.walk(info.tree))
+
+
+def _per_node(info: ModuleInfo, node: ast.expr, func: Func | None, depth: int = 0) -> str:
+    """What names a count of this node only: `torch.cuda.device_count()`, LOCAL_WORLD_SIZE,
+    or a name `func` assigns only such a value."""
+    if isinstance(node, ast.Call):
+        if info.callee_last(node) == "int" and node.args:
+            return _per_node(info, node.args[0], func, depth)
+        if info.callee_last(node) == "device_count" and \
+                (info.qualify(node.func) or "").startswith("torch.cuda"):
+            return "GPU count (torch.cuda.device_count())"
+        if info.callee_last(node) in ("get", "getenv") and node.args and \
+                isinstance(node.args[0], ast.Constant) and \
+                node.args[0].value == "LOCAL_WORLD_SIZE":
+            return "process count (LOCAL_WORLD_SIZE)"
+        return ""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+            node.slice.value == "LOCAL_WORLD_SIZE":
+        return "process count (LOCAL_WORLD_SIZE)"
+    d = dotted(node)
+    if d is None or depth > 3 or func is None:
+        return ""
+    lo, hi = func.lineno, func.end_lineno or func.lineno
+    found = [_per_node(info, v, func, depth + 1) for line, v in info.assigns.get(d, [])
+             if lo <= line <= hi]
+    return found[0] if found and all(found) else ""
 
 
 def _indexed(args: list[ast.expr]) -> list[ast.expr]:
