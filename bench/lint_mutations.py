@@ -342,6 +342,9 @@ M = [
  ("DDP025 a per-node world size", "rules/ddp025_rank_kind_mixup.py", "            return \"GPU count (torch.cuda.device_count())\"", "            return \"\""),
  ("DDP025 a per-node world size needs the launcher's rank", "rules/ddp025_rank_kind_mixup.py", "            if r is None and w is not None and (node_count", "            if w is not None and (node_count"),
  ("DDP025 a name holding LOCAL_WORLD_SIZE", "rules/ddp025_rank_kind_mixup.py", "    return found[0] if found and all(found) else \"\"", "    return \"\""),
+ ("DDP025 mp.spawn of the whole world", "rules/ddp025_rank_kind_mixup.py", "            if d and _NODES.match(d.rsplit(\".\", 1)[-1].lower()):", "            if False:"),
+ ("DDP025 the spawned count through its name", "rules/ddp025_rank_kind_mixup.py", "    found = [_node_product(info, v, func, depth + 1) for line, v in info.assigns.get(d, [])", "    found = [\"\" for line, v in info.assigns.get(d, [])"),
+ ("DDP025 only a node count", "rules/ddp025_rank_kind_mixup.py", "_NODES = re.compile(r\"^(n|num_|n_|number_of_)?nodes$\")", "_NODES = re.compile(r\".\")"),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
 ]
 

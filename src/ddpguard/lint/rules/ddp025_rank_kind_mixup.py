@@ -22,6 +22,10 @@ torch.cuda.device_count())` (or LOCAL_WORLD_SIZE) where the launcher gives the r
 GPUs the rendezvous waits for ranks never started). Not with `rank=` passed too (mp.spawn's
 one-node group, where the GPU count is the world).
 
+And `mp.spawn(fn, nprocs=gpus * nodes)` (directly or through the name it was assigned to):
+mp.spawn starts processes on its own node only, so every node starts the whole world; not a
+product without a node count (`nodes`, `num_nodes`, `nnodes`, `n_nodes`).
+
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
 `mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
 `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
@@ -33,6 +37,7 @@ under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from ..analysis.context import Func, ModuleInfo, kwarg
@@ -83,6 +88,49 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
                 "second node it is at least the GPUs per node, a device that does not exist "
                 "(or shared by two processes); use the local rank")
     yield from _built_devices(info, reported)
+    yield from _spawned_world(info)
+
+
+_NODES = re.compile(r"^(n|num_|n_|number_of_)?nodes$")
+
+
+def _spawned_world(info: ModuleInfo) -> Iterator[Hit]:
+    """`mp.spawn(fn, nprocs=gpus * nodes)`: mp.spawn starts processes on the node it runs on
+    only, so each node starts the whole world; on a second node the ranks it computes are
+    duplicates or past the world size (and its GPU indices past its own GPUs)."""
+    for rec in info.calls_named("spawn", "start_processes"):
+        if not (info.qualify(rec.node.func) or "").startswith("torch.multiprocessing"):
+            continue
+        n = kwarg(rec.node, "nprocs")
+        if n is None and len(rec.node.args) > 2:
+            n = rec.node.args[2]
+        if n is not None and (nodes := _node_product(info, n, rec.func)):
+            yield n, "DDP025", (
+                f"mp.spawn(nprocs={ast.unparse(n)}) starts a process per GPU of every node "
+                f"(a product with `{nodes}`) on this one node: each node spawns the whole world, "
+                "so on more than one node ranks repeat or pass the world size and the "
+                "rendezvous fails or waits forever; spawn this node's GPU count")
+
+
+def _node_product(info: ModuleInfo, node: ast.expr, func: Func | None, depth: int = 0) -> str:
+    """The node count `node` multiplies by (`args.gpus * args.nodes`), directly or through
+    the one name it was assigned to in `func` (or the module)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for side in (node.left, node.right):
+            d = dotted(side.args[0] if isinstance(side, ast.Call) and side.args else side)
+            if d and _NODES.match(d.rsplit(".", 1)[-1].lower()):
+                return d
+            inner = _node_product(info, side, func, depth + 1) if depth < 3 else ""
+            if inner:
+                return inner
+        return ""
+    d = dotted(node)
+    if d is None or depth > 3:
+        return ""
+    lo, hi = (func.lineno, func.end_lineno or func.lineno) if func else (0, 1 << 30)
+    found = [_node_product(info, v, func, depth + 1) for line, v in info.assigns.get(d, [])
+             if lo <= line <= hi]
+    return found[0] if found and all(found) else ""
 
 
 def _built_devices(info: ModuleInfo, reported: set[int]) -> Iterator[Hit]:
