@@ -48,8 +48,11 @@ BROKEN = [
     # A wait the flight recorder does not list: forming a group on one rank only.
     ("new_group", "wait", None, ["new_group (process-group set-up)", "all_reduce #",
                                  line_of("new_group on rank 0 only")], None),
-    ("early_exit", "poll", "left_early", ["rank 1 exited", "rank 0 waits in all_reduce #"],
-     [1]),
+    # Whichever rank decides: rank 0 (it saw rank 1 exit) or rank 1 as it leaves (it found
+    # rank 0 already waiting past its last collective), under load either comes first.
+    ("early_exit", "poll", "left_early",
+     [("rank 1 exited", "rank 1 left (it destroyed its process group or exited)"),
+      "rank 0 waits in all_reduce #"], [1]),
 ]
 
 
@@ -66,7 +69,9 @@ def test_async_broken_program_is_stopped_with_the_cause(case, wait, cause, texts
     assert rep["proof"], "a waiting rank was judged, not proven stuck"
     whole = json.dumps(rep) + res.stderr
     for text in texts:
-        assert text in whole, f"{text!r} not in the report/stderr:\n{res.stderr[-4000:]}"
+        options = text if isinstance(text, tuple) else (text,)
+        assert any(t in whole for t in options), \
+            f"{text!r} not in the report/stderr:\n{res.stderr[-4000:]}"
     if culprits is not None:
         assert d["culprits"] == culprits
     # Proven within 5 s of the last rank starting to wait, however much CPU the wait spun.
