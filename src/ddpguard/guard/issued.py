@@ -62,7 +62,10 @@ class IssueSites:
         @functools.wraps(fn)
         def issue(*args: Any, **kwargs: Any) -> Any:
             t0 = time.time_ns()
-            where = _caller()
+            try:
+                where = _caller()
+            except Exception:  # never the user's collective's failure
+                where = "?"
             work = fn(*args, **kwargs)
             sites.append((t0, time.time_ns(), threading.get_ident(), where))
             return work
