@@ -345,6 +345,10 @@ M = [
  ("DDP025 mp.spawn of the whole world", "rules/ddp025_rank_kind_mixup.py", "            if d and _NODES.match(d.rsplit(\".\", 1)[-1].lower()):", "            if False:"),
  ("DDP025 the spawned count through its name", "rules/ddp025_rank_kind_mixup.py", "    found = [_node_product(info, v, func, depth + 1) for line, v in info.assigns.get(d, [])", "    found = [\"\" for line, v in info.assigns.get(d, [])"),
  ("DDP025 only a node count", "rules/ddp025_rank_kind_mixup.py", "_NODES = re.compile(r\"^(n|num_|n_|number_of_)?nodes$\")", "_NODES = re.compile(r\".\")"),
+ ("DDP004 a catch-all around the rank's run", "analysis/rank_failures.py", "    if not any(first <= r.node.lineno <= end and reaches(r) for r in recs):\n        return None\n    for h in t.handlers:", "    if True:\n        return None\n    for h in t.handlers:"),
+ ("DDP004 a catch-all reaching no sync", "analysis/rank_failures.py", "    if not any(first <= r.node.lineno <= end and reaches(r) for r in recs):", "    if not any(first <= r.node.lineno <= end for r in recs):"),
+ ("DDP004 only a catch-all", "analysis/rank_failures.py", "        if not caught or not caught <= _BROAD:", "        if not caught:"),
+ ("DDP004 a catch-all that fails the exit", "analysis/rank_failures.py", "lo <= r.node.lineno <= hi and (is_collective(r) or r.last in EXITS", "lo <= r.node.lineno <= hi and (is_collective(r) or False"),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
 ]
 

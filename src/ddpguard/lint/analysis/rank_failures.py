@@ -221,3 +221,36 @@ def _reads(test: ast.expr) -> set[str]:
         if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n)) is not None:
             out.add(d)
     return out
+
+
+_BROAD = {"Exception", "BaseException"}
+
+
+def swallowed_run(info: ModuleInfo, fn: Func,
+                  reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
+    """A catch-all handler around the whole of a rank's run: the last statement of `fn` is a
+    `try` whose block reaches a sync (`reaches`: a collective, a backward, an optimizer step,
+    through the project's code), and whose `except Exception:` (or bare `except:`) neither
+    raises nor exits with a failure nor makes a collective. A rank that fails there returns
+    normally and ends with status 0, which no launcher reads as a failure, while its peers
+    wait for it in the next collective."""
+    if id(fn) not in info.catching or not fn.body or not isinstance(fn.body[-1], ast.Try):
+        return None
+    t = fn.body[-1]
+    recs = calls_by_func(info).get(id(fn), [])
+    first, end = t.body[0].lineno, t.body[-1].end_lineno or t.lineno
+    if not any(first <= r.node.lineno <= end and reaches(r) for r in recs):
+        return None
+    for h in t.handlers:
+        caught = {(dotted(x) or "") for x in
+                  (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])} \
+            if h.type is not None else set(_BROAD)
+        if not caught or not caught <= _BROAD:
+            continue
+        lo, hi = h.lineno, h.end_lineno or h.lineno
+        if any(isinstance(n, ast.Raise) for n in own_nodes(h.body)) or any(
+                lo <= r.node.lineno <= hi and (is_collective(r) or r.last in EXITS
+                                               and not clean_exit(info, r.node)) for r in recs):
+            continue
+        return h
+    return None

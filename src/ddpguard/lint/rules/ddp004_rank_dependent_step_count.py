@@ -40,7 +40,11 @@ mp.spawn reads status 0 as a failure, so nothing ends the peers waiting in the s
 all-reduce (a non-zero exit is the launcher's to act on, and stays silent); such a handler is
 reported in any loop whose guarded block calls `.backward()` itself (`for i, batch in t:` over
 a project's own batch generator), the message naming what it assumed (the error is not met on
-every rank at once). And only in a module that
+every rank at once). The same for a catch-all (`except Exception:`, bare `except:`) around
+the whole of a rank's run, the last statement of its function, whose block reaches a sync
+through the project's code and whose handler neither raises, exits with a failure nor makes a
+collective: the failing rank returns normally and ends with status 0 (not a handler for one
+kind of error, `except FileNotFoundError:`). And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
@@ -72,6 +76,7 @@ from ..analysis.rank_failures import (
     failing_return,
     rank_local_tests,
     reraises_first,
+    swallowed_run,
     training_calls,
 )
 from ..registry import Hit, rule
@@ -129,6 +134,17 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     yield from _failing_steps(info, grouped)
     if not grouped:
         return
+    for fns in info.funcs.values() if info.catching else ():
+        for fn in fns:
+            h = swallowed_run(info, fn, lambda r: reaches_collective(info, r, _SYNCS))
+            if h is not None:
+                yield h, "DDP004", (
+                    f"an error caught here ends {fn.name}() normally on the rank that met it "
+                    "(the handler neither re-raises nor exits with a failure): that process "
+                    "ends with status 0, which no launcher reads as a failure, while the other "
+                    "ranks wait for it in their next collective or gradient all-reduce "
+                    "(assumed: the error is met on some ranks only); re-raise after the "
+                    "clean-up")
     for rec in info.calls:
         if rec.last != "DataLoader":
             continue
