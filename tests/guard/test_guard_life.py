@@ -55,6 +55,34 @@ def _helper(x):
     return x + 1
 
 
+class _Config:
+    """A project's config lookup, a recursive helper (corpus33f's busy-wait read one)."""
+
+    def __init__(self):
+        self.tree = {"trainer": {"lr": 0.1, "logging": {"every": 10}}}
+
+    def _find(self, d, key):
+        for k, v in d.items():
+            if k == key:
+                return v
+            if isinstance(v, dict):
+                found = self._find(v, key)
+                if found is not None:
+                    return found
+        return None
+
+    def get(self, key):
+        return self._find(self.tree, key)
+
+
+def _busy_wait(stop):
+    # Waits for a flag nothing will set: each turn calls Python functions, no work is done.
+    cfg = _Config()
+    _SPINNING[0] = True
+    while _SPINNING[0] and not cfg.get("epoch_logged"):
+        pass
+
+
 def _calls(stop):
     n = 0
     while not stop.is_set():
@@ -79,7 +107,7 @@ def test_working_threads_show_life(target, at_least):
         assert "...." not in quiet, kinds
 
 
-@pytest.mark.parametrize("target", [_spin, _sleep, _block])
+@pytest.mark.parametrize("target", [_spin, _sleep, _block, _busy_wait])
 def test_stuck_threads_show_none(target):
     kinds = _kinds(target)
     assert kinds.count(None) >= len(kinds) - 1, kinds
@@ -411,3 +439,21 @@ def test_after_a_gap_two_fresh_samples_are_needed():
         t.join(30)
     assert got[1:3] == ["children", "children"], got
     assert got[3:] == [None, None, "children"], got
+
+
+def test_poll_head_reads_busy_waits_from_the_source(tmp_path):
+    from ddpguard.guard.polls import poll_head
+
+    src = tmp_path / "train.py"
+    src.write_text(
+        "while not cfg.get('ready'):\n"        # 1  a busy-wait: its body only passes
+        "    pass\n"                           # 2
+        "while not os.path.exists(p):\n"       # 3  a poll with a sleep
+        "    time.sleep(0.5)  # wait\n"        # 4
+        "while loss.item() >= best: pass\n"    # 5  one line
+        "while not done():\n"                  # 6  twin: its body works
+        "    step()\n"                         # 7
+        "for x in items:\n"                    # 8  twin: a for loop
+        "    pass\n")                          # 9
+    f = str(src)
+    assert [poll_head(f, n) for n in range(1, 10)] == [1, 1, 3, 3, 5, None, None, None, None]

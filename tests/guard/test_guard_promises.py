@@ -66,6 +66,16 @@ def test_no_life_setting_decides_when_a_stall_is_judged(no_life, tmp_path):
     assert no_life - 0.5 <= waited <= no_life + 6, (no_life, waited)
 
 
+def test_a_busy_wait_on_a_flag_nothing_sets_is_judged_a_stall(tmp_path):
+    # corpus33f's tuning case: each turn calls a lookup, which moves the stack (once read as
+    # work); the loop only evaluates its condition, so it waits, and nothing else works.
+    res, _ = run_case("stall_poll", tmp_path, DDPGUARD_NO_LIFE="4")
+    assert res.returncode == 17, res.stderr[-3000:]
+    rep = _report(tmp_path)
+    assert rep["diagnosis"]["cause"] == "no_life" and rep["diagnosis"]["culprits"] == [1]
+    assert line_of("stall: polls a flag nothing sets") in json.dumps(rep["diagnosis"])
+
+
 def test_unequal_loaders_without_collectives_are_left_running(tmp_path):
     # Different shard sizes, local work only in the pass, then collectives on every rank.
     res, _ = run_case("uneven_local", tmp_path)

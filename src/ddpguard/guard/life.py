@@ -7,7 +7,9 @@ being written, a dataset being read), its Python stack moving between functions,
 spent while the stack sits still inside one call into C (a long kernel). Not counted: CPU time
 while the Python stack stays in one function and runs its own bytecode (the guard thread finds
 it at a loop's back-edge, never inside a call): that is a loop that never calls anything, the
-signature of `while True: ...` spinning on one rank.
+signature of `while True: ...` spinning on one rank; nor the calls of a busy-wait poll's
+condition (`while not cfg.get("ready"): pass`, polls.py): they move the stack, but a loop that
+only evaluates its condition waits, and only what the rest of the rank does counts then.
 
 While the training thread shows none of these, sits inside a call into C (waiting on a pool, a
 subprocess, a future, a socket) and not in a collective, the work of the rest of the rank
@@ -27,6 +29,7 @@ import time
 from typing import Any
 
 from . import vitals
+from .polls import poll_site
 from .rank_life import RankLife
 
 __all__ = ["LifeSignals", "stack_signature"]
@@ -91,6 +94,7 @@ class LifeSignals:
         self._cpu = _thread_cpu(native_id)
         self._sig: tuple[Any, ...] | None = None
         self.spinning = False  # the latest sample found a loop burning CPU in its own bytecode
+        self._poll: tuple[Any, ...] | None = None  # the busy-wait loop of the last sample
         self._at = now
         self.rank = RankLife(native_id, now)
 
@@ -123,15 +127,29 @@ class LifeSignals:
         moved = self._sig is not None and any(s != self._sig for s in sigs)
         burning = (cpu is not None and self._cpu is not None and now > self._at
                    and (cpu - self._cpu) >= 0.2 * (now - self._at))
+        # A busy-wait `while not ready(): pass` that has not left its loop since the last
+        # sample: the calls of its condition move the stack, but they are no work.
+        poll = None
+        if kind is None and frame is not None and (moved or in_c):
+            try:
+                poll = poll_site(frame)
+            except Exception:  # another thread's frame, read while it runs
+                poll = None
+        polling = poll is not None and poll == self._poll
+        self._poll = poll
         # Burning CPU in its own bytecode in one function: a loop that calls nothing.
-        self.spinning = bool(self._sig is not None and not moved and burning and not in_c)
-        if moved:
+        self.spinning = bool(self._sig is not None and burning
+                             and (polling or (not moved and not in_c)))
+        if polling:
+            pass
+        elif moved:
             kind = kind or "stack"
         elif self._sig is not None and in_c and burning:
             # Still inside one call into C and burning CPU: a long kernel, not a wait.
             kind = kind or "cpu"
-        # The rest of the rank, only when it can matter (and costs nothing in steady training).
-        if kind is None and in_c and not waiting:
+        # The rest of the rank, only when it can matter (and costs nothing in steady training):
+        # a poll may wait for a thread or a child of the rank that works.
+        if kind is None and (in_c or polling) and not waiting:
             reading = (self.native_id is not None
                        and vitals.task_syscall(self.native_id) in vitals.READ_WAITS)
             kind = self.rank.sample(now, reading=reading)

@@ -7,6 +7,7 @@
   local work), then collectives again: healthy.
 - sigstop: rank 1 is stopped by SIGSTOP while rank 0 waits.
 - stall: rank 1 spins forever while rank 0 waits (judged after DDPGUARD_NO_LIFE seconds).
+- stall_poll: rank 1 busy-waits on a flag read through a helper that nothing sets.
 """
 
 import argparse
@@ -65,6 +66,12 @@ elif args.case == "stall":
         n = 0
         while True:  # stall: spins forever
             n += 1
+    sync_step(99)
+elif args.case == "stall_poll":
+    if rank == 1:
+        flags = {"epoch": {"logged": None}}
+        while not flags["epoch"].get("logged"):  # stall: polls a flag nothing sets
+            pass
     sync_step(99)
 else:
     raise SystemExit(f"unknown case {args.case!r}")
