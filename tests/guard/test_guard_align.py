@@ -956,3 +956,38 @@ def test_a_helper_collective_called_under_a_rank_test_names_the_call():
     pos = {r["rank"]: rank_position(r) for r in recs}
     cause, named = or_conditional(found, recs, pos, sources)
     assert cause == "extra_collective" and named is found
+
+
+def _returns_once(rank, epochs):
+    for epoch in range(epochs):
+        if rank == 1 and epoch == 2:
+            return  # the EARLY RETURN
+        print(epoch)
+    return
+
+
+def _returns_twice(rank):
+    if rank == 1:
+        return 1
+    if rank == 2:
+        return 2
+    return 0
+
+
+def _returns_in_a_helper(rank):
+    def helper():
+        return rank
+
+    print(helper())
+
+
+def test_a_spawned_functions_one_early_return_names_where_it_left():
+    """mp.spawn's worker returned and its frame is gone: its one early return is named."""
+    from ddpguard.guard.leaving import early_return_line
+
+    src = open(__file__).read().splitlines()
+    mark = next(i + 1 for i, t in enumerate(src) if "# the EARLY RETURN" in t)
+    assert early_return_line(_returns_once) == mark
+    # Twins: two early returns say nothing certain; a nested function's return is its own.
+    assert early_return_line(_returns_twice) is None
+    assert early_return_line(_returns_in_a_helper) is None

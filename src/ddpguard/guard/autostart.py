@@ -258,6 +258,10 @@ def _hook_spawn(module: ModuleType) -> None:
 
                     report_until_settled(exc)
                 raise
+            with contextlib.suppress(Exception):
+                from .leaving import note_return_site
+
+                note_return_site(fn)  # its frame is gone: its one early return names it
             guard.stop("exited")
             return out
 

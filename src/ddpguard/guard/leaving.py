@@ -5,8 +5,11 @@ launcher would otherwise see it exit 0 while the job hangs or dies behind it."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import linecache
 import logging
+import textwrap
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -43,6 +46,41 @@ def note_leave_site(frame: Any) -> None:
     g = guard.active()
     if g is not None and g.leave_site is None:
         g.leave_site = site_of_frame(frame)
+
+
+def note_return_site(fn: Any) -> None:
+    """A rank's function returned (mp.spawn's worker): its frame is gone, so name the one
+    early `return` of its source, where it has exactly one."""
+    from ddpguard import guard
+
+    g = guard.active()
+    if g is None or g.leave_site is not None:
+        return
+    line = early_return_line(fn)
+    path = inspect.getsourcefile(fn) if line is not None else None
+    if line is not None and path:
+        g.leave_site = fmt_frame({"file": path, "line": line, "func": fn.__name__,
+                                  "code": linecache.getline(path, line).strip()})
+
+
+def early_return_line(fn: Any) -> int | None:
+    """The line of the one `return` of `fn` that is not its last statement (inside a loop or
+    under an `if`), or None where it has none or several (nested functions' returns are
+    theirs). Pure but for reading the source."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    top = tree.body[0] if tree.body else None
+    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    nested = {id(n) for inner in ast.walk(top) if inner is not top
+              and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+              for n in ast.walk(inner)}
+    early = [n for n in ast.walk(top) if isinstance(n, ast.Return)
+             and n is not top.body[-1] and id(n) not in nested]
+    return start + early[0].lineno - 1 if len(early) == 1 else None
 
 
 def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbeat]
