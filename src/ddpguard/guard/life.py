@@ -24,6 +24,7 @@ busy helper must not hide a training thread stuck in `while True:`.
 from __future__ import annotations
 
 import dis
+import linecache
 import sys
 import time
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from . import vitals
 from .polls import poll_site
 from .rank_life import RankLife
+from .stacks import fmt_frame
 
 __all__ = ["LifeSignals", "stack_signature"]
 
@@ -95,6 +97,7 @@ class LifeSignals:
         self._sig: tuple[Any, ...] | None = None
         self.spinning = False  # the latest sample found a loop burning CPU in its own bytecode
         self._poll: tuple[Any, ...] | None = None  # the busy-wait loop of the last sample
+        self.poll_at: str | None = None  # 'file:line in func  `code`' of a stuck busy-wait
         self._at = now
         self.rank = RankLife(native_id, now)
 
@@ -130,13 +133,17 @@ class LifeSignals:
         # A busy-wait `while not ready(): pass` that has not left its loop since the last
         # sample: the calls of its condition move the stack, but they are no work.
         poll = None
-        if kind is None and frame is not None and (moved or in_c):
-            try:
-                poll = poll_site(frame)
+        if kind is None and self.ident is not None and (moved or in_c):
+            try:  # a fresh look: a generator's frame seen earlier may have finished, cut loose
+                poll = poll_site(sys._current_frames().get(self.ident))
             except Exception:  # another thread's frame, read while it runs
                 poll = None
         polling = poll is not None and poll == self._poll
         self._poll = poll
+        # Where a report must point: the loop's line, not the helper its condition calls.
+        self.poll_at = (fmt_frame({"file": poll[2], "line": poll[3], "func": poll[1].co_name,
+                                   "code": linecache.getline(poll[2], poll[3]).strip()})
+                        if polling and poll is not None else None)
         # Burning CPU in its own bytecode in one function: a loop that calls nothing.
         self.spinning = bool(self._sig is not None and burning
                              and (polling or (not moved and not in_c)))

@@ -278,6 +278,7 @@ class Guard:
             pending = is_blocked(frames)
         # In a collective, only the training thread's own signs count (life.py says why).
         self.life.sample(self.progress.total() + completed, now, waiting=pending)
+        self._where = self.life.poll_at or self._where  # a stuck busy-wait: its loop's line
         settle = self.config.settle
         quiet = self.life.quiet_for(now) >= settle
         if self.ledger.available:

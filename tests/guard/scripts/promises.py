@@ -69,8 +69,12 @@ elif args.case == "stall":
     sync_step(99)
 elif args.case == "stall_poll":
     if rank == 1:
-        flags = {"epoch": {"logged": None}}
-        while not flags["epoch"].get("logged"):  # stall: polls a flag nothing sets
+        def logged(tree=None):
+            tree = {"epoch": {"logged": None}} if tree is None else tree
+            return any(v if k == "logged" else isinstance(v, dict) and logged(v)
+                       for k, v in tree.items())
+
+        while not logged():  # stall: polls a flag nothing sets
             pass
     sync_step(99)
 else:
