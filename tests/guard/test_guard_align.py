@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from pathlib import Path
 
 from ddpguard.guard.diagnose import diagnose
 from ddpguard.guard.loops import inside_loop, left_at, skip_before, way_out
@@ -985,7 +986,7 @@ def test_a_spawned_functions_one_early_return_names_where_it_left():
     """mp.spawn's worker returned and its frame is gone: its one early return is named."""
     from ddpguard.guard.leaving import early_return_line
 
-    src = open(__file__).read().splitlines()
+    src = Path(__file__).read_text().splitlines()
     mark = next(i + 1 for i, t in enumerate(src) if "# the EARLY RETURN" in t)
     assert early_return_line(_returns_once) == mark
     # Twins: two early returns say nothing certain; a nested function's return is its own.

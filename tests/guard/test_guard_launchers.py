@@ -97,6 +97,16 @@ def test_spawned_rank_that_calls_os_exit_is_named(tmp_path: Path) -> None:
     _stopped(res, took, line=_marked("# the OS EXIT"))
 
 
+def test_an_error_unwinding_through_a_join_exit_is_named_by_its_raise(tmp_path: Path) -> None:
+    """corpus33f's tuning case: rank 1 raises inside a Join context; on its way out the Join
+    exit's collectives pair with rank 0's gradient all-reduce (gloo may abort either). Where
+    the ranks wait is a consequence: the report names the raise."""
+    res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
+                     str(free_port()), "--raise-join", tmp_path=tmp_path)
+    _stopped(res, took, line=_marked("# the RAISE"))
+    assert "is unwinding ValueError: corrupt batch on rank 1" in res.stderr, res.stderr[-3000:]
+
+
 def test_a_program_that_drops_its_ranks_exit_codes_still_ends_with_the_verdict(
         tmp_path: Path) -> None:
     """One multiprocessing.Process per rank, joined and never checked: the program exits 0

@@ -52,7 +52,8 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
                         "issued": dump.get("issued") or {},
                         "ddp_training": dump.get("ddp_training"),
                         "sequence": dump.get("sequence") or [],
-                        "lanes": dump.get("lanes") or []})
+                        "lanes": dump.get("lanes") or [],
+                        "unwinding": dump.get("unwinding")})
     sources: dict[str, list[str]] = {}
     for rec in records:
         main: list[Frame] = next(iter((rec["stacks"] or {}).values()), [])

@@ -29,6 +29,7 @@ from .stacks import (
     user_frame,
     waits_for_child,
 )
+from .unwinding import unwinding_error
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
 
@@ -230,7 +231,8 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     aligned = any("backwards" in (r.get("hb") or {}) for r in records)
     if cause not in ("crashed_rank", "collective_timeout", "loader_worker_killed"):
         found = (synced_log_on_some_ranks(records, sources)  # Lightning's sync: its self.log
-                 or stop_on_some_ranks(records))  # Lightning's should_stop set by one rank
+                 or stop_on_some_ranks(records)  # Lightning's should_stop set by one rank
+                 or unwinding_error(records))  # an error unwinding through a cleanup's collective
         if found:
             return found.cause, found
     if cause in ("no_life", "hard_limit"):

@@ -22,6 +22,7 @@ from .report import announce, report_path, write_json
 from .rules import Decision
 from .sequence import add_lines, recent
 from .stacks import Frame, capture_all
+from .unwinding import unwinding
 
 __all__ = ["Failure"]
 
@@ -58,7 +59,9 @@ class Failure:
                 "ddp_training": ddp_training(threading.main_thread().ident),
                 # This rank's recent collectives placed in its loop, for the alignment.
                 "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident,
-                                   site_for=g.issue_sites.site_for)}
+                                   site_for=g.issue_sites.site_for),
+                "unwinding": (unwinding(threading.main_thread().ident)
+                              or g.issue_sites.unwinding)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them

@@ -21,9 +21,11 @@ import functools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .stacks import is_library_file
+from .unwinding import describe
 
 __all__ = ["IssueSites"]
 
@@ -51,9 +53,15 @@ def _caller(depth_limit: int = 64) -> str:
 
 
 class IssueSites:
-    def __init__(self, keep: int = 256) -> None:
+    def __init__(self, keep: int = 256, note: Callable[[str, str], None] | None = None
+                 ) -> None:
         self.sites: collections.deque[tuple[int, int, int, str]] = collections.deque(
             maxlen=keep)
+        # The error a thread was unwinding when it issued a collective (a `finally:` or a
+        # Join exit on the way out): kept, and noted in the fault log (`note`), since the
+        # transport may abort this rank inside that very collective.
+        self.unwinding: str | None = None
+        self._note = note
         self._orig: dict[tuple[Any, str], Any] = {}
 
     def _wrap(self, fn: Any) -> Any:
@@ -64,6 +72,7 @@ class IssueSites:
             t0 = time.time_ns()
             try:
                 where = _caller()
+                self._unwinding(sys.exc_info()[1])
             except Exception:  # never the user's collective's failure
                 where = "?"
             work = fn(*args, **kwargs)
@@ -72,6 +81,15 @@ class IssueSites:
 
         issue.__ddpguard_wrapped__ = fn  # type: ignore[attr-defined]
         return issue
+
+    def _unwinding(self, exc: BaseException | None) -> None:
+        if exc is None or self.unwinding is not None:
+            return
+        text = describe(exc)
+        if text is not None:
+            self.unwinding = text
+            if self._note is not None:
+                self._note("unwinding", text)
 
     def install(self) -> None:
         try:

@@ -89,8 +89,8 @@ class Guard:
         self.ledger = Ledger(self.config.ledger)
         self.life = LifeSignals(main.ident, getattr(main, "native_id", None))
         self.lanes = Lanes()
-        self.issue_sites = IssueSites()
         self.fault_log = FaultLog()
+        self.issue_sites = IssueSites(note=self.fault_log.note)
         self.status: dict[str, tuple[int, int]] = {}
         self.status_since = time.monotonic()
         self._pending: list[Entry] = []

@@ -54,6 +54,7 @@ class RankDump(TypedDict, total=False):
     issued: dict[str, str]           # 'group/seq' -> where it was issued (issued.py)
     ddp_training: bool | None        # ddpstate.ddp_training
     sequence: list[SeqEntry]         # its recent collectives placed in its loop (sequence.py)
+    unwinding: str | None            # the error its training thread is unwinding (unwinding.py)
 
 
 class RankRecord(TypedDict, total=False):
@@ -69,6 +70,7 @@ class RankRecord(TypedDict, total=False):
     ddp_training: bool | None
     sequence: list[SeqEntry]
     lanes: list[list[Any]]
+    unwinding: str | None
 
 
 class Position(TypedDict, total=False):

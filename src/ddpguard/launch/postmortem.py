@@ -111,9 +111,11 @@ def compose(logs: list[RankLog]) -> Report | None:
         hb: Heartbeat = ({"rank": r, "pid": log.pid, "fault": log.path,
                           "main": log.main, "kind": "unknown",
                           "doing": "no stack (it left no dump)"} if log is not None else {})
+        notes = fault_notes(log.text) if log is not None else []
         records.append({"rank": r, "state": state, "hb": hb, "error": None,
                         "stacks": stacks or None, "issued": {}, "ddp_training": None,
-                        "sequence": [], "lanes": []})
+                        "sequence": [], "lanes": [],
+                        "unwinding": next((t for k, t in notes if k == "unwinding"), None)})
         for frames in stacks.values():
             for f in frames:
                 sources.setdefault(f["file"], _lines(f["file"]))

@@ -14,6 +14,8 @@ marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: ran
 with --agreed the stop is broadcast from rank 0 first, so both ranks leave together.
 --os-exit (spawn): rank 1 alone calls os._exit(1) after its all-reduces (the line marked
 'the OS EXIT'): no atexit, and mp.spawn kills rank 0 at once on the nonzero code.
+--raise-join (spawn): rank 1 raises inside a DDP Join context (the line marked 'the RAISE');
+on its way out the Join's exit issues its collectives, which pair with rank 0's training ones.
 --leave (slurm): rank 0 alone calls sys.exit(0) after its all-reduces (the line marked
 'the LEAVE'), while rank 1 goes on to the barrier.
 --finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
@@ -72,6 +74,24 @@ def epochs(rank: int, agreed: bool) -> None:
     dist.destroy_process_group()
 
 
+def join_body(rank: int) -> None:
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        with Join([model]):
+            for step in range(40):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                if rank == 1 and step == 10:
+                    raise ValueError("corrupt batch on rank 1")  # the RAISE
+                loss.backward()
+                opt.step()
+    finally:
+        dist.barrier()
+
+
 def guarded_body(rank: int, a: argparse.Namespace) -> None:
     """--finally-destroy: the loop in try/except/finally as real programs write it, the
     group destroyed while the error propagates."""
@@ -91,7 +111,9 @@ def spawned(rank: int, world: int, port: int, bug: bool, abort: bool,
             early_stop: str = "", os_exit: bool = False) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    if early_stop:
+    if early_stop == "raise-join":
+        join_body(rank)
+    elif early_stop:
         epochs(rank, early_stop == "agreed")
     else:
         body(rank, bug, abort, os_exit=os_exit)
@@ -110,10 +132,12 @@ def main() -> None:
     p.add_argument("--early-stop", action="store_true")
     p.add_argument("--leave", action="store_true", help="rank 0 exits early (slurm)")
     p.add_argument("--os-exit", action="store_true", help="rank 1 calls os._exit(1) (spawn)")
+    p.add_argument("--raise-join", action="store_true", help="rank 1 raises in Join (spawn)")
     p.add_argument("--agreed", action="store_true", help="the stop is broadcast (--early-stop)")
     a = p.parse_args()
     if a.launch == "spawn":
         stop = ("agreed" if a.agreed else "alone") if a.early_stop else ""
+        stop = "raise-join" if a.raise_join else stop
         mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop, a.os_exit), nprocs=2)
     elif a.launch == "process":
         ranks = [mp.get_context("spawn").Process(target=spawned, args=(r, 2, a.port, a.bug,
