@@ -315,3 +315,13 @@ def test_collectives_are_matched_to_the_line_that_issued_them(monkeypatch):
 def _line_of(snippet: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i + 1 for i, t in enumerate(lines) if snippet in t and "_line_of" not in t)
+
+
+def test_an_unwinding_note_counts_only_for_the_collective_a_rank_died_in():
+    from ddpguard.launch.postmortem import _unwinding
+
+    raised = "ValueError: bad (raised at t.py:3 in f)"
+    assert _unwinding([("error", "x"), ("unwinding", raised)]) == raised
+    # Twin: that collective completed (the rank went on): nothing to say.
+    assert _unwinding([("unwinding", raised), ("unwinding", "-")]) is None
+    assert _unwinding([]) is None

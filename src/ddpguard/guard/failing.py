@@ -60,8 +60,7 @@ class Failure:
                 # This rank's recent collectives placed in its loop, for the alignment.
                 "sequence": recent(g.ledger, g.progress.timeline, threading.main_thread().ident,
                                    site_for=g.issue_sites.site_for),
-                "unwinding": (unwinding(threading.main_thread().ident)
-                              or g.issue_sites.unwinding)}
+                "unwinding": unwinding(threading.main_thread().ident)}
 
     def _issued(self) -> dict[str, str]:
         """Where this rank issued the collectives it waits for, when it waits for them

@@ -57,9 +57,9 @@ class IssueSites:
                  ) -> None:
         self.sites: collections.deque[tuple[int, int, int, str]] = collections.deque(
             maxlen=keep)
-        # The error a thread was unwinding when it issued a collective (a `finally:` or a
-        # Join exit on the way out): kept, and noted in the fault log (`note`), since the
-        # transport may abort this rank inside that very collective.
+        # The error a thread is unwinding while it issues a collective (a `finally:` or a
+        # Join exit on the way out), noted in the fault log (`note`) until that collective
+        # completes: the transport may abort this rank inside it.
         self.unwinding: str | None = None
         self._note = note
         self._orig: dict[tuple[Any, str], Any] = {}
@@ -70,26 +70,35 @@ class IssueSites:
         @functools.wraps(fn)
         def issue(*args: Any, **kwargs: Any) -> Any:
             t0 = time.time_ns()
+            noted = False
             try:
                 where = _caller()
-                self._unwinding(sys.exc_info()[1])
+                noted = self._unwinding(sys.exc_info()[1])
             except Exception:  # never the user's collective's failure
                 where = "?"
             work = fn(*args, **kwargs)
+            if noted:  # it completed: the words are for a rank aborted inside it only
+                self._unwound()
             sites.append((t0, time.time_ns(), threading.get_ident(), where))
             return work
 
         issue.__ddpguard_wrapped__ = fn  # type: ignore[attr-defined]
         return issue
 
-    def _unwinding(self, exc: BaseException | None) -> None:
-        if exc is None or self.unwinding is not None:
-            return
-        text = describe(exc)
-        if text is not None:
-            self.unwinding = text
-            if self._note is not None:
-                self._note("unwinding", text)
+    def _unwinding(self, exc: BaseException | None) -> bool:
+        """Note the error this collective's thread unwinds, if any; True if noted."""
+        text = describe(exc) if exc is not None else None
+        if text is None:
+            return False
+        self.unwinding = text
+        if self._note is not None:
+            self._note("unwinding", text)
+        return True
+
+    def _unwound(self) -> None:
+        self.unwinding = None
+        if self._note is not None:
+            self._note("unwinding", "-")
 
     def install(self) -> None:
         try:

@@ -115,7 +115,7 @@ def compose(logs: list[RankLog]) -> Report | None:
         records.append({"rank": r, "state": state, "hb": hb, "error": None,
                         "stacks": stacks or None, "issued": {}, "ddp_training": None,
                         "sequence": [], "lanes": [],
-                        "unwinding": next((t for k, t in notes if k == "unwinding"), None)})
+                        "unwinding": _unwinding(notes)})
         for frames in stacks.values():
             for f in frames:
                 sources.setdefault(f["file"], _lines(f["file"]))
@@ -166,6 +166,13 @@ def _stacks(log: RankLog) -> dict[str, list[Frame]]:
                             "code": linecache.getline(m.group(1), int(m.group(2))).strip()}
             return {f"MainThread at its error ({m.group(4)[:200]})": [frame], **stacks}
     return stacks
+
+
+def _unwinding(notes: list[tuple[str, str]]) -> str | None:
+    """The error the rank was unwinding in the collective it died in: its last such note,
+    unless that collective completed ('-')."""
+    last = next((t for k, t in reversed(notes) if k == "unwinding"), None)
+    return None if last in (None, "-") else last
 
 
 def _ranks(ranks: list[int]) -> str:
