@@ -318,7 +318,7 @@ def _line_of(snippet: str) -> int:
 
 
 def test_an_unwinding_note_counts_only_for_the_collective_a_rank_died_in():
-    from ddpguard.launch.postmortem import _unwinding
+    from ddpguard.guard.unwinding import from_notes as _unwinding
 
     raised = "ValueError: bad (raised at t.py:3 in f)"
     assert _unwinding([("error", "x"), ("unwinding", raised)]) == raised

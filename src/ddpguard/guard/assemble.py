@@ -10,11 +10,13 @@ from collections.abc import Mapping
 
 from .config import GuardConfig
 from .diagnose import diagnose
+from .fault import fault_notes, read_fault
 from .heartbeat import Heartbeat
 from .peers import PeerTable
 from .records import RankDump, RankRecord, Report
 from .rules import Decision
 from .stacks import Frame, user_frame
+from .unwinding import from_notes
 
 __all__ = ["assemble"]
 
@@ -47,13 +49,18 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
             gone, _ = table.gone(r, hb, now)
             if gone:
                 state = "dead"
+        unwound = dump.get("unwinding")
+        if unwound is None and state == "dead":
+            # Aborted by the transport in a collective it issued while unwinding an error: the
+            # words are in its fault log (a rank of this machine; issued.py wrote them).
+            unwound = from_notes(fault_notes(read_fault((hb or {}).get("fault"))))
         records.append({"rank": r, "state": state, "hb": hb or {},
                         "error": (hb or {}).get("error"), "stacks": dump.get("stacks"),
                         "issued": dump.get("issued") or {},
                         "ddp_training": dump.get("ddp_training"),
                         "sequence": dump.get("sequence") or [],
                         "lanes": dump.get("lanes") or [],
-                        "unwinding": dump.get("unwinding")})
+                        "unwinding": unwound})
     sources: dict[str, list[str]] = {}
     for rec in records:
         main: list[Frame] = next(iter((rec["stacks"] or {}).values()), [])

@@ -14,7 +14,7 @@ from .findings import Finding, file_line
 from .records import RankRecord
 from .stacks import fmt_frame, is_library_file
 
-__all__ = ["describe", "unwinding", "unwinding_error"]
+__all__ = ["describe", "from_notes", "unwinding", "unwinding_error"]
 
 
 def unwinding(ident: int | None) -> str | None:
@@ -41,6 +41,14 @@ def describe(exc: object) -> str | None:
                        "code": code})
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}{': ' + text if text else ''} (raised at {where})"
+
+
+def from_notes(notes: Sequence[tuple[str, str]]) -> str | None:
+    """The error a rank was unwinding in the collective it died in, from its fault log's
+    notes (issued.py writes them): its last such note, unless that collective completed
+    ('-')."""
+    last = next((t for k, t in reversed(notes) if k == "unwinding"), None)
+    return None if last in (None, "-") else last
 
 
 def unwinding_error(records: Sequence[RankRecord]) -> Finding | None:

@@ -34,6 +34,7 @@ from ddpguard.guard.heartbeat import Heartbeat
 from ddpguard.guard.records import RankRecord, Report
 from ddpguard.guard.report import write_json
 from ddpguard.guard.stacks import Frame, user_frame
+from ddpguard.guard.unwinding import from_notes
 
 __all__ = ["RankLog", "read_logs", "compose", "postmortem", "clear_logs"]
 
@@ -115,7 +116,7 @@ def compose(logs: list[RankLog]) -> Report | None:
         records.append({"rank": r, "state": state, "hb": hb, "error": None,
                         "stacks": stacks or None, "issued": {}, "ddp_training": None,
                         "sequence": [], "lanes": [],
-                        "unwinding": _unwinding(notes)})
+                        "unwinding": from_notes(notes)})
         for frames in stacks.values():
             for f in frames:
                 sources.setdefault(f["file"], _lines(f["file"]))
@@ -166,13 +167,6 @@ def _stacks(log: RankLog) -> dict[str, list[Frame]]:
                             "code": linecache.getline(m.group(1), int(m.group(2))).strip()}
             return {f"MainThread at its error ({m.group(4)[:200]})": [frame], **stacks}
     return stacks
-
-
-def _unwinding(notes: list[tuple[str, str]]) -> str | None:
-    """The error the rank was unwinding in the collective it died in: its last such note,
-    unless that collective completed ('-')."""
-    last = next((t for k, t in reversed(notes) if k == "unwinding"), None)
-    return None if last in (None, "-") else last
 
 
 def _ranks(ranks: list[int]) -> str:
