@@ -122,3 +122,97 @@ def test_a_save_and_a_load_of_different_files_are_no_resume_mismatch() -> None:
 def test_the_same_file_saved_wrapped_and_loaded_unwrapped_is_reported() -> None:
     same = OTHER_FILES.replace('"model_last.pth"', '"net_meta.pth"')
     assert finding_lines(same) == [("DDP008", 14)]
+
+
+# Issue 35, fifth round (tuning after the blind run): the wrap's own test, whatever it reads
+# (`n_devices > 1` here), marks the arms that run unwrapped, matched by its structure.
+BY_COUNT = "DDP008_wrapper_save_by_device_count.py"
+COUNT_WRAP = "    if n_devices > 1:\n        net = DDP("
+
+
+def test_the_wraps_own_test_marks_the_unwrapped_arm_whatever_it_reads() -> None:
+    assert fixture_lines(BY_COUNT) == []
+    # Wrapped on every run: the conditional's bare arm and the bare `if` arm save the wrapper.
+    assert fixture_lines(BY_COUNT, COUNT_WRAP, "    if True:\n        net = DDP(") == [
+        ("DDP008", 26),
+        ("DDP008", 32),
+    ]
+    # Another test than the wrap's (`> 2`): its else arm runs wrapped with two devices.
+    got = fixture_lines(BY_COUNT, "if n_devices > 1\n", "if n_devices > 2\n")
+    assert got == [("DDP008", 26)]
+    # The count spelled `len(gpus)`, and the wrap's test held in a flag: the same test.
+    got = fixture_lines(
+        BY_COUNT, "    n_devices = torch.cuda.device_count()", "    n_devices = len(opts.gpus)"
+    )
+    assert got == []
+    got = fixture_lines(
+        BY_COUNT, COUNT_WRAP, "    multi = n_devices > 1\n    if multi:\n        net = DDP("
+    )
+    assert got == []
+    # A wrap under `if n_devices > 1 and ...`: still none where `n_devices > 1` fails.
+    got = fixture_lines(
+        BY_COUNT, COUNT_WRAP, "    if n_devices > 1 and not opts.local:\n        net = DDP("
+    )
+    assert got == []
+
+
+def test_a_test_whose_names_change_between_wrap_and_save_is_another_test() -> None:
+    got = fixture_lines(
+        BY_COUNT,
+        "    for step in range(opts.steps):",
+        "    n_devices = opts.devices\n    for step in range(opts.steps):",
+    )
+    assert got == [("DDP008", 27), ("DDP008", 33)]
+
+
+SAVE_HELPER = ddp_source("""
+    def main(args, rank, num_gpus):
+        model = torch.nn.Linear(2, 2).cuda(rank)
+        if args.resume:
+            model.load_state_dict(torch.load(args.resume)["net"])
+        if num_gpus > 1:
+            model = DDP(model, device_ids=[rank])
+
+        def save(path):
+            torch.save({"net": model.module.state_dict() if num_gpus > 1
+                        else model.state_dict()}, path)
+
+        save(args.resume)
+    """)
+
+
+def test_the_same_test_read_through_the_same_binding_in_another_function() -> None:
+    # A nested function reads the enclosing `num_gpus`: the same test.
+    assert finding_lines(SAVE_HELPER) == []
+    # A parameter of its own is another binding, whatever its name.
+    own = SAVE_HELPER.replace("def save(path):", "def save(path, num_gpus=2):")
+    assert finding_lines(own) == [("DDP008", 14)]
+
+
+SELF_TEST = """\
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, args, rank):
+        self.args = args
+        self.net = torch.nn.Linear(2, 2).cuda(rank)
+        if args.resume:
+            self.net.load_state_dict(torch.load(args.resume)["net"])
+        if self.args.world_size > 1:
+            self.net = DDP(self.net, device_ids=[rank])
+
+    def save(self):
+        torch.save({"net": self.net.module.state_dict() if self.args.world_size > 1
+                    else self.net.state_dict()}, self.args.resume)
+"""
+
+
+def test_the_same_test_through_self_in_another_method() -> None:
+    assert finding_lines(SELF_TEST) == []
+    wrapped = SELF_TEST.replace(
+        "        if self.args.world_size > 1:\n            self.net = DDP(",
+        "        if True:\n            self.net = DDP(",
+    )
+    assert finding_lines(wrapped) == [("DDP008", 16)]

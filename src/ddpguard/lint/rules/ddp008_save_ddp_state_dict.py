@@ -5,7 +5,9 @@ key), and the same module loads a checkpoint *strictly* into the unwrapped model
 wrap, `model.module`, `model_without_ddp`) from the same key: that resume fails with
 missing/unexpected `module.` keys. A script that resumes into the same wrapper is consistent and
 not reported. Nor is the bare model saved in the arm of the mode that never wraps (`if ddp:
-save(m.module...) else: save(m...)`, with the wrap under `if ddp:`), and a strict load counts
+save(m.module...) else: save(m...)`, with the wrap under `if ddp:`; whatever the wrap's test
+reads, `num_gpus > 1`, `len(gpus) > 1`, matched by its structure and its names' bindings, in an
+`if` or a conditional expression, negated or not), and a strict load counts
 only when it reads the same model back (the same dict key, or the model under one of its names).
 Nor where the script handles the prefix itself (`k.replace("module.", "")`, `k[7:]`,
 `removeprefix`, `consume_prefix_in_state_dict_if_present`), or for the arm of a wrap test that
@@ -21,12 +23,12 @@ import ast
 from collections.abc import Iterator
 
 from ..analysis.context import (
-    CallRec,
     ModuleInfo,
     dotted,
     exclusive,
     kwarg,
 )
+from ..analysis.wrap_condition import unwrapped_at
 from ..registry import Hit, rule
 
 
@@ -152,42 +154,16 @@ def _wrap_tested(root: ast.AST, node: ast.Call) -> bool:
 
 
 def _unwrapped_here(info: ModuleInfo, owner: str, node: ast.Call) -> bool:
-    """Every wrap of `owner` sits in an arm of `if F:` whose opposite arm (of the same or of
-    another `if F:`) holds this `state_dict()` call: `if ddp: save(m.module.state_dict())
-    else: save(m.state_dict())` saves the bare model in the else arm (MONAI's tutorials)."""
+    """Every wrap of `owner` sits in an arm of a test whose opposite arm holds this
+    `state_dict()` call: the other arm of the same `if`, or an arm of another `if` or of a
+    conditional expression with the same test (wrap_condition.py): `if ddp: save(m.module.
+    state_dict()) else: save(m.state_dict())` (MONAI's tutorials), `m.module.state_dict() if
+    num_gpus > 1 else m.state_dict()` with the wrap under `if num_gpus > 1:`."""
     rec = info.call_rec(node)
     wraps = info.ddp_wraps(owner)
     if rec is None or not wraps:
         return False
-    return all(exclusive(w, rec) or _flag_exclusive(info, w, rec) for w in wraps)
-
-
-def _flag_exclusive(info: ModuleInfo, a: CallRec, b: CallRec) -> bool:
-    if a.func is not b.func:
-        return False
-    tests = _if_tests(info, a.func)
-    arms = {tests[i][0] if arm == 0 else tests[i][1] for i, arm in a.branch if i in tests}
-    return any((tests[i][1] if arm == 0 else tests[i][0]) in arms
-               for i, arm in b.branch if i in tests)
-
-
-def _if_tests(info: ModuleInfo, fn: ast.AST | None) -> dict[int, tuple[str, str]]:
-    """id(if) -> (what its body arm knows, what its else arm knows), as `F` / `not F`."""
-    memo: dict[int, dict[int, tuple[str, str]]] = info._memo.setdefault(
-        ("if_tests", 0), {})  # type: ignore[assignment]
-    key = id(fn) if fn is not None else 0
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = {}
-        for n in ast.walk(fn if fn is not None else info.tree):
-            if isinstance(n, ast.If):
-                test, neg = n.test, False
-                while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-                    test, neg = test.operand, not neg
-                text = ast.unparse(test)
-                yes, no = text, "not " + text
-                hit[id(n)] = (no, yes) if neg else (yes, no)
-    return hit
+    return all(exclusive(w, rec) or unwrapped_at(info, w, rec, node) for w in wraps)
 
 
 def _state_dicts(root: ast.AST) -> Iterator[tuple[str | None, ast.Call]]:
