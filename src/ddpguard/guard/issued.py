@@ -58,9 +58,8 @@ class IssueSites:
         self.sites: collections.deque[tuple[int, int, int, str]] = collections.deque(
             maxlen=keep)
         # The error a thread is unwinding while it issues a collective (a `finally:` or a
-        # Join exit on the way out), noted in the fault log (`note`) until that collective
-        # completes: the transport may abort this rank inside it.
-        self.unwinding: str | None = None
+        # Join exit on the way out) goes to the fault log (`note`) until that collective
+        # completes: the transport may abort this rank inside it, and only the log remains.
         self._note = note
         self._orig: dict[tuple[Any, str], Any] = {}
 
@@ -87,16 +86,13 @@ class IssueSites:
 
     def _unwinding(self, exc: BaseException | None) -> bool:
         """Note the error this collective's thread unwinds, if any; True if noted."""
-        text = describe(exc) if exc is not None else None
-        if text is None:
+        text = describe(exc) if exc is not None and self._note is not None else None
+        if text is None or self._note is None:
             return False
-        self.unwinding = text
-        if self._note is not None:
-            self._note("unwinding", text)
+        self._note("unwinding", text)
         return True
 
     def _unwound(self) -> None:
-        self.unwinding = None
         if self._note is not None:
             self._note("unwinding", "-")
 

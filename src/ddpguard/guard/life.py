@@ -133,7 +133,7 @@ class LifeSignals:
         # A busy-wait `while not ready(): pass` that has not left its loop since the last
         # sample: the calls of its condition move the stack, but they are no work.
         poll = None
-        if kind is None and self.ident is not None and (moved or in_c):
+        if kind is None and not waiting and self.ident is not None and (moved or in_c):
             try:  # a fresh look: a generator's frame seen earlier may have finished, cut loose
                 poll = poll_site(sys._current_frames().get(self.ident))
             except Exception:  # another thread's frame, read while it runs
@@ -147,11 +147,9 @@ class LifeSignals:
         # Burning CPU in its own bytecode in one function: a loop that calls nothing.
         self.spinning = bool(self._sig is not None and burning
                              and (polling or (not moved and not in_c)))
-        if polling:
-            pass
-        elif moved:
+        if moved and not polling:
             kind = kind or "stack"
-        elif self._sig is not None and in_c and burning:
+        elif not polling and self._sig is not None and in_c and burning:
             # Still inside one call into C and burning CPU: a long kernel, not a wait.
             kind = kind or "cpu"
         # The rest of the rank, only when it can matter (and costs nothing in steady training):
