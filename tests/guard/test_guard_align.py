@@ -992,3 +992,28 @@ def test_a_spawned_functions_one_early_return_names_where_it_left():
     # Twins: two early returns say nothing certain; a nested function's return is its own.
     assert early_return_line(_returns_twice) is None
     assert early_return_line(_returns_in_a_helper) is None
+
+
+def _extra_backward(rank0_tfwd):
+    """corpus33f's blind case: rank 0 alone ran a forward and backward through the wrapper on
+    one batch (line 13, under its rank test, with the model in eval mode), then trained on; its
+    extra gradient all-reduce paired with rank 1's, and rank 1 finished and exited."""
+    recs = [rec(0, BWD, pending=[entry(125)], batches=81, fwd=81, tfwd=rank0_tfwd, bwd=61),
+            rec(1, None, batches=90, fwd=80, tfwd=60, bwd=60, state="exited")]
+    recs[0]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 80, f"{SCRIPT}:13": 1}
+    recs[1]["hb"]["forward_lines"] = {f"{SCRIPT}:6": 80}
+    return recs
+
+
+def test_an_extra_forward_and_backward_on_one_rank_is_named_by_its_line_not_a_peers_skip():
+    d = diag(_extra_backward(rank0_tfwd=60), cause="peer_gone", culprits=[1])
+    assert d["cause"] == "forward_on_some_ranks" and d["culprits"] == [0], d
+    assert said(f"rank 0 ran 1 forward through the wrapper at {SCRIPT}:13, a line rank 1 never "
+                "ran, and 61 backwards to rank 1's 60", d), d["explanation"]
+
+
+def test_twin_a_rank_behind_in_training_forwards_is_not_an_extra_forward_and_backward():
+    # The same lines, but rank 0 also ran one training forward more: its surplus backward is
+    # a training step (rank 1 is behind or skipped), not the extra forward's.
+    d = diag(_extra_backward(rank0_tfwd=61), cause="peer_gone", culprits=[1])
+    assert d["cause"] != "forward_on_some_ranks", d

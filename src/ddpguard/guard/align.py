@@ -252,6 +252,37 @@ def _extra_training_forward(sp: Mapping[int, Spot]) -> Finding | None:
     return None
 
 
+def extra_forward_and_backward(sp: Mapping[int, Spot]) -> Finding | None:
+    """Rank a ran more backwards than rank b but no more training forwards, and as many more
+    forwards at a line b never ran (a check of the gradients on one batch, on rank 0 only):
+    the extra backward's gradient all-reduce took a number b gave to its next step. Read as
+    counters alone, the same facts say "b skipped a backward"; the line b never ran says whose
+    step was the extra one."""
+    for a in sorted(sp):
+        sa = sp[a]
+        if sa.waits is None:
+            continue
+        for b in sorted(sp):
+            sb = sp[b]
+            # Not behind b in training forwards: a's surplus of backwards is not a training
+            # step b has yet to run.
+            if b == a or sa.bwd <= sb.bwd or sa.tfwd > sb.tfwd:
+                continue
+            now = f"{sa.user_line[0]}:{sa.user_line[1]}" if sa.user_line else None
+            only = [(n, line) for line, n in sa.lines.items()
+                    if line != now and sb.lines.get(line, 0) == 0]
+            if not only or sum(n for n, _ in only) < sa.bwd - sb.bwd:
+                continue
+            n, line = min(only)
+            return Finding("forward_on_some_ranks", (
+                f"rank {a} ran {_times(n)} through the wrapper at {line}, a line rank {b} never "
+                f"ran, and {sa.bwd} backwards to rank {b}'s {sb.bwd}: its extra forward and "
+                f"backward took collective numbers rank {b} gives to its next step, so rank {a} "
+                f"waits in {sa.waits['desc']} ({_phase_words(sa.phase)}, batch {sa.batches}) "
+                f"while rank {b} is {_doing(sb)}"), (a,), _file_line(line))
+    return None
+
+
 def _extra_line(sa: Spot, sb: Spot) -> tuple[str, int, int] | None:
     """(file:line, forwards of a there, of b there): the rarest line where rank a ran more
     forwards than rank b, other than the forward a is in now."""
@@ -348,6 +379,7 @@ def explain(records: Sequence[RankRecord], positions: Mapping[int, Position],
     # others give to their next training collective: from there on, a training forward can
     # meet a peer's backward, and the counters would read like a skipped backward. So the
     # evaluation forwards are compared first.
-    return (forward_on_some_ranks(sp) or skipped_backward(sp, positions, sources)
+    return (forward_on_some_ranks(sp) or extra_forward_and_backward(sp)
+            or skipped_backward(sp, positions, sources)
             or left_early(records, sp, positions, sources) or extra_collective(sp, positions)
             or parted(records, sources))

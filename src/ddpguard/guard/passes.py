@@ -212,6 +212,8 @@ def left_before_a_shared_forward(found: Finding, records: Sequence[RankRecord],
     after training), and the rank that exited left the program before it."""
     if found.cause != "forward_on_some_ranks":
         return found
+    if found.line and in_conditional(sources.get(found.line[0]), found.line[1]):
+        return found  # the extra forward the finding names is under a rank test
     gone = [r for r in records if r.get("state") == "exited"]
     if not gone:
         return found
