@@ -359,6 +359,15 @@ M = [
  ("DDP004 only a catch-all", "analysis/rank_failures.py", "        if not caught or not caught <= _BROAD:", "        if not caught:"),
  ("DDP004 a catch-all that fails the exit", "analysis/rank_failures.py", "lo <= r.node.lineno <= hi and (is_collective(r) or r.last in EXITS", "lo <= r.node.lineno <= hi and (is_collective(r) or False"),
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
+ ("sixth: a wrapper handed to a class's constructor", 'analysis/crossfile.py', '        _constructor_wrappers(self, infos)\n', '\n'),
+ ('sixth: the wrapper, not a bare model, handed to the constructor', 'analysis/crossfile.py', '                if not info.is_ddp_call(value) and not _wrapped_before(info, value, rec):\n                    continue', '                pass'),
+ ('sixth: a model handed over before its wrap is bare', 'analysis/crossfile.py', '    return any(w.func is rec.func and w.node.lineno < rec.node.lineno', '    return any(True'),
+ ("sixth: the handed wrapper holds in that class's methods only", 'analysis/schedule.py', '                    return self.info.func_class.get(self.func, \"\") in handed  # type: ignore[arg-type]', '                    return True'),
+ ('sixth: DDP025 a shard count written into the sampler', 'rules/ddp025_rank_kind_mixup.py', '    yield from _fixed_replicas(info)\n', ''),
+ ('sixth: DDP025 one replica is on purpose', 'rules/ddp025_rank_kind_mixup.py', 'type(n.value) is int and n.value > 1)', 'type(n.value) is int and n.value > 0)'),
+ ('sixth: DDP025 a world the program fixes to that number', 'rules/ddp025_rank_kind_mixup.py', '        if any(n.value in _fixed_worlds(i) for i in infos):\n            continue', '        pass'),
+ ("sixth: DDP025 the sampler's positional shard count", 'rules/ddp025_rank_kind_mixup.py', '        if n is None and len(node.args) > 1:\n            n = node.args[1]', '        pass'),
+ ('sixth: DDP025 nprocs= fixes the world', 'rules/ddp025_rank_kind_mixup.py', '            if k.arg in _WORLD_KWARGS:\n                number(k.value)', '            pass'),
 ]
 
 

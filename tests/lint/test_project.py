@@ -320,3 +320,52 @@ def test_a_loop_whose_step_is_another_files_function_steps_together(tmp_path: Pa
     files["engine.py"] = ENGINE.replace("    loss.backward()\n    optimizer.step()\n",
                                         "    print(loss)\n")
     assert _project(tmp_path, files) == []
+
+
+WRAP_TRAINER = """\
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model, loader, optimizer):
+        self.model = model
+        self.loader = loader
+        self.optimizer = optimizer
+
+    def epoch(self):
+        for x in self.loader:
+            loss = self.model(x).mean()
+            loss.backward()
+            self.optimizer.step()
+        return loss.item()
+
+    def train(self, epochs):
+        for _ in range(epochs):
+            loss = self.epoch()
+            if dist.get_rank() == 0 and loss < 0.01:
+                break
+"""
+
+MAIN_WRAPS = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from engine.trainer import Trainer
+
+
+def main(loader, optimizer):
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 1))
+    Trainer(model, loader, optimizer).train(5)
+"""
+
+
+def test_a_wrapper_handed_to_another_files_class_is_its_ddp_model(tmp_path: Path) -> None:
+    # main.py wraps and hands the wrapper to Trainer, which keeps it as `self.model`: rank 0's
+    # early-stop `break` leaves the others in the next epoch's forward (DDP019)
+    files = {"engine/__init__.py": "", "engine/trainer.py": WRAP_TRAINER, "main.py": MAIN_WRAPS}
+    assert _project(tmp_path, files) == [("trainer.py", "DDP019", 21)]
+    # the bare model handed over: no DDP forward in the trainer, nothing parts the ranks
+    files["main.py"] = MAIN_WRAPS.replace("DDP(torch.nn.Linear(2, 1))",
+                                          "torch.nn.Linear(2, 1)")
+    assert _project(tmp_path, files) == []

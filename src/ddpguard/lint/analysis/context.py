@@ -121,6 +121,9 @@ class ModuleInfo:
     spelled: set[str] = field(default_factory=set)
     batchnorm: bool = False
     wraps_ddp: bool = False           # some call wraps a model in DDP (is_ddp_call)
+    # `self.model = model` in `__init__` where a caller passes a DDP wrapper for `model`
+    # (crossfile._constructor_wrappers): name -> {class: line of that assignment}
+    handed_ddp: dict[str, dict[str, int]] = field(default_factory=dict)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
@@ -275,6 +278,8 @@ class ModuleInfo:
                     if ((last == "DistributedDataParallel" or last.endswith("_DDP"))
                             and ddp_call(value)) if last is not None else ddp_call(value):
                         out[name] = min(out.get(name, line), line)
+            for name, by_class in self.handed_ddp.items():
+                out.setdefault(name, min(by_class.values()))
             hit = self._memo[key] = out
         return hit  # type: ignore[return-value]
 

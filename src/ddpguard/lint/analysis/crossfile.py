@@ -9,7 +9,7 @@ import ast
 import os
 from pathlib import Path
 
-from .context import Func, ModuleInfo, dotted, foreign_ddp, is_collective
+from .context import CallRec, Func, ModuleInfo, dotted, foreign_ddp, is_collective
 from .provenance import GLOBAL, is_predicate
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
@@ -62,6 +62,7 @@ class FileSet:
                 self.index.setdefault(".".join(parts[-k:]), []).append(info)
             info.file_set = self
         _ddp_class_aliases(self, infos)
+        _constructor_wrappers(self, infos)
         if self.multi:
             self._multi_node_program(infos)
 
@@ -327,6 +328,60 @@ def _constructor_flags(infos: list[ModuleInfo]) -> None:
                             d = dotted(tgt)
                             if d is not None and d.startswith("self."):
                                 target.assigns.setdefault(d, []).append((st.lineno, value))
+
+
+def _constructor_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
+    """A DDP wrapper passed to a project class's constructor and kept on `self` as it came
+    (`trainer = Trainer(model, ...)` after `model = DDP(model)`; `self.model = model` in
+    `Trainer.__init__`, in this file or another): `self.model` holds the wrapper in the
+    class's file, so its forwards there are DDP forwards (a rank-0 `break` before the next
+    epoch's forward parts the ranks). The class name must be defined once in the caller's tree,
+    and the argument must be a name the caller wrapped; a bare model passed teaches nothing."""
+    classes: dict[str, list[tuple[ModuleInfo, ast.FunctionDef]]] = {}
+    for info in infos:
+        for name, cls in info.classes.items():
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                         and f.name == "__init__"), None)
+            if init is not None:
+                classes.setdefault(name, []).append((info, init))
+    if not classes:
+        return
+    for info in infos:
+        if not info.wraps_ddp:
+            continue
+        for rec in info.calls_named(*(n for n in info.call_lasts() if n in classes)):
+            mine = [c for c in classes[rec.last] if c[0] is info or file_set._same_tree(c[0], info)]
+            if len(mine) != 1:
+                continue
+            target, init = mine[0]
+            names = [a.arg for a in init.args.args][1:]
+            passed = [*zip(names, rec.node.args, strict=False),
+                      *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+            for param, value in passed:
+                if not info.is_ddp_call(value) and not _wrapped_before(info, value, rec):
+                    continue
+                for st in init.body:
+                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) \
+                            and st.value.id == param:
+                        for tgt in st.targets:
+                            d = dotted(tgt)
+                            if d is not None and d.startswith("self.") and d.count(".") == 1:
+                                target.handed_ddp.setdefault(d, {}).setdefault(
+                                    rec.last, st.lineno)
+                                target._memo.pop(("ddp_names", 0), None)
+
+
+def _wrapped_before(info: ModuleInfo, value: ast.expr, rec: CallRec) -> bool:
+    """`value` holds a DDP wrapper at the call `rec`: a name the same function (or the module,
+    for both) wrapped on an earlier line; an attribute wrapped anywhere in the file (it crosses
+    methods). A bare model passed before the wrap, or a name of another function, does not."""
+    held = dotted(value)
+    if held is None or held not in info.ddp_names():
+        return False
+    if "." in held:
+        return True
+    return any(w.func is rec.func and w.node.lineno < rec.node.lineno
+               for w in info.ddp_wraps(held))
 
 
 _GROUP_SETUP = ("init_process_group", "init_dist", "init_distributed", "setup_dist",

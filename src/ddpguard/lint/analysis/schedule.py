@@ -271,6 +271,11 @@ class Builder:
         root = name.split(".", 1)[0]
         if "." in name:
             if root in ("self", "cls"):
+                handed = self.info.handed_ddp.get(name)
+                if handed and not self.info.ddp_wraps(name):
+                    # a caller handed the wrapper to this class's constructor (not to
+                    # another class of the file that keeps its own model under that name)
+                    return self.info.func_class.get(self.func, "") in handed  # type: ignore[arg-type]
                 # wrapped in another method (`__init__`, `setup`) or earlier in this one
                 return any(w.func is not self.func or w.node.lineno < line
                            for w in self.info.ddp_wraps(name)) or line > self.ddp[name]

@@ -9,7 +9,10 @@ the others wait in is a retry, not an exit (metaseq's input loop); in a `for` lo
 drops that step's collectives and is reported. A `break` that only rank 0 takes leaves the loop
 the others go on with: their next iteration's collectives wait too (early stopping decided on
 rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop body, and there
-the next iteration's DDP forward with gradients counts too (its backward all-reduces). A rank
+the next iteration's DDP forward with gradients counts too (its backward all-reduces). A
+class whose constructor a caller hands the wrapper (`Trainer(model)` after `model = DDP(model)`,
+in this file or another; `self.model = model` in `__init__`) holds it on `self` in that class's
+methods: its early-stop `break` is read against that forward too. A rank
 test written `not hasattr(args, "local_rank") or args.local_rank == 0` is read as the
 comparison alone (every process of a distributed run has its rank), and a rank-guarded exit
 call splits a function as a `return` does. Not exits: `raise NotImplementedError` (a stub for

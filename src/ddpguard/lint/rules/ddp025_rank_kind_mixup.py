@@ -26,6 +26,13 @@ And `mp.spawn(fn, nprocs=gpus * nodes)` (directly or through the name it was ass
 mp.spawn starts processes on its own node only, so every node starts the whole world; not a
 product without a node count (`nodes`, `num_nodes`, `nnodes`, `n_nodes`).
 
+And a number written as the sampler's shard count, `DistributedSampler(ds, num_replicas=2)`,
+where the program does not fix its world to that number (no `mp.spawn(nprocs=2)`,
+`world_size=2`, world-size option or name of that value in the files given): with more
+processes the ranks past it raise in the sampler while the others wait in their first
+collective; with fewer, shards are never read. Not `num_replicas=1` (every rank reads the
+whole set, on purpose).
+
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
 `mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
 `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
@@ -89,6 +96,7 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
                 "(or shared by two processes); use the local rank")
     yield from _built_devices(info, reported)
     yield from _spawned_world(info)
+    yield from _fixed_replicas(info)
 
 
 _NODES = re.compile(r"^(n|num_|n_|number_of_)?nodes$")
@@ -110,6 +118,71 @@ def _spawned_world(info: ModuleInfo) -> Iterator[Hit]:
                 f"(a product with `{nodes}`) on this one node: each node spawns the whole world, "
                 "so on more than one node ranks repeat or pass the world size and the "
                 "rendezvous fails or waits forever; spawn this node's GPU count")
+
+
+_WORLD_KWARGS = ("world_size", "nprocs", "nproc_per_node", "num_processes")
+
+
+def _fixed_replicas(info: ModuleInfo) -> Iterator[Hit]:
+    """`DistributedSampler(ds, num_replicas=2)`: a number written into the sampler fixes the
+    shard count whatever the size of the group; not where the program fixes its world to that
+    same number (`mp.spawn(fn, nprocs=2)`, `init_process_group(world_size=2)`, a world-size
+    name or option whose value is that number), nor `num_replicas=1` (every rank reads the
+    whole set, on purpose)."""
+    for rec in info.calls:
+        node = rec.node
+        if not rec.last.endswith("DistributedSampler") or not info.is_dist_sampler(node):
+            continue
+        n = kwarg(node, "num_replicas")
+        if n is None and len(node.args) > 1:
+            n = node.args[1]
+        if not (isinstance(n, ast.Constant) and type(n.value) is int and n.value > 1):
+            continue
+        infos = getattr(info.file_set, "infos", None) or [info]
+        if any(n.value in _fixed_worlds(i) for i in infos):
+            continue
+        yield n, "DDP025", (
+            f"DistributedSampler(num_replicas={n.value}) splits the data in {n.value} shards "
+            "whatever the size of the group, which the program does not fix: with more "
+            f"processes the ranks from {n.value} up raise ValueError (invalid rank) while the "
+            "others wait in their next collective; with fewer, part of the data is never read; "
+            "pass dist.get_world_size() (or leave num_replicas out)")
+
+
+def _fixed_worlds(info: ModuleInfo) -> set[int]:
+    """The numbers a module writes as a world size: `world_size=`/`nprocs=` arguments, the
+    count `mp.spawn` is given, an option's default (`--world_size`, `default=2`) or a name of
+    the world, process or GPU count assigned a number (`WORLD_SIZE = 2`)."""
+    key = ("fixed_worlds", 0)
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    out: set[int] = set()
+
+    def number(v: ast.expr | None) -> None:
+        if isinstance(v, ast.Constant) and type(v.value) is int:
+            out.add(v.value)
+
+    for rec in info.calls:
+        node = rec.node
+        for k in node.keywords:
+            if k.arg in _WORLD_KWARGS:
+                number(k.value)
+        if rec.last in ("spawn", "start_processes") and len(node.args) > 2:
+            number(node.args[2])
+        if rec.last == "add_argument" and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str)
+                and _WORLDISH.search(a.value.lower()) for a in node.args):
+            number(kwarg(node, "default"))
+    for name, entries in info.assigns.items():
+        if _WORLDISH.search(name.rsplit(".", 1)[-1].lower()):
+            for _, v in entries:
+                number(v)
+    info._memo[key] = out
+    return out
+
+
+_WORLDISH = re.compile(r"world|nproc|gpus|num_processes")
 
 
 def _node_product(info: ModuleInfo, node: ast.expr, func: Func | None, depth: int = 0) -> str:
