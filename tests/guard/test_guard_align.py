@@ -994,6 +994,31 @@ def test_a_spawned_functions_one_early_return_names_where_it_left():
     assert early_return_line(_returns_in_a_helper) is None
 
 
+def _ends_in_a_call(rank, epochs):
+    for epoch in range(epochs):
+        if rank == 1 and epoch == 2:
+            break
+    print("done")  # the LAST LINE
+
+
+def _ends_in_a_loop(rank, epochs):
+    for epoch in range(epochs):
+        if rank == 1 and epoch == 2:
+            break
+
+
+def test_a_spawned_function_that_ran_to_its_end_names_its_last_line():
+    """corpus33f's blind case: the worker `break`s out of its epoch loop and returns at its
+    end; the last line it ran, after the loop, lets the report find the loop it left."""
+    from ddpguard.guard.leaving import last_statement_line
+
+    src = Path(__file__).read_text().splitlines()
+    mark = next(i + 1 for i, t in enumerate(src) if "# the LAST LINE" in t)
+    assert last_statement_line(_ends_in_a_call) == mark
+    # The twin: a function that ends in its loop has no one last line.
+    assert last_statement_line(_ends_in_a_loop) is None
+
+
 def _extra_backward(rank0_tfwd):
     """corpus33f's blind case: rank 0 alone ran a forward and backward through the wrapper on
     one batch (line 13, under its rank test, with the model in eval mode), then trained on; its

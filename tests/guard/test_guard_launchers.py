@@ -74,9 +74,10 @@ def test_spawn_inside_main(tmp_path: Path) -> None:
 
 
 def test_spawned_rank_that_left_its_epoch_loop_alone_and_returned(tmp_path: Path) -> None:
-    """Rank 0 early-stops on its own, destroys the group and returns; rank 1's barrier fails
-    with gloo's "connection closed" (it used to end as "rank 1 crashed", exit 1, no report).
-    The twin broadcasts the stop first: both leave together, exit 0."""
+    """Rank 0 early-stops on its own and its spawned function returns (corpus33f's blind case:
+    no destroy, no exit, its frame gone) while rank 1 waits in the next epoch's batch loop; the
+    report names the epoch loop's one way out. The twin broadcasts the stop first: both leave
+    together, exit 0."""
     res, took = _run("--", sys.executable, JOB, "--launch", "spawn", "--port",
                      str(free_port()), "--early-stop", tmp_path=tmp_path)
     _stopped(res, took, line=_marked("# the EARLY STOP"))

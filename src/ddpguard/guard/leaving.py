@@ -50,13 +50,17 @@ def note_leave_site(frame: Any) -> None:
 
 def note_return_site(fn: Any) -> None:
     """A rank's function returned (mp.spawn's worker): its frame is gone, so name the one
-    early `return` of its source, where it has exactly one."""
+    early `return` of its source, where it has exactly one, or else its last statement (the
+    line it left from, after its loops: where a loop was left early, the report finds the
+    loop's way out from there)."""
     from ddpguard import guard
 
     g = guard.active()
     if g is None or g.leave_site is not None:
         return
     line = early_return_line(fn)
+    if line is None:
+        line = last_statement_line(fn)
     path = inspect.getsourcefile(fn) if line is not None else None
     if line is not None and path:
         g.leave_site = fmt_frame({"file": path, "line": line, "func": fn.__name__,
@@ -81,6 +85,26 @@ def early_return_line(fn: Any) -> int | None:
     early = [n for n in ast.walk(top) if isinstance(n, ast.Return)
              and n is not top.body[-1] and id(n) not in nested]
     return start + early[0].lineno - 1 if len(early) == 1 else None
+
+
+def last_statement_line(fn: Any) -> int | None:
+    """The line of `fn`'s last statement where it is a simple one (the last line a call that
+    ran to its end executed); None for a compound one (a loop or `with` that ends it) or where
+    the source cannot be read. Pure but for reading the source."""
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    top = tree.body[0] if tree.body else None
+    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) or not top.body:
+        return None
+    last = top.body[-1]
+    if isinstance(last, (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith,
+                         ast.Try, ast.Match, ast.FunctionDef, ast.AsyncFunctionDef,
+                         ast.ClassDef)):
+        return None
+    return start + last.lineno - 1
 
 
 def waiting_for(me: int, status: Mapping[str, Any], peers: Mapping[int, Heartbeat]

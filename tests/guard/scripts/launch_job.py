@@ -10,8 +10,9 @@ With --bug, rank 0 alone issues one more all_reduce (the line marked 'the BUG');
 rank 0 alone all_reduces one number where rank 1 all_reduces 256: gloo aborts rank 0 (the line
 marked 'the ABORT'), the rank that hosts the store under spawn (--aborted 1: rank 1 instead).
 --early-stop (spawn): rank 0 alone leaves the epoch loop on its own patience (the line marked
-'the EARLY STOP'), destroys the group and returns while rank 1 waits in the epoch's barrier;
-with --agreed the stop is broadcast from rank 0 first, so both ranks leave together.
+'the EARLY STOP') and its spawned function returns (no destroy, no exit: its frame is gone)
+while rank 1 waits in the next epoch's batch loop; with --agreed the stop is broadcast from
+rank 0 first, so both ranks leave together.
 --os-exit (spawn): rank 1 alone calls os._exit(1) after its all-reduces (the line marked
 'the OS EXIT'): no atexit, and mp.spawn kills rank 0 at once on the nonzero code.
 --raise-join (spawn): rank 1 raises inside a DDP Join context (the line marked 'the RAISE');
@@ -55,7 +56,11 @@ def body(rank: int, bug: bool, abort: bool = False, aborted: int = 0,
         dist.destroy_process_group()
 
 
-def epochs(rank: int, agreed: bool) -> None:
+def spawned_epochs(rank: int, world: int, port: int, agreed: bool) -> None:
+    # The loop is the spawned function's own, as in many research scripts: when rank 0
+    # returns, nothing of its stack is left to say where it left the loop.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     t = torch.ones(4)
     patience = 2
     for _epoch in range(4):
@@ -69,9 +74,7 @@ def epochs(rank: int, agreed: bool) -> None:
                 break
         elif rank == 0 and patience == 0:
             break  # the EARLY STOP: rank 0 alone
-        dist.barrier()
     print(f"rank {rank} finished", flush=True)
-    dist.destroy_process_group()
 
 
 def join_body(rank: int) -> None:
@@ -113,8 +116,6 @@ def spawned(rank: int, world: int, port: int, bug: bool, abort: bool,
                             world_size=world)
     if early_stop == "raise-join":
         join_body(rank)
-    elif early_stop:
-        epochs(rank, early_stop == "agreed")
     else:
         body(rank, bug, abort, os_exit=os_exit)
 
@@ -138,7 +139,10 @@ def main() -> None:
     if a.launch == "spawn":
         stop = ("agreed" if a.agreed else "alone") if a.early_stop else ""
         stop = "raise-join" if a.raise_join else stop
-        mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop, a.os_exit), nprocs=2)
+        if a.early_stop:
+            mp.spawn(spawned_epochs, args=(2, a.port, a.agreed), nprocs=2)
+        else:
+            mp.spawn(spawned, args=(2, a.port, a.bug, a.abort, stop, a.os_exit), nprocs=2)
     elif a.launch == "process":
         ranks = [mp.get_context("spawn").Process(target=spawned, args=(r, 2, a.port, a.bug,
                                                                        a.abort))
