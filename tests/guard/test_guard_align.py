@@ -1042,3 +1042,32 @@ def test_twin_a_rank_behind_in_training_forwards_is_not_an_extra_forward_and_bac
     # a training step (rank 1 is behind or skipped), not the extra forward's.
     d = diag(_extra_backward(rank0_tfwd=61), cause="peer_gone", culprits=[1])
     assert d["cause"] != "forward_on_some_ranks", d
+
+
+def _ran_out(done):
+    """Rank 1 ran out of its 7-batch pass (StopIteration) and exited; rank 0, at batch 8 of 8
+    of the same pass, waits in the gradient all-reduce it issued during it."""
+    key = "loader#0/0"
+    short = {"epoch": 0, "batches": 7, "len": 7, "key": key, "at": f"{SCRIPT}:1",
+             "end": "stop" if done else "drop", "seq0": {"0": 3},
+             "done": [[key, 7, 7]] if done else [], "short": None}
+    recs = [rec(0, BWD, pending=[entry(40)], batches=8, fwd=8, bwd=8,
+                loaders={f"{SCRIPT}:3": {"epoch": 0, "batches": 8, "len": 8, "key": key,
+                                         "at": f"{SCRIPT}:1", "end": "", "seq0": {"0": 3},
+                                         "done": [], "short": None}}),
+            rec(1, None, batches=7, fwd=7, bwd=7, state="exited",
+                loaders={f"{SCRIPT}:3": short})]
+    recs[0]["hb"]["blocked_for"] = 0.5
+    return recs
+
+
+def test_a_rank_that_ran_out_of_batches_and_decided_first_is_still_uneven_batches():
+    """The rank that ran out may decide first as it leaves (it sees its peer wait in a
+    collective it never issued); the loaders' proof still names the cause (a loaded 2-core
+    run of the suite titled it "left early")."""
+    d = diag(_ran_out(done=True), cause="peer_gone", culprits=[1])
+    assert d["cause"] == "uneven_batches" and d["culprits"] == [1], d
+    assert said("rank 1 ran out of batches", d) and said("rank 0: 8, rank 1: 7", d), d
+    # The twin: its pass ended without StopIteration (a break): no proof of uneven loaders.
+    assert diag(_ran_out(done=False), cause="peer_gone", culprits=[1])["cause"] != \
+        "uneven_batches"

@@ -29,6 +29,7 @@ from .stacks import (
     user_frame,
     waits_for_child,
 )
+from .uneven import uneven_in_records
 from .unwinding import unwinding_error
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
@@ -240,6 +241,11 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
         if found:
             return found.cause, found
     if cause == "peer_gone":
+        # The rank that ran out of batches and left may decide first (it saw its peer wait
+        # in a collective it never issued): the loaders' proof still names the cause.
+        uneven = uneven_in_records(records)
+        if uneven is not None:
+            return "uneven_batches", Finding("uneven_batches", uneven.reason, uneven.finished)
         states = {r["state"] for r in records if r["rank"] in culprits}
         for r in records:
             line = (framework_skip(str(r.get("error") or (r.get("hb") or {}).get("error") or ""),

@@ -34,7 +34,7 @@ from .heartbeat import LoaderInfo, PeerView
 from .ledger import Entry, describe_entry, first_pending, signature
 from .stacks import short_path
 
-__all__ = ["UnevenProof", "uneven_proof", "counts_text", "short_path_of"]
+__all__ = ["UnevenProof", "uneven_proof", "uneven_in_records", "counts_text", "short_path_of"]
 
 View = PeerView
 
@@ -220,3 +220,21 @@ def _reason(views: Mapping[int, View], w: int, site: str, info: LoaderInfo,
             f"the same pass, waits in {what} issued during the pass at "
             f"{views[w].get('where', '?')}, which rank {f} will never join. Batches per rank: "
             f"{counts_text(counts)}")
+
+
+def uneven_in_records(records: Sequence[Mapping[str, object]]) -> UnevenProof | None:
+    """The same proof from the ranks' last heartbeats in a report (the decision may have been
+    taken first by another rule: the rank that ran out, leaving, saw its peer wait). A pass
+    ended by StopIteration shorter than the one a peer still waits in is certain whoever
+    decided; no grace is needed, the decision was already taken."""
+    views: dict[int, View] = {}
+    for rec in records:
+        hb = rec.get("hb")
+        if not isinstance(hb, Mapping):
+            continue
+        state = str(rec.get("state") or hb.get("state") or "running")
+        views[int(str(rec.get("rank")))] = {**hb, "state": state,
+                                            "gone": state != "running"}
+    if len(views) < 2:
+        return None
+    return uneven_proof(views, max(views) + 1, grace=0.0)
