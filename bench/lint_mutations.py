@@ -368,6 +368,14 @@ M = [
  ('sixth: DDP025 a world the program fixes to that number', 'rules/ddp025_rank_kind_mixup.py', '        if any(n.value in _fixed_worlds(i) for i in infos):\n            continue', '        pass'),
  ("sixth: DDP025 the sampler's positional shard count", 'rules/ddp025_rank_kind_mixup.py', '        if n is None and len(node.args) > 1:\n            n = node.args[1]', '        pass'),
  ('sixth: DDP025 nprocs= fixes the world', 'rules/ddp025_rank_kind_mixup.py', '            if k.arg in _WORLD_KWARGS:\n                number(k.value)', '            pass'),
+ ('sixth: a flag one rank class computes is a rank test', 'analysis/walker.py', '    learnt = armed_flags(info)\n', '    learnt = {}\n'),
+ ('sixth: armed flag: the walk again knowing its tests', 'analysis/walker.py', '    if learnt and not (seed is not None', '    if False and not (seed is not None'),
+ ('sixth: armed flag: every assignment outside the arms a constant', 'analysis/armed_flags.py', '        if type(v) is not ast.Constant:\n            return None\n', ''),
+ ('sixth: armed flag: bound only by plain assignments', 'analysis/armed_flags.py', ' or not _only_plain(scope, name):', ':'),
+ ("sixth: armed flag: a self attribute of the method's class", 'analysis/armed_flags.py', '    return info.classes.get(cls) if cls is not None else None', '    return None'),
+ ('sixth: armed flag: `flag == True`', 'analysis/ranks.py', '                dotted(left) in getattr(info, "armed_flags", ()):', '                False:'),
+ ('sixth: armed flag: not shared with other files', 'analysis/crossfile.py', '                if "." in name and name not in info.armed_flags:', '                if "." in name:'),
+ ('sixth: DDP019 names the flag and its arm', 'rules/ddp019_exit_before_collective.py', '                    return f" ({note})"', '                    return ""'),
 ]
 
 

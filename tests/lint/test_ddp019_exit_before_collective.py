@@ -154,3 +154,22 @@ def test_an_exit_outside_the_process_grid_says_what_it_assumed() -> None:
     [f] = lint_with_defaults(src, "t.py")
     assert (f.code, f.line) == ("DDP019", 7)
     assert "assumed: `rank_c >= size // replication` holds on some rank" in f.message
+
+
+def test_an_exit_on_a_flag_one_class_computes_names_the_flag() -> None:
+    # the exit's own test (`if halt:`) reads no rank: the message says where the flag is set
+    src = HEAD_DIST + (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n\n\n"
+        "def fit(net, batches, opt, stopper):\n"
+        "    model = DDP(net)\n"
+        "    halt = False\n"
+        "    for _ in range(9):\n"
+        "        for x in batches:\n"
+        "            model(x).mean().backward()\n"
+        "            opt.step()\n"
+        "        if dist.get_rank() == 0:\n"
+        "            halt = stopper.step()\n"
+        "        if halt:\n"
+        "            break\n")
+    [f] = lint_with_defaults(src, "t.py")
+    assert f.code == "DDP019" and "`halt` is set only where `dist.get_rank() == 0`" in f.message

@@ -369,3 +369,44 @@ def test_a_wrapper_handed_to_another_files_class_is_its_ddp_model(tmp_path: Path
     files["main.py"] = MAIN_WRAPS.replace("DDP(torch.nn.Linear(2, 1))",
                                           "torch.nn.Linear(2, 1)")
     assert _project(tmp_path, files) == []
+
+
+STOPPER = """\
+import torch.distributed as dist
+
+
+class Stopper:
+    def __init__(self):
+        self.finished = False
+
+    def update(self, value, best):
+        if dist.get_rank() == 0:
+            self.finished = value > best
+        if self.finished:
+            return
+"""
+
+LOOP = """\
+import torch.distributed as dist
+
+
+class Loop:
+    def __init__(self, model, loader):
+        self.model = model
+        self.loader = loader
+        self.finished = False
+
+    def run(self):
+        while True:
+            for x in self.loader:
+                dist.all_reduce(x)
+            if self.finished:
+                break
+"""
+
+
+def test_a_flag_one_class_computes_is_no_flag_of_another_files_class(tmp_path: Path) -> None:
+    # `self.finished` is set on rank 0 alone in stopper.py; loop.py's own `self.finished`
+    # never changes, so its `break` is taken by every rank alike (or by none)
+    files = {"stopper.py": STOPPER, "loop.py": LOOP}
+    assert _project(tmp_path, files) == []

@@ -124,6 +124,8 @@ class ModuleInfo:
     # `self.model = model` in `__init__` where a caller passes a DDP wrapper for `model`
     # (crossfile._constructor_wrappers): name -> {class: line of that assignment}
     handed_ddp: dict[str, dict[str, int]] = field(default_factory=dict)
+    # flags one rank class computes (armed_flags.py): read as rank tests, never shared
+    armed_flags: dict[str, str] = field(default_factory=dict)   # name -> what it assumes
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)

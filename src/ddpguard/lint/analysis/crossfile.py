@@ -43,7 +43,7 @@ class FileSet:
         shared: dict[str, int] = {}
         for info in infos:
             for name, level in info.rank_names.items():
-                if "." in name:
+                if "." in name and name not in info.armed_flags:
                     shared.setdefault(name, level)
         _constructor_flags(infos)
         self.infos = infos

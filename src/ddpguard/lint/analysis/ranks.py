@@ -89,6 +89,8 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
         return None
     d = dotted(node) if not isinstance(node, ast.Call | ast.Subscript) else None
     if d is not None:
+        if d in getattr(info, "armed_flags", ()):
+            return None   # a flag one class computes (armed_flags.py), not the rank
         last = d.rsplit(".", 1)[-1].lower()
         if is_predicate(last):
             return None
@@ -168,6 +170,15 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
         if len(node.ops) != 1:
             return UNKNOWN
         left, op, right = node.left, node.ops[0], node.comparators[0]
+        if type(right) is ast.Constant and type(right.value) is bool and \
+                isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot) and \
+                dotted(left) in getattr(info, "armed_flags", ()):
+            # `if stop == True:` of a flag one class computes
+            v = evaluate(info, left, cls, depth + 1)
+            if v == UNKNOWN:
+                return v
+            return int((v == TRUE) == right.value) if isinstance(op, ast.Eq | ast.Is) \
+                else int((v == TRUE) != right.value)
         lv, rv = _rank_value(info, left, cls), _rank_value(info, right, cls)
         if lv is not None and rv is None:
             got = _against(lv, op, right)

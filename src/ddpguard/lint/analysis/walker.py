@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from .armed_flags import armed_flags
 from .context import (
     COLLECTIVE_PREFIXES,
     QUALIFIED,
@@ -394,6 +395,11 @@ def build(tree: ast.Module, path: str = "<string>",
     info._memo.clear()
     info._last.clear()
     walker.block(tree.body)
+    learnt = armed_flags(info)
+    if learnt and not (seed is not None and learnt.keys() <= seed[1].keys()):
+        # the flags' tests are rank tests: walk again knowing them (what guards what)
+        names = {**(seed[1] if seed is not None else {}), **learnt}
+        return build(tree, path, (seed[0] if seed else {}, names, seed[2] if seed else {}))
     _guard_functions(info)
     return info
 

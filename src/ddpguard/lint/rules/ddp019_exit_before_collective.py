@@ -12,7 +12,11 @@ rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop bod
 the next iteration's DDP forward with gradients counts too (its backward all-reduces). A
 class whose constructor a caller hands the wrapper (`Trainer(model)` after `model = DDP(model)`,
 in this file or another; `self.model = model` in `__init__`) holds it on `self` in that class's
-methods: its early-stop `break` is read against that forward too. A rank
+methods: its early-stop `break` is read against that forward too. A flag that one class
+computes is a rank test too: `stop = False` on every rank, `if rank == 0: stop =
+stopper.step(loss)`, then `if stop: break` on every rank (a plain name of one function, or a
+`self` attribute of one class, bound only by plain assignments; not once it is broadcast or
+reassigned outside the arm); the message names the flag and its arm. A rank
 test written `not hasattr(args, "local_rank") or args.local_rank == 0` is read as the
 comparison alone (every process of a distributed run has its rank), and a rank-guarded exit
 call splits a function as a `return` does. Not exits: `raise NotImplementedError` (a stub for
@@ -46,7 +50,24 @@ def ddp019(info: ModuleInfo) -> Iterator[Hit]:
     did not fail). A `raise` is DDP022's."""
     for d in divergences(info):
         if d.code == "DDP019":
-            yield At(d.line), "DDP019", d.message + _assumed(info, d.line)
+            yield At(d.line), "DDP019", d.message + _assumed(info, d.line) + \
+                _flag_note(info, d.line)
+
+
+def _flag_note(info: ModuleInfo, line: int) -> str:
+    """Where the exit's test reads a flag one class computes (`if stop: break` after `if
+    rank == 0: stop = ...`), say so: the message's rank test is that assignment's."""
+    if not info.armed_flags:
+        return ""
+    for n in ast.walk(info.tree):
+        if isinstance(n, ast.If) and n.body and n.body[0].lineno <= line <= (
+                n.end_lineno or n.lineno):
+            for t in ast.walk(n.test):
+                note = info.armed_flags.get(ast.unparse(t)) if isinstance(
+                    t, ast.Name | ast.Attribute) else None
+                if note:
+                    return f" ({note})"
+    return ""
 
 
 def _assumed(info: ModuleInfo, line: int) -> str:

@@ -1,0 +1,169 @@
+"""Flags that one rank class computes: `stop = False` on every rank, then `if rank == 0:
+stop = stopper.step(val_loss)`. A rank that never takes that arm keeps the constant, so a
+later test of the flag (`if stop: break`) parts the classes as a rank test does: the flag is
+read as `rank == 0 and stopper.step(val_loss)` (or, where the constant is true, `not rank == 0
+or ...`). Only where the name is certain to hold nothing else: a plain name of one function
+(not its parameter) or a `self` attribute of one class, bound only by plain assignments, every
+one outside the rank test's arms a constant of one truth and every one inside no rank value
+itself. A flag that is broadcast (`stop = flags[0]` after `broadcast_object_list(flags)`) is
+assigned outside the arms and is no such flag."""
+
+from __future__ import annotations
+
+import ast
+
+from .context import Func, ModuleInfo, dotted
+from .provenance import NONE, test_level, value_level
+
+_Arm = tuple[int, int, ast.expr, int]   # first line, last line, the arm's condition, level
+
+
+def armed_flags(info: ModuleInfo) -> dict[str, int]:
+    """Finds the flags (name -> level of the test), adds to each, in `info.assigns`, the
+    value it holds as a rank test, and notes it in `info.rank_names` and `info.armed_flags`.
+    Returns those not in `info.rank_names` before (the walk must run again to see their
+    tests as rank tests)."""
+    if not info.rank_ifs:
+        return {}
+    arms: dict[int, list[_Arm]] = {}   # id(function) -> its rank tests' arms
+    funcs: dict[int, Func] = {}
+    for func, s in info.rank_ifs:
+        if func is None:
+            continue
+        level = test_level(info, s.test)
+        for arm, negate in ((s.body, False), (s.orelse, True)):
+            if arm:
+                cond = ast.UnaryOp(ast.Not(), s.test) if negate else s.test
+                arms.setdefault(id(func), []).append(
+                    (arm[0].lineno, arm[-1].end_lineno or arm[-1].lineno, cond, level))
+                funcs[id(func)] = func
+    if not arms:
+        return {}
+    found: dict[str, list[tuple[ast.Assign, list[_Arm], list[_Arm], ast.AST]]] = {}
+    for key, own in arms.items():
+        func = funcs[key]
+        for st in ast.walk(func):
+            if type(st) is not ast.Assign:
+                continue
+            inside = [a for a in own if a[0] <= st.lineno <= a[1]]
+            if not inside:
+                continue
+            for tgt in st.targets:
+                name = dotted(tgt)
+                scope = _scope(info, func, name) if name is not None else None
+                if name is not None and scope is not None:
+                    found.setdefault(name, []).append((st, inside, own, scope))
+    new: dict[str, int] = {}
+    for name, sites in found.items():
+        scope = sites[0][3]
+        if any(site[3] is not scope for site in sites) or not _only_plain(scope, name):
+            continue
+        if not _tested(info, scope, name):
+            continue
+        truth = _initial(info, name, scope, [a for site in sites for a in site[2]],
+                         set(found))
+        if truth is None or not any(type(site[0].value) is not ast.Constant
+                                    or bool(site[0].value.value) != truth for site in sites):
+            continue
+        for st, inside, _, _ in sites:
+            conds = [a[2] for a in inside]
+            cond = conds[0] if len(conds) == 1 else ast.BoolOp(ast.And(), conds)
+            held: ast.expr = ast.BoolOp(ast.And(), [cond, st.value]) if not truth else \
+                ast.BoolOp(ast.Or(), [ast.UnaryOp(ast.Not(), cond), st.value])
+            ast.copy_location(held, st)
+            info.assigns[name].append((st.lineno, held))
+        level = sites[0][1][0][3]
+        if name not in info.rank_names:
+            new[name] = level
+        info.rank_names.setdefault(name, level)
+        first = sites[0]
+        info.armed_flags[name] = (
+            f"`{name}` is set only where `{ast.unparse(first[1][0][2])}` (line "
+            f"{first[0].lineno}); the other ranks keep its first value, "
+            f"{_first_constant(info, name, scope, first[2])}")
+    return new
+
+
+def _scope(info: ModuleInfo, func: Func, name: str) -> ast.AST | None:
+    """Where every binding of `name` must be: the function (a plain name, not its
+    parameter), or the class of the method (`self.x`)."""
+    if "." not in name:
+        a = func.args
+        params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+        return None if name in params else func
+    root, _, attr = name.partition(".")
+    if root != "self" or "." in attr:
+        return None
+    cls = info.func_class.get(func)
+    return info.classes.get(cls) if cls is not None else None
+
+
+def _only_plain(scope: ast.AST, name: str) -> bool:
+    """`name` is bound in `scope` only by plain assignments (no `+=`, loop or `with`
+    target, unpacking, walrus)."""
+    plain: set[int] = set()
+    stores: list[ast.AST] = []
+    for n in ast.walk(scope):
+        t = type(n)
+        if t is ast.Assign:
+            plain.update(id(x) for x in n.targets)  # type: ignore[attr-defined]
+        elif t is ast.AnnAssign:
+            plain.add(id(n.target))  # type: ignore[attr-defined]
+        elif (t is ast.Name or t is ast.Attribute) and \
+                type(n.ctx) is not ast.Load:  # type: ignore[attr-defined]
+            stores.append(n)
+        elif (t is ast.Global or t is ast.Nonlocal) and \
+                name in n.names:  # type: ignore[attr-defined]
+            return False
+    return all(id(n) in plain for n in stores if dotted(n) == name)
+
+
+def _first_constant(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm]) -> str:
+    lo, hi = scope.lineno, scope.end_lineno or scope.lineno  # type: ignore[attr-defined]
+    return next((ast.unparse(v) for line, v in info.assigns.get(name, [])
+                 if lo <= line <= hi and type(v) is ast.Constant
+                 and not any(a[0] <= line <= a[1] for a in arms)), "")
+
+
+def _tested(info: ModuleInfo, scope: ast.AST, name: str) -> bool:
+    """`name` is a condition somewhere in `scope` (the class, for `self.x`): `if stop:`,
+    `while not stop`, `if stop and ...:`, `if stop == True:`. A value one class computes but
+    nobody tests (`best = min(best, v)`) is left alone."""
+    for n in ast.walk(scope):
+        if type(n) in (ast.If, ast.While, ast.IfExp):
+            for t in ast.walk(n.test):  # type: ignore[attr-defined]
+                if type(t) in (ast.Name, ast.Attribute) and dotted(t) == name:
+                    return True
+    return False
+
+
+def _initial(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm],
+             candidates: set[str]) -> bool | None:
+    """The truth of the constant every assignment of `name` outside the rank tests' arms
+    gives it; None where one is no constant, the truths differ, there is none, or a value
+    is a rank value already (a flag the walk reads otherwise)."""
+    lo, hi = scope.lineno, scope.end_lineno or scope.lineno  # type: ignore[attr-defined]
+    truths: set[bool] = set()
+    view = _View(info, candidates)
+    for line, v in info.assigns.get(name, []):
+        if not lo <= line <= hi:
+            return None   # bound elsewhere in the file too: another binding, unknown here
+        if value_level(view, v) != NONE:
+            return None
+        if any(a[0] <= line <= a[1] for a in arms):
+            continue
+        if type(v) is not ast.Constant:
+            return None
+        truths.add(bool(v.value))
+    return truths.pop() if len(truths) == 1 else None
+
+
+class _View:
+    """The module's rank tables without the candidate flags (learnt on an earlier walk):
+    `stop = val > best` is no rank value because `best` is another such flag."""
+
+    def __init__(self, info: ModuleInfo, leave: set[str]) -> None:
+        self.rank_names = {k: v for k, v in info.rank_names.items() if k not in leave} \
+            if leave & info.rank_names.keys() else info.rank_names
+        self.rank_funcs = info.rank_funcs
+        self.callee_last = info.callee_last
