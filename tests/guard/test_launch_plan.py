@@ -27,6 +27,23 @@ def test_a_command_after_dashes_runs_as_is():
     assert plan(["--", "torchrun", "--nproc-per-node", "2", "t.py"], FLAGS).kind == "command"
 
 
+def test_torchruns_flags_are_read_only_where_the_words_need_them():
+    """Reading torchrun's flags imports torch (over a second at each `ddpguard run`): a
+    command after `--` with only ddpguard's options before it splits without them."""
+    from ddpguard.launch import _flags_for
+
+    def read():
+        calls.append(1)
+        return FLAGS
+
+    calls: list[int] = []
+    assert _flags_for(["--stall-timeout", "30", "--no-guard", "--", "python", "t.py"],
+                      read) == set() and not calls
+    # Twins: a torchrun option before `--`, or no `--` at all, needs them.
+    assert _flags_for(["--standalone", "--", "t.py"], read) == FLAGS
+    assert _flags_for(["--nproc-per-node", "2", "t.py"], read) == FLAGS and len(calls) == 2
+
+
 def test_a_script_after_dashes_keeps_the_torchrun_form():
     p = plan(["--max-restarts", "1", "--", "t.py", "-x"], FLAGS)
     assert (p.kind, p.opts, p.rest) == ("torchrun", ["--max-restarts", "1"], ["t.py", "-x"])

@@ -257,7 +257,7 @@ def test_harness_names_hung_rank_with_stack():
 
     start = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_ranks(_sleep_forever_on_rank0, 2, timeout=15)
+        run_ranks(_sleep_forever_on_rank0, 2, timeout=10)
     assert time.monotonic() - start < 40
     text = str(info.value)
     assert text.startswith("1 of 2 ranks failed")

@@ -77,6 +77,20 @@ def _own_launch_of(path: str) -> str | None:
         return None  # torchrun says what is wrong with a missing or unreadable script
 
 
+def _flags_for(argv: list[str], read: Callable[[], set[str]]) -> set[str]:
+    """torchrun's flag options where the words need them: not for `[our options] -- ...`,
+    whose split is plain (reading them imports torch, over a second at every launch)."""
+    if "--" in argv:
+        try:
+            theirs, _ = pop_our_options([o for o in argv[:argv.index("--")]
+                                         if o not in OUR_FLAGS])
+        except ValueError:
+            theirs = ["?"]
+        if not theirs:
+            return set()
+    return read()
+
+
 def main(argv: list[str]) -> int:
     """`ddpguard run ...`: the exit code of the job's last attempt (17: the guard stopped it)."""
     from ddpguard.guard import channel
@@ -84,7 +98,7 @@ def main(argv: list[str]) -> int:
     from .argv import flag_options
 
     try:
-        p = plan(argv, flag_options(), _own_launch_of)
+        p = plan(argv, _flags_for(argv, flag_options), _own_launch_of)
     except ValueError as exc:
         channel.write(f"ddpguard run: {exc}")
         return 2
