@@ -394,19 +394,23 @@ class Loop:
     def __init__(self, model, loader):
         self.model = model
         self.loader = loader
-        self.finished = False
+
+    def log(self):
+        print(len(self.loader))
 
     def run(self):
         while True:
             for x in self.loader:
                 dist.all_reduce(x)
+            if dist.get_rank() == 0:
+                self.log()
             if self.finished:
                 break
 """
 
 
 def test_a_flag_one_class_computes_is_no_flag_of_another_files_class(tmp_path: Path) -> None:
-    # `self.finished` is set on rank 0 alone in stopper.py; loop.py's own `self.finished`
-    # never changes, so its `break` is taken by every rank alike (or by none)
+    # `self.finished` is set on rank 0 alone in stopper.py; loop.py reads an attribute of that
+    # name that it never sets (whatever sets it is out of sight): no rank test
     files = {"stopper.py": STOPPER, "loop.py": LOOP}
     assert _project(tmp_path, files) == []

@@ -15,7 +15,7 @@ import ast
 from .context import Func, ModuleInfo, dotted
 from .provenance import NONE, test_level, value_level
 
-_Arm = tuple[int, int, ast.expr, int]   # first line, last line, the arm's condition, level
+_Arm = tuple[int, int, bool, ast.expr]   # first line, last line, the `else` arm?, the test
 
 
 def armed_flags(info: ModuleInfo) -> dict[str, int]:
@@ -26,59 +26,59 @@ def armed_flags(info: ModuleInfo) -> dict[str, int]:
     if not info.rank_ifs:
         return {}
     arms: dict[int, list[_Arm]] = {}   # id(function) -> its rank tests' arms
+    stmts: dict[int, list[ast.stmt]] = {}
     funcs: dict[int, Func] = {}
     for func, s in info.rank_ifs:
         if func is None:
             continue
-        level = test_level(info, s.test)
         for arm, negate in ((s.body, False), (s.orelse, True)):
             if arm:
-                cond = ast.UnaryOp(ast.Not(), s.test) if negate else s.test
                 arms.setdefault(id(func), []).append(
-                    (arm[0].lineno, arm[-1].end_lineno or arm[-1].lineno, cond, level))
+                    (arm[0].lineno, arm[-1].end_lineno or arm[-1].lineno, negate, s.test))
+                stmts.setdefault(id(func), []).extend(arm)
                 funcs[id(func)] = func
     if not arms:
         return {}
     found: dict[str, list[tuple[ast.Assign, list[_Arm], list[_Arm], ast.AST]]] = {}
+    seen: set[int] = set()
     for key, own in arms.items():
         func = funcs[key]
-        for st in ast.walk(func):
-            if type(st) is not ast.Assign:
+        for st in _assigns(stmts[key]):
+            if id(st) in seen:
                 continue
+            seen.add(id(st))
             inside = [a for a in own if a[0] <= st.lineno <= a[1]]
-            if not inside:
-                continue
             for tgt in st.targets:
                 name = dotted(tgt)
                 scope = _scope(info, func, name) if name is not None else None
                 if name is not None and scope is not None:
                     found.setdefault(name, []).append((st, inside, own, scope))
     new: dict[str, int] = {}
+    view = _View(info, set(found))
     for name, sites in found.items():
         scope = sites[0][3]
-        if any(site[3] is not scope for site in sites) or not _only_plain(scope, name):
+        if any(site[3] is not scope for site in sites):
             continue
-        if not _tested(info, scope, name):
-            continue
-        truth = _initial(info, name, scope, [a for site in sites for a in site[2]],
-                         set(found))
+        truth = _initial(info, name, scope, [a for site in sites for a in site[2]], view)
         if truth is None or not any(type(site[0].value) is not ast.Constant
                                     or bool(site[0].value.value) != truth for site in sites):
             continue
+        if not _tested(info, scope, name) or not _only_plain(scope, name):
+            continue
         for st, inside, _, _ in sites:
-            conds = [a[2] for a in inside]
+            conds = [_cond(a) for a in inside]
             cond = conds[0] if len(conds) == 1 else ast.BoolOp(ast.And(), conds)
             held: ast.expr = ast.BoolOp(ast.And(), [cond, st.value]) if not truth else \
                 ast.BoolOp(ast.Or(), [ast.UnaryOp(ast.Not(), cond), st.value])
             ast.copy_location(held, st)
             info.assigns[name].append((st.lineno, held))
-        level = sites[0][1][0][3]
+        level = test_level(info, sites[0][1][0][3])
         if name not in info.rank_names:
             new[name] = level
         info.rank_names.setdefault(name, level)
         first = sites[0]
         info.armed_flags[name] = (
-            f"`{name}` is set only where `{ast.unparse(first[1][0][2])}` (line "
+            f"`{name}` is set only where `{ast.unparse(_cond(first[1][0]))}` (line "
             f"{first[0].lineno}); the other ranks keep its first value, "
             f"{_first_constant(info, name, scope, first[2])}")
     return new
@@ -118,6 +118,32 @@ def _only_plain(scope: ast.AST, name: str) -> bool:
     return all(id(n) in plain for n in stores if dotted(n) == name)
 
 
+def _cond(arm: _Arm) -> ast.expr:
+    """What holds in the arm: the test, or its negation in the `else` arm."""
+    return ast.UnaryOp(ast.Not(), arm[3]) if arm[2] else arm[3]
+
+
+def _assigns(stmts: list[ast.stmt]) -> list[ast.Assign]:
+    """The plain assignments among `stmts` and the blocks they hold (not in nested
+    definitions: another scope)."""
+    out: list[ast.Assign] = []
+    todo = list(stmts)
+    while todo:
+        st = todo.pop()
+        t = type(st)
+        if t is ast.Assign:
+            out.append(st)  # type: ignore[arg-type]
+        elif t in _BLOCKS:
+            for field in ("body", "orelse", "finalbody"):
+                todo.extend(getattr(st, field, ()))
+            for h in getattr(st, "handlers", ()):
+                todo.extend(h.body)
+    return out
+
+
+_BLOCKS = {ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try}
+
+
 def _first_constant(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm]) -> str:
     lo, hi = scope.lineno, scope.end_lineno or scope.lineno  # type: ignore[attr-defined]
     return next((ast.unparse(v) for line, v in info.assigns.get(name, [])
@@ -138,13 +164,12 @@ def _tested(info: ModuleInfo, scope: ast.AST, name: str) -> bool:
 
 
 def _initial(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm],
-             candidates: set[str]) -> bool | None:
+             view: _View) -> bool | None:
     """The truth of the constant every assignment of `name` outside the rank tests' arms
     gives it; None where one is no constant, the truths differ, there is none, or a value
     is a rank value already (a flag the walk reads otherwise)."""
     lo, hi = scope.lineno, scope.end_lineno or scope.lineno  # type: ignore[attr-defined]
     truths: set[bool] = set()
-    view = _View(info, candidates)
     for line, v in info.assigns.get(name, []):
         if not lo <= line <= hi:
             return None   # bound elsewhere in the file too: another binding, unknown here
