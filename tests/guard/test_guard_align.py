@@ -1071,3 +1071,27 @@ def test_a_rank_that_ran_out_of_batches_and_decided_first_is_still_uneven_batche
     # The twin: its pass ended without StopIteration (a break): no proof of uneven loaders.
     assert diag(_ran_out(done=False), cause="peer_gone", culprits=[1])["cause"] != \
         "uneven_batches"
+
+
+def test_the_recorders_stack_traces_are_read_only_for_lines_the_rank_did_not_note():
+    """Symbolizing the recorder's stack traces imports torch._dynamo the first time (seconds,
+    on every rank of a stopped job, once a slow stop made the test harness end a rank before
+    its guard did): the lines the rank noted itself as it issued each collective are kept."""
+    from ddpguard.guard.sequence import add_lines
+
+    class Ledger:
+        def __init__(self):
+            self.asked = []
+
+        def frames_for(self, wanted):
+            self.asked.append(set(wanted))
+            return {k: f"{SCRIPT}:5 in main" for k in wanted}
+
+    noted = seq_entry(7, "all_reduce", "loop", 3, 3, 3, 3, line=f"{SCRIPT}:13 in main")
+    ledger = Ledger()
+    add_lines(ledger, [noted])
+    assert ledger.asked == [] and noted["line"] == f"{SCRIPT}:13 in main"
+    # The twin: an entry with no noted line is looked up, and gets the recorder's.
+    bare = seq_entry(8, "all_reduce", "loop", 3, 3, 3, 3)
+    add_lines(ledger, [noted, bare])
+    assert ledger.asked == [{("0", 8)}] and bare["line"] == f"{SCRIPT}:5 in main"

@@ -62,8 +62,11 @@ def recent(ledger: Ledger, timeline: Timeline, main_ident: int | None, keep: int
 
 def add_lines(ledger: Ledger, entries: list[SeqEntry]) -> None:
     """The issuing line of the newest loop-phase collectives (those a rank's own code called:
-    the ones an alignment may name after the rank has left them behind)."""
-    wanted = {(e["g"], e["seq"]) for e in entries[-LINES_FOR:] if e["phase"] == LOOP}
+    the ones an alignment may name after the rank has left them behind) that the rank's own
+    notes (issued.py) left without one. The recorder's stack traces cost seconds the first
+    time (symbolizing them imports torch._dynamo): read only where a line is missing."""
+    wanted = {(e["g"], e["seq"]) for e in entries[-LINES_FOR:]
+              if e["phase"] == LOOP and not e.get("line")}
     if not wanted:
         return
     try:
