@@ -376,6 +376,12 @@ M = [
  ('sixth: armed flag: `flag == True`', 'analysis/ranks.py', '                dotted(left) in getattr(info, "armed_flags", ()):', '                False:'),
  ('sixth: armed flag: not shared with other files', 'analysis/crossfile.py', '                if "." in name and name not in info.armed_flags:', '                if "." in name:'),
  ('sixth: DDP019 names the flag and its arm', 'rules/ddp019_exit_before_collective.py', '                    return f" ({note})"', '                    return ""'),
+ ("sixth: a wrapper every caller passes to a function's parameter", 'analysis/crossfile.py', '        _function_wrappers(self, infos)\n', '\n'),
+ ('sixth: every call site passes the wrapper', 'analysis/crossfile.py', '        if wrapped and all(wrapped):', '        if wrapped and any(wrapped):'),
+ ('sixth: a function named other than in a call has callers out of sight', 'analysis/crossfile.py', '            if not _named_elsewhere(infos, fn.name):', '            if True:'),
+ ("sixth: the root's parameter calls bound to the wrapper", 'analysis/divergence.py', '            if handed:\n', '            if False:\n'),
+ ("sixth: a handed parameter's call is a forward in reach", 'analysis/callgraph.py', '                f.id in info.handed_params.get(key, ()):', '                False:'),
+ ('sixth: a parameter call where only a caller wraps', 'analysis/schedule.py', '                    self.ddp or self.info.handed_params):', '                    self.ddp):'),
 ]
 
 

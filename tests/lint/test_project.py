@@ -414,3 +414,44 @@ def test_a_flag_one_class_computes_is_no_flag_of_another_files_class(tmp_path: P
     # name that it never sets (whatever sets it is out of sight): no rank test
     files = {"stopper.py": STOPPER, "loop.py": LOOP}
     assert _project(tmp_path, files) == []
+
+
+ENGINE_FIT = """\
+import torch.distributed as dist
+
+
+def fit(model, loader, optimizer, epochs):
+    best = float("inf")
+    for _ in range(epochs):
+        for x in loader:
+            loss = model(x).mean()
+            loss.backward()
+            optimizer.step()
+        if dist.get_rank() == 0:
+            if loss.item() > best:
+                break
+            best = loss.item()
+"""
+
+MAIN_FIT = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from engine import fit
+
+
+def main(loader, optimizer):
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 1))
+    fit(model, loader, optimizer, 5)
+"""
+
+
+def test_a_wrapper_every_caller_passes_is_the_parameters_ddp_model(tmp_path: Path) -> None:
+    # main.py's only call of engine.fit passes the wrapper: rank 0's `break` leaves the
+    # others in the next epoch's forward (DDP019)
+    files = {"engine.py": ENGINE_FIT, "main.py": MAIN_FIT}
+    assert _project(tmp_path, files) == [("engine.py", "DDP019", 13)]
+    # a second call with the bare model: the parameter is not always the wrapper
+    files["main.py"] = MAIN_FIT + "    fit(torch.nn.Linear(2, 1), loader, optimizer, 1)\n"
+    assert _project(tmp_path, files) == []

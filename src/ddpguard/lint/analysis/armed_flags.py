@@ -11,6 +11,7 @@ assigned outside the arms and is no such flag."""
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from .context import Func, ModuleInfo, dotted
 from .provenance import NONE, test_level, value_level
@@ -154,13 +155,30 @@ def _first_constant(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm
 def _tested(info: ModuleInfo, scope: ast.AST, name: str) -> bool:
     """`name` is a condition somewhere in `scope` (the class, for `self.x`): `if stop:`,
     `while not stop`, `if stop and ...:`, `if stop == True:`. A value one class computes but
-    nobody tests (`best = min(best, v)`) is left alone."""
-    for n in ast.walk(scope):
-        if type(n) in (ast.If, ast.While, ast.IfExp):
-            for t in ast.walk(n.test):  # type: ignore[attr-defined]
-                if type(t) in (ast.Name, ast.Attribute) and dotted(t) == name:
-                    return True
-    return False
+    that is only compared (`best = min(best, v)`, `if v > best:`) is left alone."""
+    return any(type(n) in (ast.If, ast.While, ast.IfExp) and
+               name in truth_reads(n.test)  # type: ignore[attr-defined]
+               for n in ast.walk(scope))
+
+
+def truth_reads(test: ast.expr) -> set[str]:
+    """The names `test` reads for their truth: `stop`, `not stop`, each side of `and`/`or`,
+    `stop == True`, `stop is False`."""
+    n: Any = test
+    t = type(n)
+    if t is ast.Name or t is ast.Attribute:
+        d = dotted(n)
+        return {d} if d is not None else set()
+    if t is ast.UnaryOp and type(n.op) is ast.Not:
+        return truth_reads(n.operand)
+    if t is ast.BoolOp:
+        return {d for v in n.values for d in truth_reads(v)}
+    if t is ast.Compare and len(n.ops) == 1 and \
+            isinstance(n.ops[0], ast.Eq | ast.NotEq | ast.Is | ast.IsNot):
+        right = n.comparators[0]
+        if type(right) is ast.Constant and type(right.value) is bool:
+            return truth_reads(n.left)
+    return set()
 
 
 def _initial(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm],

@@ -75,6 +75,10 @@ def reaches(info: ModuleInfo, key: int) -> bool:
             hit = True
             break
         f = rec.node.func
+        if rec.func is not None and isinstance(f, ast.Name) and \
+                f.id in info.handed_params.get(key, ()):
+            hit = True  # a forward of the wrapper every caller passes
+            break
         if ddp and (last in _ddp_lasts(info) or (rec.func is not None
                                                  and isinstance(f, ast.Name))):
             d = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \

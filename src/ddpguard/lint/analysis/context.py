@@ -124,6 +124,9 @@ class ModuleInfo:
     # `self.model = model` in `__init__` where a caller passes a DDP wrapper for `model`
     # (crossfile._constructor_wrappers): name -> {class: line of that assignment}
     handed_ddp: dict[str, dict[str, int]] = field(default_factory=dict)
+    # id(function) -> its parameters every call site in the files given passes a DDP wrapper
+    # (crossfile._function_wrappers)
+    handed_params: dict[int, set[str]] = field(default_factory=dict)
     # flags one rank class computes (armed_flags.py): read as rank tests, never shared
     armed_flags: dict[str, str] = field(default_factory=dict)   # name -> what it assumes
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script

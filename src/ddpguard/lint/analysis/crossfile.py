@@ -63,6 +63,7 @@ class FileSet:
             info.file_set = self
         _ddp_class_aliases(self, infos)
         _constructor_wrappers(self, infos)
+        _function_wrappers(self, infos)
         if self.multi:
             self._multi_node_program(infos)
 
@@ -369,6 +370,66 @@ def _constructor_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
                                 target.handed_ddp.setdefault(d, {}).setdefault(
                                     rec.last, st.lineno)
                                 target._memo.pop(("ddp_names", 0), None)
+
+
+def _function_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
+    """A module-level function of the project whose parameter every call in the files given
+    passes a DDP wrapper (`fit(model, loader)` after `model = DDP(model)`, in this file or
+    another): calls of that parameter in the function are forwards of the wrapper, also when
+    the function is read on its own (a rank-0 `break` in its epoch loop). Not where the
+    function is named other than in a call (handed to `mp.spawn`, a callback: other callers
+    out of sight), nor where one call passes something else, unpacks `*args`, or the name is
+    defined twice in the caller's tree."""
+    defs: dict[str, list[tuple[ModuleInfo, Func]]] = {}
+    for info in infos:
+        for name, fns in info.funcs.items():
+            for fd in fns:
+                if fd not in info.func_class and id(fd) not in info.parents:
+                    defs.setdefault(name, []).append((info, fd))
+    if not defs or not any(i.wraps_ddp for i in infos):
+        return
+    sites: dict[tuple[int, str], list[bool]] = {}
+    targets: dict[int, tuple[ModuleInfo, Func]] = {}
+    for info in infos:
+        for rec in info.calls_named(*(n for n in info.call_lasts() if n in defs)):
+            f = rec.node.func
+            if not isinstance(f, ast.Name | ast.Attribute):
+                continue
+            mine = [d for d in defs[rec.last]
+                    if d[0] is info or file_set._same_tree(d[0], info)]
+            if len(mine) != 1:
+                continue
+            target, fn = mine[0]
+            if isinstance(f, ast.Attribute) and target is info:
+                continue  # `obj.fit(...)`: a method of something else
+            names = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+            star = any(isinstance(a, ast.Starred) for a in rec.node.args) or any(
+                k.arg is None for k in rec.node.keywords)
+            passed = dict(zip(names, rec.node.args, strict=False))
+            passed.update((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)
+            targets[id(fn)] = (target, fn)
+            for param in names:
+                value = passed.get(param)
+                sites.setdefault((id(fn), param), []).append(
+                    not star and value is not None and info.wraps_ddp and (
+                        info.is_ddp_call(value) or _wrapped_before(info, value, rec)))
+    for (key, param), wrapped in sites.items():
+        if wrapped and all(wrapped):
+            target, fn = targets[key]
+            if not _named_elsewhere(infos, fn.name):
+                target.handed_params.setdefault(key, set()).add(param)
+
+
+def _named_elsewhere(infos: list[ModuleInfo], name: str) -> bool:
+    """`name` is read other than as the function of a call (`mp.spawn(fit, ...)`,
+    `partial(fit, ...)`, `callbacks=[fit]`) in some file."""
+    for info in infos:
+        called = {id(r.node.func) for r in info.calls}
+        for n in ast.walk(info.tree):
+            if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) \
+                    and id(n) not in called:
+                return True
+    return False
 
 
 def _wrapped_before(info: ModuleInfo, value: ast.expr, rec: CallRec) -> bool:

@@ -20,7 +20,7 @@ from difflib import SequenceMatcher
 from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split, message_loop
 from .consistent import marked, paths_agree
 from .context import Func, ModuleInfo, dotted
-from .projection import Item, Seq, project
+from .projection import Item, Seq, bind_root, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, RankClass
 from .sequences import (
     _OPS,
@@ -80,6 +80,9 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
             # A generator's own `yield` is where its caller's body runs: compare what each
             # class does around it as a whole (leader-goes-first context managers).
             sa, sb = _no_yield(pa.seq), _no_yield(pb.seq)
+            handed = info.handed_params.get(id(root)) if root is not None else None
+            if handed:
+                sa, sb = bind_root(sa, handed), bind_root(sb, handed)
             found: list[Divergence] = []
             _diff(sa, sb, a, b, found, info.path)
             if found and paths_agree(sa, sb):

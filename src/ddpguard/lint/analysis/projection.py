@@ -301,9 +301,31 @@ def _rebind(seq: Seq, n: CallN) -> Seq:
     return tuple(out)
 
 
+def bind_root(seq: Seq, params: set[str]) -> Seq:
+    """A function read on its own (the root of a comparison): its calls of the parameters
+    every caller passes the DDP wrapper for (crossfile._function_wrappers) are forwards of
+    that wrapper, at their own lines. Inlined into a caller, the caller's binding does this."""
+    out: list[Item] = []
+    for it in seq:
+        ev = it.ev
+        if ev is not None and ev.kind == "pcall" and ev.op in params:
+            new = Ev("fwd", "forward", ev.line, ev.op, no_grad=ev.no_grad)
+            out.append(Item(_ev_key(new), "ev", new, cond=it.cond))
+        elif it.arms and _has_pcall(it):
+            arms = tuple(bind_root(a, params) for a in it.arms)
+            keys = tuple(tuple(i.key for i in a) for a in arms)
+            key: tuple[object, ...] = ("a", *keys) if it.kind == "alt" else \
+                ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
+            out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via,
+                            it.args, it.no_grad, it.split))
+        else:
+            out.append(it)
+    return tuple(out)
+
+
 def _has_pcall(it: Item) -> bool:
     return any(i.ev is not None and i.ev.kind == "pcall" or (i.arms and _has_pcall(i))
                for a in it.arms for i in a)
 
 
-__all__ = ["Item", "Projection", "project"]
+__all__ = ["Item", "Projection", "bind_root", "project"]

@@ -174,7 +174,8 @@ class Builder:
         if target is not None:
             if target in self.ddp and self.wrapped_before(target, line):
                 return Ev("fwd", "forward", line, target, no_grad=self.no_grad > 0)
-            if target in self.params and target not in ("self", "cls") and self.ddp:
+            if target in self.params and target not in ("self", "cls") and (
+                    self.ddp or self.info.handed_params):
                 return Ev("pcall", target, line, no_grad=self.no_grad > 0)
         last = rec.last
         if last in _EXIT_LASTS or last in WRITE_LASTS:

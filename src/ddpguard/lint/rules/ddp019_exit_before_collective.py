@@ -12,7 +12,10 @@ rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop bod
 the next iteration's DDP forward with gradients counts too (its backward all-reduces). A
 class whose constructor a caller hands the wrapper (`Trainer(model)` after `model = DDP(model)`,
 in this file or another; `self.model = model` in `__init__`) holds it on `self` in that class's
-methods: its early-stop `break` is read against that forward too. A flag that one class
+methods: its early-stop `break` is read against that forward too; so is a parameter of a
+project function that every call in the files given fills with the wrapper (`fit(model, ...)`
+after `model = DDP(model)`; not a function also handed to `mp.spawn` or another caller out of
+sight, nor one a call gives the bare model). A flag that one class
 computes is a rank test too: `stop = False` on every rank, `if rank == 0: stop =
 stopper.step(loss)`, then `if stop: break` on every rank (a plain name of one function, or a
 `self` attribute of one class, bound only by plain assignments; not once it is broadcast or
@@ -32,6 +35,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from ..analysis.armed_flags import truth_reads
 from ..analysis.context import (
     ModuleInfo,
 )
@@ -62,9 +66,8 @@ def _flag_note(info: ModuleInfo, line: int) -> str:
     for n in ast.walk(info.tree):
         if isinstance(n, ast.If) and n.body and n.body[0].lineno <= line <= (
                 n.end_lineno or n.lineno):
-            for t in ast.walk(n.test):
-                note = info.armed_flags.get(ast.unparse(t)) if isinstance(
-                    t, ast.Name | ast.Attribute) else None
+            for name in sorted(truth_reads(n.test)):
+                note = info.armed_flags.get(name)
                 if note:
                     return f" ({note})"
     return ""
