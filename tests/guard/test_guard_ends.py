@@ -353,6 +353,41 @@ def test_launcher_composes_the_report_from_the_fault_logs(tmp_path):
         "ddpguard-fault-x-rank0-11.txt", "ddpguard-fault-y-rank0-13.txt"]
 
 
+def test_a_rank_killed_without_a_trace_is_composed_from_the_survivors_sigterm_dump(tmp_path):
+    """corpus33g's tuning case: rank 1 SIGKILLed (the OOM killer's signal) while its loader
+    worker kept its sockets open, so rank 0's collective never failed and the launcher's agent
+    ended rank 0 with SIGTERM before its guard's grace ran out: exit 1 and no report. Rank 1's
+    log holds no stack, no error and no exit of its own; rank 0's holds the SIGTERM's stacks."""
+    from ddpguard.guard.fault import HEADER
+    from ddpguard.launch.postmortem import compose, read_logs
+
+    src = tmp_path / "train.py"
+    src.write_text("x = 1\n" * 30)
+    killed = f"{HEADER} rank=1 world=2 pid=31 main=0x{MAIN:016x} launch=K\n"
+    ended = (f"{HEADER} rank=0 world=2 pid=30 main=0x{MAIN:016x} launch=K\n"
+             f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+             f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
+             f"  File \"{src}\", line 21 in <module>\n")
+    (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(killed)
+    (tmp_path / "ddpguard-fault-k-rank0-30.txt").write_text(ended)
+    rep = compose(read_logs(str(tmp_path), "K"), oom=True)
+    assert rep is not None
+    d = rep["diagnosis"]
+    assert d["cause"] == "crashed_rank" and d["culprits"] == [1], d
+    assert "rank 1 died without a trace, killed by SIGKILL (the kernel's OOM killer" in \
+        rep["reason"] and "oom_kill count rose" in rep["reason"], rep["reason"]
+    assert [r["state"] for r in rep["ranks"]] == ["running", "dead"]
+    assert "or an operator" in compose(read_logs(str(tmp_path), "K"))["reason"]
+    assert "not this job's OOM killer" in compose(read_logs(str(tmp_path), "K"), False)["reason"]
+    # Twins: a rank with no log at all exited normally (its log is removed at exit); ranks
+    # that all left no stack (the script's own SIGTERM handler) prove nothing.
+    (tmp_path / "ddpguard-fault-k-rank1-31.txt").unlink()
+    assert compose(read_logs(str(tmp_path), "K")) is None
+    (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(killed)
+    (tmp_path / "ddpguard-fault-k-rank0-30.txt").write_text(ended.split("Current", 1)[0])
+    assert compose(read_logs(str(tmp_path), "K")) is None
+
+
 def test_a_second_threads_failed_collective_noted_in_the_log_is_the_cause(tmp_path):
     """The thread whose collective gloo paired with a peer's training collective has ended
     (its collective failed) before anything could dump it: its note names it, and the

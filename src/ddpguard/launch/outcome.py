@@ -94,7 +94,9 @@ def conclude(failed: bool, failures: dict[int, Any], launch: Launch, oom0: int |
     if failed and not final:
         # No rank was left to report (a native abort took the others with it): the ranks'
         # fault logs still say where each stood.
-        found = postmortem(launch.report_dir, launch.launch_id)
+        now = procs.oom_kills()
+        found = postmortem(launch.report_dir, launch.launch_id,
+                           None if oom0 is None or now is None else now > oom0)
         final = [(found[0], dict(found[1]))] if found else []
     clear_logs(launch.report_dir, launch.launch_id, keep=bool(final))
     if not failed and not final:

@@ -52,6 +52,7 @@ class RankLog:
     fatal: str
     dumped: bool
     text: str  # the log as read once (a few KB)
+    stacked: bool = False  # its stacks were dumped (at a fatal signal or at the SIGTERM)
 
 
 def _int(text: str | None, default: int = 0) -> int:
@@ -71,7 +72,8 @@ def _all_logs(report_dir: str, launch_id: str) -> list[tuple[float, RankLog]]:
         main = _int(meta.get("main")) or None
         head, threads = parse_fault(text, main)
         log = RankLog(path, _int(meta.get("rank"), -1), _int(meta.get("world")),
-                      _int(meta.get("pid")), main, head, bool(threads or fault_notes(text)), text)
+                      _int(meta.get("pid")), main, head, bool(threads or fault_notes(text)), text,
+                      bool(threads))
         with contextlib.suppress(OSError):
             out.append((os.path.getmtime(path), log))
     return out
@@ -87,13 +89,25 @@ def read_logs(report_dir: str, launch_id: str) -> list[RankLog]:
     return [log for _, log in sorted(found.values(), key=lambda x: x[1].rank)]
 
 
-def compose(logs: list[RankLog]) -> Report | None:
-    """The report the logs prove, or None: only a rank that died of a fatal signal explains
-    a job that ended without a report. Pure but for reading the logs and the source lines."""
+def compose(logs: list[RankLog], oom: bool | None = None) -> Report | None:
+    """The report the logs prove, or None: a rank that died of a fatal signal explains a job
+    that ended without a report; so does a rank that vanished (its log holds no stack, no
+    error and no exit of its own: SIGKILL, which nothing can catch) while the others were
+    ended by the launcher (their logs hold the stacks of the SIGTERM). `oom`: the cgroup's
+    OOM-kill count rose during the job (None: cannot tell). Pure but for reading the logs and
+    the source lines."""
     dead = [log for log in logs if log.fatal and log.dumped]
+    world = max([log.world for log in logs] + [log.rank + 1 for log in logs], default=0)
+    vanished: list[RankLog] = []
     if not dead:
-        return None
-    world = max([log.world for log in logs] + [log.rank + 1 for log in logs])
+        vanished = [log for log in logs if not log.fatal and not log.stacked]
+        ended = [log for log in logs if not log.fatal and log.stacked]
+        # Every rank's log must be here: a rank that exited normally removes its log, so a
+        # missing one may be the rank that failed first (one srun task per rank: its own
+        # launcher holds it).
+        if not vanished or not ended or len(logs) < world:
+            return None
+        dead = vanished
     if len(logs) < world and not any(log.rank == 0 for log in dead):
         # Other ranks belong to other launchers (one srun task per rank): the survivors'
         # own launchers print the job's verdict; this one says how its rank ended. Unless
@@ -107,8 +121,8 @@ def compose(logs: list[RankLog]) -> Report | None:
     for r in range(world):
         log = by_rank.get(r)
         stacks = _stacks(log) if log is not None else {}
-        state = ("dead" if log is not None and log.fatal else "running" if stacks
-                 else "missing")
+        state = ("dead" if log is not None and (log.fatal or log in vanished)
+                 else "running" if stacks else "missing")
         hb: Heartbeat = ({"rank": r, "pid": log.pid, "fault": log.path,
                           "main": log.main, "kind": "unknown",
                           "doing": "no stack (it left no dump)"} if log is not None else {})
@@ -121,8 +135,17 @@ def compose(logs: list[RankLog]) -> Report | None:
             for f in frames:
                 sources.setdefault(f["file"], _lines(f["file"]))
     first = dead[0]
-    words = last_words(first.path, first.main, first.text)
-    survivors = [log.rank for log in logs if not log.fatal and log.dumped]
+    if vanished:
+        how = ("the kernel's OOM killer: the cgroup's oom_kill count rose during the job"
+               if oom else "not this job's OOM killer, whose count did not change: kill -9 "
+               "by hand, the scheduler, or a memory limit outside this cgroup"
+               if oom is False else "the kernel's OOM killer or an operator")
+        words = (f" without a trace, killed by SIGKILL ({how}): its process ended with no "
+                 "error, no stack and no exit of its own")
+    else:
+        words = last_words(first.path, first.main, first.text)
+    survivors = [log.rank for log in logs if not log.fatal and log.dumped
+                 and log not in vanished]
     cause = "mismatch" if "did not match" in words else "peer_gone"
     culprits = [log.rank for log in dead]
     reason = f"rank {first.rank} died{words}"
@@ -179,9 +202,10 @@ def _lines(path: str) -> list[str]:
     return linecache.getlines(path)
 
 
-def postmortem(report_dir: str, launch_id: str) -> tuple[str, Report] | None:
+def postmortem(report_dir: str, launch_id: str, oom: bool | None = None
+               ) -> tuple[str, Report] | None:
     """Compose and write this launch's report from its fault logs, if they prove anything."""
-    rep = compose(read_logs(report_dir, launch_id))
+    rep = compose(read_logs(report_dir, launch_id), oom)
     if rep is None:
         return None
     path = os.path.join(report_dir, f"ddpguard-{launch_id[:12]}-{time.strftime('%Y%m%d-%H%M%S')}"
