@@ -129,9 +129,10 @@ def _fixed_replicas(info: ModuleInfo) -> Iterator[Hit]:
     same number (`mp.spawn(fn, nprocs=2)`, `init_process_group(world_size=2)`, a world-size
     name or option whose value is that number), nor `num_replicas=1` (every rank reads the
     whole set, on purpose)."""
-    for rec in info.calls:
+    for rec in info.calls_named(*(n for n in info.call_lasts()
+                                  if n.endswith("DistributedSampler"))):
         node = rec.node
-        if not rec.last.endswith("DistributedSampler") or not info.is_dist_sampler(node):
+        if not info.is_dist_sampler(node):
             continue
         n = kwarg(node, "num_replicas")
         if n is None and len(node.args) > 1:
