@@ -145,7 +145,7 @@ M = [
  ("a rank flag passed to a constructor", "analysis/crossfile.py", "        _constructor_flags(infos)\n", "\n"),
  ("a module function is referenced by its bare name", "rules/ddp007_shared_file_write.py", "                names = used[0] if root in info.func_class else used[1]", "                names = used[0]"),
  ("a variable of that name is no reference", "rules/ddp007_shared_file_write.py", "                if isinstance(a, ast.Name) and a.id not in params and a.id not in info.assigns:", "                if isinstance(a, ast.Name):"),
- ("a rank flag set in another file", "analysis/crossfile.py", "                if \".\" in name:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
+ ("a rank flag set in another file", "analysis/crossfile.py", "                if \".\" in name and name not in info.armed_flags:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),
  ("worker loop on a received signal", "analysis/divergence.py", "if not has_split(info, root) or message_loop(info, root) or", "if not has_split(info, root) or False or"),
  ("closure handed away under rank tests", "analysis/divergence.py", "root is not None and handed_away_under_rank_tests(info, root)):", "False):"),
  ("closure reference in the single-process arm", "analysis/callgraph.py", "            if v != TRUE:\n                _refs(info, s.orelse, name, inner, out)", "            _refs(info, s.orelse, name, inner, out)"),
@@ -304,7 +304,7 @@ M = [
  ("star import: functions", "analysis/crossfile.py", "                    if name not in info.funcs and name not in info.aliases and any(", "                    if False and any("),
  ("star import: only a project module", "analysis/crossfile.py", "                if m is info or not (mp.endswith(\"/\" + tail) if not s.level else mp == (", "                if m is info or not (True if not s.level else mp == ("),
  ("DDP004 a swallowed error skips a helper's collective", "rules/ddp004_rank_dependent_step_count.py", "        return rec is not None and reaches_collective(info, rec)", "        return False"),
- ("collective reach: deeper than one call", "analysis/collective_reach.py", "            hit = m._memo[key] = any(reaches_collective(m, r)", "            hit = m._memo[key] = any(is_collective(r)"),
+ ("collective reach: deeper than one call", "analysis/collective_reach.py", "            hit = m._memo[key] = any(reaches_collective(m, r, also)", "            hit = m._memo[key] = any(is_collective(r)"),
  ("collective reach: another file's class", "analysis/collective_reach.py", "            if cls in m.classes:", "            if False:"),
  ("DDP004 a loop that steps through another file's function", "rules/ddp004_rank_dependent_step_count.py", "        reaches_collective(info, r, _SYNCS) for r in info.calls if loop in r.loops)", "        False for r in info.calls if loop in r.loops)"),
  ("collective reach: the names that count as well", "analysis/collective_reach.py", "    if is_collective(rec) or rec.last in also:", "    if is_collective(rec):"),
@@ -382,6 +382,7 @@ M = [
  ("sixth: the root's parameter calls bound to the wrapper", 'analysis/divergence.py', '            if handed:\n', '            if False:\n'),
  ("sixth: a handed parameter's call is a forward in reach", 'analysis/callgraph.py', '                f.id in info.handed_params.get(key, ()):', '                False:'),
  ('sixth: a parameter call where only a caller wraps', 'analysis/schedule.py', '                    self.ddp or self.info.handed_params):', '                    self.ddp):'),
+ ('sixth: a moved wrapper is the wrapper', 'analysis/crossfile.py', '            value.func.attr in ("to", "cuda"):\n        value = value.func.value', '            value.func.attr in ("to", "cuda"):\n        pass'),
 ]
 
 

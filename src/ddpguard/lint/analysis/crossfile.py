@@ -362,8 +362,7 @@ def _constructor_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
                 if not info.is_ddp_call(value) and not _wrapped_before(info, value, rec):
                     continue
                 for st in init.body:
-                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) \
-                            and st.value.id == param:
+                    if isinstance(st, ast.Assign) and _kept(st.value, param):
                         for tgt in st.targets:
                             d = dotted(tgt)
                             if d is not None and d.startswith("self.") and d.count(".") == 1:
@@ -430,6 +429,15 @@ def _named_elsewhere(infos: list[ModuleInfo], name: str) -> bool:
                     and id(n) not in called:
                 return True
     return False
+
+
+def _kept(value: ast.expr, param: str) -> bool:
+    """`value` is the parameter itself, or the parameter moved (`model.to(device)`,
+    `model.cuda()`: a module's move returns that module, the wrapper itself)."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+            value.func.attr in ("to", "cuda"):
+        value = value.func.value
+    return isinstance(value, ast.Name) and value.id == param
 
 
 def _wrapped_before(info: ModuleInfo, value: ast.expr, rec: CallRec) -> bool:

@@ -11,12 +11,12 @@ the others go on with: their next iteration's collectives wait too (early stoppi
 rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop body, and there
 the next iteration's DDP forward with gradients counts too (its backward all-reduces). A
 class whose constructor a caller hands the wrapper (`Trainer(model)` after `model = DDP(model)`,
-in this file or another; `self.model = model` in `__init__`) holds it on `self` in that class's
-methods: its early-stop `break` is read against that forward too; so is a parameter of a
-project function that every call in the files given fills with the wrapper (`fit(model, ...)`
-after `model = DDP(model)`; not a function also handed to `mp.spawn` or another caller out of
-sight, nor one a call gives the bare model). A flag that one class
-computes is a rank test too: `stop = False` on every rank, `if rank == 0: stop =
+in this file or another; `self.model = model`, or `model.to(device)`, in `__init__`) holds it on
+`self` in that class's methods: its early-stop `break` is read against that forward too; so
+is a parameter of a project function that every call in the files given fills with the
+wrapper (`fit(model, ...)` after `model = DDP(model)`; not a function also handed to
+`mp.spawn` or another caller out of sight, nor one a call gives the bare model). A flag that
+one class computes is a rank test too: `stop = False` on every rank, `if rank == 0: stop =
 stopper.step(loss)`, then `if stop: break` on every rank (a plain name of one function, or a
 `self` attribute of one class, bound only by plain assignments; not once it is broadcast or
 reassigned outside the arm); the message names the flag and its arm. A rank
