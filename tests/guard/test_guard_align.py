@@ -1095,3 +1095,24 @@ def test_the_recorders_stack_traces_are_read_only_for_lines_the_rank_did_not_not
     bare = seq_entry(8, "all_reduce", "loop", 3, 3, 3, 3)
     add_lines(ledger, [noted, bare])
     assert ledger.asked == [{("0", 8)}] and bare["line"] == f"{SCRIPT}:5 in main"
+
+
+def test_the_programs_lightning_module_files_are_read_for_its_training_step(monkeypatch):
+    """corpus33g's blind case: rank 1's training_step returned None and Lightning ended it;
+    no stack holds the module's file (Lightning calls training_step from its own code), so the
+    report reads the program's LightningModule classes' files for the one `return None`."""
+    import sys
+    import types
+
+    from ddpguard.guard.assemble import _lightning_module_files
+
+    fake = types.ModuleType("lightning.pytorch")
+    base = type("LightningModule", (), {})
+    fake.LightningModule = base  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    monkeypatch.delitem(sys.modules, "pytorch_lightning", raising=False)
+    mine = type("Model", (base,), {"__module__": __name__})
+    assert _lightning_module_files() == [__file__]
+    # The twin: a subclass defined in an installed package is not the program's.
+    mine.__module__ = "torch.nn"
+    assert _lightning_module_files() == []

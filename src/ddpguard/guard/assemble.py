@@ -5,6 +5,7 @@ no threads: the stop protocol (failing.py) hands over what it collected."""
 from __future__ import annotations
 
 import linecache
+import sys
 import time
 from collections.abc import Mapping
 
@@ -15,10 +16,28 @@ from .heartbeat import Heartbeat
 from .peers import PeerTable
 from .records import RankDump, RankRecord, Report
 from .rules import Decision
-from .stacks import Frame, user_frame
+from .stacks import Frame, is_library_file, user_frame
 from .unwinding import from_notes
 
 __all__ = ["assemble"]
+
+
+def _lightning_module_files() -> list[str]:
+    """The files of the program's LightningModule classes (their training_step: a rank that
+    returned None there is on no stack once Lightning ended it). Only where the program
+    imported Lightning; read from this process, which runs the same program."""
+    out: list[str] = []
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        mod = sys.modules.get(name)
+        base = getattr(mod, "LightningModule", None)
+        todo: list[type] = list(base.__subclasses__()) if isinstance(base, type) else []
+        while todo:
+            cls = todo.pop()
+            todo.extend(cls.__subclasses__())
+            path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+            if path and not is_library_file(path) and path not in out:
+                out.append(path)
+    return out
 
 
 def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
@@ -72,9 +91,12 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
             path = str(site).rpartition(":")[0]
             if path and path not in sources:
                 sources[path] = linecache.getlines(path)
-        # Lightning's synced self.log lines and should_stop sets (metric_sync.py).
+        # Lightning's synced self.log lines and should_stop sets (metric_sync.py), and the
+        # lines that ran forwards through the wrapper: under Lightning the module's file
+        # (its training_step, loops.framework_skip) is on no stack once a rank left the step.
         hb = rec["hb"] or {}
-        for line in [*(hb.get("synced_logs") or {}), *(hb.get("stop_requests") or {})]:
+        for line in [*(hb.get("synced_logs") or {}), *(hb.get("stop_requests") or {}),
+                     *(hb.get("forward_lines") or {})]:
             path = str(line).rpartition(":")[0]
             if path:
                 sources.setdefault(path, linecache.getlines(path))
@@ -83,6 +105,8 @@ def assemble(decision: Decision, peers: Mapping[int, Heartbeat],
             path = str(where or "").rsplit(" in ", 1)[0].rsplit(":", 1)[0]
             if path and path != "?":
                 sources.setdefault(path, linecache.getlines(path))
+    for path in _lightning_module_files():
+        sources.setdefault(path, linecache.getlines(path))
     diag = diagnose(records, sources, decision.cause, decision.reason, list(decision.culprits))
     starts = [float(s[0]) for rec in records for s in rec["lanes"][:1]]
     return {"event": "training hang detected" if decision.proof
