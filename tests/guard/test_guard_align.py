@@ -1116,3 +1116,22 @@ def test_the_programs_lightning_module_files_are_read_for_its_training_step(monk
     # The twin: a subclass defined in an installed package is not the program's.
     mine.__module__ = "torch.nn"
     assert _lightning_module_files() == []
+
+
+def _died_after_a_skip(state):
+    """corpus33g's blind case: rank 1 `continue`d past one backward and ran on to the epoch's
+    end, where gloo paired its metric all-reduce with rank 0's last gradient all-reduce and
+    aborted it; rank 0's all-reduce failed with it, so rank 0 is seen in its backward but
+    not waiting in any collective."""
+    return [rec(0, BWD, batches=256, fwd=256, bwd=256),
+            rec(1, None, batches=256, fwd=256, bwd=255, state=state)]
+
+
+def test_a_rank_that_skipped_a_backward_and_died_in_the_shifted_collective_skipped_it():
+    d = diag(_died_after_a_skip("dead"), cause="mismatch", culprits=[1])
+    assert d["cause"] == "skipped_backward" and d["culprits"] == [1], d
+    assert said(f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`", d), d["explanation"]
+    # The twin: a rank that crashed on its own error (in its forward: one backward fewer)
+    # is told as a crash, not as a skip.
+    assert diag(_died_after_a_skip("crashed"), cause="mismatch",
+                culprits=[1])["cause"] != "skipped_backward"

@@ -117,7 +117,12 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
             sa, sb = sp[a], sp[b]
             if a == b or not (sb.tfwd >= sa.tfwd and sb.bwd < sa.bwd):
                 continue
-            if sa.waits is None:
+            if sa.waits is None and not (sb.state in ("dead", "exited")
+                                         and sa.phase == "backward"):
+                # (A rank in its backward whose peer died or left need not be seen waiting:
+                # the transport may have failed its all-reduce already, as gloo does when the
+                # gone rank died in a collective that paired with it. One that crashed on its
+                # own error is told as such.)
                 continue
             if sb.waits is not None and sb.phase == "forward" and sb.batches <= sa.batches:
                 # b is still inside the forward of the same batch (a collective of the
@@ -125,12 +130,13 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                 # reached its backward yet, so it cannot have skipped it.
                 continue
             batch = sa.batches
+            waits = sa.waits["desc"] if sa.waits else "its gradient all-reduce"
             now = (f"already in {sb.waits['desc']} ({_phase_words(sb.phase)}, batch "
                    f"{sb.batches})" if sb.waits else
                    ("gone" if sb.phase == "gone" else f"at batch {sb.batches}"))
             text = (f"rank {b} skipped the backward of batch {batch}: it ran {sb.tfwd} training "
                     f"forwards and {sb.bwd} backwards, rank {a} {sa.tfwd} and {sa.bwd}; rank "
-                    f"{a} waits in {sa.waits['desc']} ({_phase_words(sa.phase)} of batch "
+                    f"{a} waits in {waits} ({_phase_words(sa.phase)} of batch "
                     f"{batch}) while rank {b} is {now}")
             left = None
             if sb.phase == "forward" and sa.phase == "backward":
@@ -150,7 +156,7 @@ def skipped_backward(sp: Mapping[int, Spot], positions: Mapping[int, Position],
                         return Finding("left_early", (
                             f"rank {b} left its training loop before the backward of batch "
                             f"{batch} and is gone, while rank {a} waits in "
-                            f"{sa.waits['desc']} ({_phase_words(sa.phase)} of batch {batch}): "
+                            f"{waits} ({_phase_words(sa.phase)} of batch {batch}): "
                             f"it ran {sb.tfwd} training forwards and {sb.bwd} backwards, rank "
                             f"{a} {sa.tfwd} and {sa.bwd}. The loop's one way out before "
                             f"{_at(sa)}: {skip}"), (b,), _file_line(skip.split(" ", 1)[0]))
