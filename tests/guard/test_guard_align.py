@@ -1135,3 +1135,41 @@ def test_a_rank_that_skipped_a_backward_and_died_in_the_shifted_collective_skipp
     # is told as a crash, not as a skip.
     assert diag(_died_after_a_skip("crashed"), cause="mismatch",
                 culprits=[1])["cause"] != "skipped_backward"
+
+
+CALLS = "/u/calls.py"
+CALLS_SOURCE = [
+    "def train(model):",                                   # 1
+    "    for x in loader:",                                # 2
+    "        loss = model(x)",                             # 3
+    "        loss.backward()",                             # 4
+    "def worker(rank):",                                   # 5
+    "    for epoch in range(6):",                          # 6
+    "        train(model)",                                # 7
+    "        if rank == 0 and val() > best:",              # 8
+    "            break",                                   # 9 the fault: rank 0 alone
+    "    dist.destroy_process_group()",                    # 10
+]
+
+
+def test_a_rank_that_left_the_epoch_loop_while_its_peer_trains_in_a_called_function():
+    """corpus33g's blind case: rank 1 waits in the backward inside train(), called from the
+    epoch loop that rank 0 left by its rank-tested break; rank 0 exited after that loop. The
+    waiting rank's caller line, in the loop's own function, finds the loop and its way out."""
+    def recs(frames):
+        out = [rec(0, None, batches=40, fwd=40, bwd=40, state="exited", loaders={}),
+               rec(1, frames, pending=[entry(80)], batches=41, fwd=41, bwd=40, loaders={})]
+        out[0]["hb"]["where"] = f"{CALLS}:10 in worker  `dist.destroy_process_group()`"
+        return out
+
+    inside = [(CALLS, 7, "worker"), (CALLS, 4, "train"),
+              (f"{TORCH}autograd/graph.py", 5, "_engine_run_backward")]
+    d = diagnose(recs(inside), {CALLS: CALLS_SOURCE}, cause="peer_gone", reason="r",
+                 culprits=[0])
+    assert d["cause"] == "left_early", d
+    assert said(f"left the loop at {CALLS}:6 early", d), d["explanation"]
+    assert said(f"the loop's way out: {CALLS}:9 `break`", d), d["explanation"]
+    # The twin: no frame of the waiting rank in the function the rank left from.
+    d = diagnose(recs(inside[1:]), {CALLS: CALLS_SOURCE}, cause="peer_gone", reason="r",
+                 culprits=[0])
+    assert "left the loop at" not in d["explanation"], d

@@ -4,6 +4,7 @@ one-batch peek, a cap every rank shares, and a pass that ran to its end."""
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,15 +155,27 @@ def left_outer_loop(records: Sequence[RankRecord], positions: Mapping[int, Posit
         dl = ((positions.get(int(d["rank"])) or {}).get("user_line")
               or file_line(str((d.get("hb") or {}).get("where") or "")))
         for w in records:
-            wl = (positions.get(int(w["rank"])) or {}).get("user_line")
-            if (not dl or w.get("state") != "running" or not wl
-                    or not _same_file(str(wl[0]), str(dl[0])) or int(wl[1]) >= int(dl[1])):
+            if not dl or w.get("state") != "running":
                 continue
-            src = sources.get(wl[0])
-            head = _loop_left(src, int(wl[1]), int(dl[1])) if src else None
-            if head is None:
+            # The waiting rank's innermost user line, then its callers' (it may wait in a
+            # function the loop calls: `train()` called from the epoch loop that was left).
+            main = next(iter((w.get("stacks") or {}).values()), [])
+            lines = [(positions.get(int(w["rank"])) or {}).get("user_line")] + [
+                (str(f["file"]), int(f["line"])) for f in main
+                if not is_library_file(str(f["file"]))]
+            head, wl = None, None
+            for cand in lines:
+                if (not cand or not _same_file(str(cand[0]), str(dl[0]))
+                        or int(cand[1]) >= int(dl[1])):
+                    continue
+                src = sources.get(cand[0]) or linecache.getlines(cand[0])
+                head = _loop_left(src, int(cand[1]), int(dl[1])) if src else None
+                if head is not None:
+                    wl = cand
+                    break
+            if head is None or wl is None:
                 continue
-            out = way_out(sources, f"{wl[0]}:{head}")
+            out = way_out({**sources, wl[0]: src}, f"{wl[0]}:{head}")
             return Finding("left_early", (
                 f"rank {d['rank']} left the loop at {wl[0]}:{head} early: it exited at "
                 f"{dl[0]}:{dl[1]}, after that loop, while rank {w['rank']} waits inside it at "
