@@ -794,6 +794,19 @@ def test_a_rank_gloo_aborted_after_the_loop_left_it_early():
                         "cause)")
     assert d["cause"] == "left_early" and d["culprits"] == [1], d
     assert said(f"it died at {SCRIPT}:13", d) and said("still in that loop (batch 7 of 16)", d)
+    # A twin (corpus33g's blind case): the dead rank's last pass is one its peer has already
+    # finished (the peer is in the next pass): it never began the peer's pass, it was behind
+    # (a rank-0-only evaluation after its pass), so it did not leave that loop.
+    recs[0]["hb"]["loaders"][f"{SCRIPT}:3"]["key"] = "k#0/2"
+    recs[1]["hb"]["loaders"][f"{SCRIPT}:3"]["key"] = "k#0/1"
+    d = diagnose(recs, SOURCES, cause="peer_gone", culprits=[1],
+                 reason="rank 1 died (a collective the other ranks did not match is the usual "
+                        "cause)")
+    assert "left its training loop early" not in d["explanation"], d
+    recs[1]["hb"]["loaders"][f"{SCRIPT}:3"]["key"] = "k#0/2"  # the same pass: it left it
+    assert diagnose(recs, SOURCES, cause="peer_gone", culprits=[1],
+                    reason="rank 1 died (a collective the other ranks did not match is the "
+                           "usual cause)")["cause"] == "left_early"
     # The twin: it died inside the loop (a collective of the loop's own): a mismatch.
     recs[1]["stacks"]["main"][0]["line"] = 5
     d = diagnose(recs, SOURCES, cause="peer_gone", culprits=[1],

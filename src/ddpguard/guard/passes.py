@@ -131,6 +131,11 @@ def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Positi
                         or n >= total or not inside_loop(src, int(num), int(wl[1]))
                         or inside_loop(src, int(num), int(dl[1])) or int(dl[1]) <= int(num)):
                     continue
+                mine: Mapping[str, Any] = ((d.get("hb") or {}).get("loaders") or {}).get(site) or {}
+                if _pass_no(mine.get("key")) < _pass_no(st.get("key")):
+                    # The dead rank never began the pass its peer is in (it is behind: a
+                    # rank-0-only evaluation after its last pass): it did not leave that loop.
+                    continue
                 out = way_out(sources, str(site))
                 return Finding("left_early", (
                     f"rank {d['rank']} left its training loop early: it died at "
@@ -139,6 +144,13 @@ def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Positi
                     f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
                     (int(d["rank"]),), file_line(out.split(" ", 1)[0]) if out else None)
     return None
+
+
+def _pass_no(key: object) -> int:
+    """The pass number of a loader key ('93b87c2de83f#0/2' -> 2); a large number where the
+    key says none (no evidence that a rank is behind)."""
+    tail = str(key or "").rpartition("/")[2]
+    return int(tail) if tail.isdigit() else 1 << 30
 
 
 def left_outer_loop(records: Sequence[RankRecord], positions: Mapping[int, Position],
