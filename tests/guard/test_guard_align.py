@@ -1186,3 +1186,22 @@ def test_a_rank_that_left_the_epoch_loop_while_its_peer_trains_in_a_called_funct
     d = diagnose(recs(inside[1:]), {CALLS: CALLS_SOURCE}, cause="peer_gone", reason="r",
                  culprits=[0])
     assert "left the loop at" not in d["explanation"], d
+
+
+def test_from_the_stacks_alone_a_rank_that_died_ahead_of_a_peers_backward_skipped_it():
+    """corpus33g's blind case, composed from the fault logs (torchrun's agent ended rank 0
+    before its guard reported: no counters): rank 1 died in a collective further on than
+    rank 0's backward, and the loop has one `continue` before that backward."""
+    def recs(line):
+        out = [rec(0, BWD, loaders={}),
+               rec(1, coll(line, "barrier" if line == 11 else "all_reduce"), state="dead",
+                   loaders={})]
+        for r in out:
+            del r["hb"]["backwards"]  # a report composed from the logs has no counters
+        return out
+
+    d = diag(recs(11), cause="mismatch", culprits=[1])
+    assert d["cause"] == "skipped_backward" and d["culprits"] == [1], d
+    assert said(f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`", d), d["explanation"]
+    # The twin: the collective it died in sits under a rank test: that is the cause.
+    assert diag(recs(13), cause="mismatch", culprits=[1])["cause"] != "skipped_backward"

@@ -17,7 +17,12 @@ from .ledger import describe_entry, first_pending
 from .loops import framework_skip
 from .metric_sync import stop_on_some_ranks, synced_log_on_some_ranks
 from .parting import extra_before_death, second_thread
-from .passes import left_before_a_shared_forward, left_outer_loop, left_then_died
+from .passes import (
+    left_before_a_shared_forward,
+    left_outer_loop,
+    left_then_died,
+    skipped_then_died,
+)
 from .records import Diagnosis, Position, RankRecord
 from .stacks import (
     Frame,
@@ -289,7 +294,8 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
         found = second_thread(records)
         return (found.cause, found) if found else (cause, None)
     if cause == "mismatch" and any(r["state"] in ("dead", "crashed") for r in records):
-        found = left_then_died(records, pos, sources)
+        found = left_then_died(records, pos, sources) or (
+            None if aligned else skipped_then_died(records, pos, sources))
         if found:
             return found.cause, found
     if cause in ("mismatch", "deadlock", "no_life", "hard_limit"):

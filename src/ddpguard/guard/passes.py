@@ -5,12 +5,13 @@ one-batch peek, a cap every rank shares, and a pass that ran to its end."""
 from __future__ import annotations
 
 import linecache
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .conditional import in_conditional
 from .findings import Finding, file_line
-from .loops import inside_loop, is_loop_head, way_out
+from .loops import inside_loop, is_loop_head, skip_before, way_out
 from .records import Position, RankRecord
 from .stacks import is_library_file
 
@@ -143,6 +144,55 @@ def left_then_died(records: Sequence[RankRecord], positions: Mapping[int, Positi
                     f"while rank {w['rank']} is still in that loop (batch {n} of {total}) at "
                     f"{wl[0]}:{wl[1]}" + (f" (the loop's way out: {out})" if out else "")),
                     (int(d["rank"]),), file_line(out.split(" ", 1)[0]) if out else None)
+    return None
+
+
+def skipped_then_died(records: Sequence[RankRecord], positions: Mapping[int, Position],
+                      sources: Mapping[str, list[str]]) -> Finding | None:
+    """From the stacks alone (a report composed from the fault logs: no counters): a rank
+    that died (gloo aborted it) in a collective after a loop, while a peer is in the backward
+    inside that loop, and the loop has exactly one `continue` before that backward. The rank
+    that died ran past the backward once and went on one collective ahead of its peer."""
+    for d in records:
+        if d.get("state") != "dead":
+            continue
+        dl = (positions.get(int(d["rank"])) or {}).get("user_line")
+        for w in records:
+            wp = positions.get(int(w["rank"])) or {}
+            wl = wp.get("user_line")
+            if (not dl or not wl or w.get("state") != "running"
+                    or wl[0] != dl[0] or int(wl[1]) >= int(dl[1])):
+                continue
+            src = sources.get(wl[0]) or []
+            # In the backward (or ended inside ddpguard's crash handling, its failed
+            # all-reduce's line shown: the backward's).
+            if wp.get("kind") != "backward" and not (
+                    0 < int(wl[1]) <= len(src) and ".backward(" in src[int(wl[1]) - 1]):
+                continue
+            # Past the loop, or further on in the same loop (its collective after the step):
+            # not under a rank test (that collective would be the cause).
+            head = _loop_left(src, int(wl[1]), int(dl[1])) or _innermost_loop(
+                src, int(wl[1]), int(dl[1]))
+            skip = skip_before(sources, (str(wl[0]), int(wl[1])))
+            if (head is None or not skip or not re.search(r"`[^`]*\bcontinue\b", skip)
+                    or in_conditional(src, int(dl[1]))):
+                continue
+            return Finding("skipped_backward", (
+                f"rank {d['rank']} died at {dl[0]}:{dl[1]}, further on than rank {w['rank']}, "
+                f"which is in the backward at {wl[0]}:{wl[1]} of the loop at {wl[0]}:{head}: the "
+                f"loop has one way past the backward before it, {skip}; a rank that took it is "
+                "one collective ahead of its peers from there on"), (int(d["rank"]),),
+                file_line(skip.split(" ", 1)[0]))
+    return None
+
+
+def _innermost_loop(src: list[str], inner: int, later: int) -> int | None:
+    """The head of the innermost loop around line `inner` that also holds the later line
+    `later`."""
+    for head in range(inner - 1, 0, -1):
+        if (src[head - 1].lstrip().startswith(("for ", "while ", "async for "))
+                and inside_loop(src, head, inner)):
+            return head if inside_loop(src, head, later) else None
     return None
 
 
