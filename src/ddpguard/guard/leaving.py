@@ -67,18 +67,28 @@ def note_return_site(fn: Any) -> None:
                                   "code": linecache.getline(path, line).strip()})
 
 
-def early_return_line(fn: Any) -> int | None:
-    """The line of the one `return` of `fn` that is not its last statement (inside a loop or
-    under an `if`), or None where it has none or several (nested functions' returns are
-    theirs). Pure but for reading the source."""
+def _function_tree(fn: Any) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, int] | None:
+    """(the def's syntax tree, its first line) from `fn`'s source; None where it cannot be
+    read."""
     try:
         lines, start = inspect.getsourcelines(fn)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
         return None
     top = tree.body[0] if tree.body else None
-    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) or not top.body:
         return None
+    return top, start
+
+
+def early_return_line(fn: Any) -> int | None:
+    """The line of the one `return` of `fn` that is not its last statement (inside a loop or
+    under an `if`), or None where it has none or several (nested functions' returns are
+    theirs). Pure but for reading the source."""
+    found = _function_tree(fn)
+    if found is None:
+        return None
+    top, start = found
     nested = {id(n) for inner in ast.walk(top) if inner is not top
               and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
               for n in ast.walk(inner)}
@@ -91,14 +101,10 @@ def last_statement_line(fn: Any) -> int | None:
     """The line of `fn`'s last statement where it is a simple one (the last line a call that
     ran to its end executed); None for a compound one (a loop or `with` that ends it) or where
     the source cannot be read. Pure but for reading the source."""
-    try:
-        lines, start = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError):
+    found = _function_tree(fn)
+    if found is None:
         return None
-    top = tree.body[0] if tree.body else None
-    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) or not top.body:
-        return None
+    top, start = found
     last = top.body[-1]
     if isinstance(last, (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith,
                          ast.Try, ast.Match, ast.FunctionDef, ast.AsyncFunctionDef,
