@@ -16,6 +16,7 @@ from typing import Any
 from ddpguard import attempts as markers
 from ddpguard.guard import channel, procs
 from ddpguard.guard.config import EXIT_CODE
+from ddpguard.guard.ends import oom_words
 from ddpguard.guard.poller import Poller
 from ddpguard.guard.verdict import NATIVE_SIGNALS, find_reports, print_verdict, signal_text
 
@@ -94,9 +95,8 @@ def conclude(failed: bool, failures: dict[int, Any], launch: Launch, oom0: int |
     if failed and not final:
         # No rank was left to report (a native abort took the others with it): the ranks'
         # fault logs still say where each stood.
-        now = procs.oom_kills()
         found = postmortem(launch.report_dir, launch.launch_id,
-                           None if oom0 is None or now is None else now > oom0)
+                           oom_words(oom0, procs.oom_kills()))
         final = [(found[0], dict(found[1]))] if found else []
     clear_logs(launch.report_dir, launch.launch_id, keep=bool(final))
     if not failed and not final:

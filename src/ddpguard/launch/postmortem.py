@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from ddpguard.guard.diagnose import diagnose
+from ddpguard.guard.ends import oom_words
 from ddpguard.guard.fault import (
     fault_meta,
     fault_notes,
@@ -89,13 +90,13 @@ def read_logs(report_dir: str, launch_id: str) -> list[RankLog]:
     return [log for _, log in sorted(found.values(), key=lambda x: x[1].rank)]
 
 
-def compose(logs: list[RankLog], oom: bool | None = None) -> Report | None:
+def compose(logs: list[RankLog], oom: str = "") -> Report | None:
     """The report the logs prove, or None: a rank that died of a fatal signal explains a job
     that ended without a report; so does a rank that vanished (its log holds no stack, no
     error and no exit of its own: SIGKILL, which nothing can catch) while the others were
-    ended by the launcher (their logs hold the stacks of the SIGTERM). `oom`: the cgroup's
-    OOM-kill count rose during the job (None: cannot tell). Pure but for reading the logs and
-    the source lines."""
+    ended by the launcher (their logs hold the stacks of the SIGTERM). `oom`: what the
+    cgroup's OOM-kill count says of a SIGKILL (ends.oom_words; its "cannot tell" by default).
+    Pure but for reading the logs and the source lines."""
     dead = [log for log in logs if log.fatal and log.dumped]
     world = max([log.world for log in logs] + [log.rank + 1 for log in logs], default=0)
     vanished: list[RankLog] = []
@@ -136,12 +137,8 @@ def compose(logs: list[RankLog], oom: bool | None = None) -> Report | None:
                 sources.setdefault(f["file"], _lines(f["file"]))
     first = dead[0]
     if vanished:
-        how = ("the kernel's OOM killer: the cgroup's oom_kill count rose during the job"
-               if oom else "not this job's OOM killer, whose count did not change: kill -9 "
-               "by hand, the scheduler, or a memory limit outside this cgroup"
-               if oom is False else "the kernel's OOM killer or an operator")
-        words = (f" without a trace, killed by SIGKILL ({how}): its process ended with no "
-                 "error, no stack and no exit of its own")
+        words = (" without a trace, killed by SIGKILL: its process ended with no error, no "
+                 f"stack and no exit of its own{oom or oom_words(None, None)}")
     else:
         words = last_words(first.path, first.main, first.text)
     survivors = [log.rank for log in logs if not log.fatal and log.dumped
@@ -202,8 +199,7 @@ def _lines(path: str) -> list[str]:
     return linecache.getlines(path)
 
 
-def postmortem(report_dir: str, launch_id: str, oom: bool | None = None
-               ) -> tuple[str, Report] | None:
+def postmortem(report_dir: str, launch_id: str, oom: str = "") -> tuple[str, Report] | None:
     """Compose and write this launch's report from its fault logs, if they prove anything."""
     rep = compose(read_logs(report_dir, launch_id), oom)
     if rep is None:
