@@ -109,8 +109,13 @@ def test_working_threads_show_life(target, at_least):
 
 @pytest.mark.parametrize("target", [_spin, _sleep, _block, _busy_wait])
 def test_stuck_threads_show_none(target):
-    kinds = _kinds(target)
-    assert kinds.count(None) >= len(kinds) - 1, kinds
+    # The sampler runs in the test's own process, whose other threads (pytest-xdist's) may
+    # work now and then on a loaded machine: two lively samples of eight are tolerated, a
+    # run of two is not (the guard needs NO_LIFE seconds of quiet, not every sample).
+    kinds = _kinds(target, samples=8)
+    assert kinds.count(None) >= len(kinds) - 2, kinds
+    quiet = "".join("." if k is None else "x" for k in kinds)
+    assert "xx" not in quiet, kinds
 
 
 def test_progress_counts_as_life_and_quiet_time_grows():
