@@ -383,6 +383,10 @@ M = [
  ("sixth: a handed parameter's call is a forward in reach", 'analysis/callgraph.py', '                f.id in info.handed_params.get(key, ()):', '                False:'),
  ('sixth: a parameter call where only a caller wraps', 'analysis/schedule.py', '                    self.ddp or self.info.handed_params):', '                    self.ddp):'),
  ('sixth: a moved wrapper is the wrapper', 'analysis/crossfile.py', '            value.func.attr in ("to", "cuda"):\n        value = value.func.value', '            value.func.attr in ("to", "cuda"):\n        pass'),
+ ("seventh: a parameter is what its callers pass", "rules/ddp025_rank_kind_mixup.py", "        return _from_callers(info, func, d, kind, depth)", "        return None"),
+ ("seventh: a function named other than as a callee has callers out of sight", "analysis/param_flow.py", "        if _named_other_than_called(other, fn.name, called):", "        if False:"),
+ ("seventh: every caller passes the kind", "rules/ddp025_rank_kind_mixup.py", "    if not all(srcs):\n        return None", "    if not any(srcs):\n        return None"),
+ ("seventh: a call resolves to the function through the caller's import", "analysis/param_flow.py", "    return found is not None and found[0] is info and found[1] is fn", "    return False"),
 ]
 
 

@@ -1,0 +1,102 @@
+"""A parameter's value from its callers: the calls of a project function across the files
+given, and what each passes for one parameter.
+
+`init_process_group(rank=rank)` in `def ddp_setup(rank, world_size)` tells nothing by itself
+(mp.spawn's index is both ranks on one node); when every call of `ddp_setup` in the program
+passes the same kind of value (`ddp_setup(local_rank, ...)` in `main(local_rank, ...)`, itself
+called as `main(LOCAL_RANK, ...)` with `LOCAL_RANK = int(os.getenv("LOCAL_RANK"))`), the
+parameter is that value. Only where every caller is in sight: a function also named other than
+as a call's callee (`mp.spawn(main, ...)`, `partial(main)`, a callback list) or a call that
+unpacks `*args`/`**kwargs` has callers the linter cannot read.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .context import CallRec, Func, ModuleInfo
+
+
+def is_parameter(fn: Func, name: str) -> bool:
+    a = fn.args
+    return any(p.arg == name for p in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+
+
+def passed(fn: Func, call: ast.Call, name: str) -> ast.expr | None:
+    """What `call` passes for `fn`'s parameter `name`: the positional or keyword argument,
+    or the parameter's default when the call leaves it out; None for `*args`/`**kwargs`."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or \
+            any(k.arg is None for k in call.keywords):
+        return None
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    a = fn.args
+    positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    if name in positional:
+        i = positional.index(name)
+        if i < len(call.args):
+            return call.args[i]
+        defaults = a.defaults
+        j = i - (len(positional) - len(defaults))
+        return defaults[j] if j >= 0 else None
+    kw = [p.arg for p in a.kwonlyargs]
+    if name in kw:
+        return a.kw_defaults[kw.index(name)]
+    return None
+
+
+def callers(info: ModuleInfo, fn: Func) -> list[tuple[ModuleInfo, CallRec]] | None:
+    """Every call of the module-level function `fn` (defined in `info`) in the files given,
+    with the module it sits in; None where a caller may be out of sight: `fn` is a method or
+    a nested function, its name is read other than as a call's callee somewhere (handed to
+    `mp.spawn`, a callback), or nothing calls it."""
+    if fn in info.func_class or id(fn) in info.parents:
+        return None
+    key = ("callers", id(fn))
+    hit = info._memo.get(key)
+    if hit is not None or key in info._memo:
+        return hit  # type: ignore[return-value]
+    file_set = info.file_set
+    infos: list[ModuleInfo] = getattr(file_set, "infos", None) or [info]
+    out: list[tuple[ModuleInfo, CallRec]] | None = []
+    for other in infos:
+        called = set()
+        for rec in other.calls_named(fn.name):
+            called.add(id(rec.node.func))
+            if _resolves(other, rec, info, fn):
+                out.append((other, rec))   # type: ignore[union-attr]
+        if _named_other_than_called(other, fn.name, called):
+            out = None
+            break
+    if not out:
+        out = None
+    info._memo[key] = out
+    return out
+
+
+def _resolves(caller: ModuleInfo, rec: CallRec, info: ModuleInfo, fn: Func) -> bool:
+    """`rec` calls `fn`: a plain name of the same file (defined there once), or a name the
+    caller imports from `fn`'s module."""
+    f = rec.node.func
+    if caller is info:
+        return isinstance(f, ast.Name) and f.id not in info.aliases and \
+            len(info.funcs.get(fn.name, [])) == 1
+    qual = caller.qualify(f)
+    find = getattr(caller.file_set, "find", None)
+    if qual is None or "." not in qual or find is None:
+        return False
+    found = find(qual, caller)
+    return found is not None and found[0] is info and found[1] is fn
+
+
+def _named_other_than_called(info: ModuleInfo, name: str, called: set[int]) -> bool:
+    """`name` is read other than as a call's callee in `info` (`mp.spawn(main, ...)`)."""
+    for n in ast.walk(info.tree):
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) \
+                and id(n) not in called:
+            return True
+        if isinstance(n, ast.Attribute) and n.attr == name and id(n) not in called \
+                and isinstance(n.ctx, ast.Load):
+            return True
+    return False

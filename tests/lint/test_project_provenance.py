@@ -1,0 +1,74 @@
+"""The rank's kind followed from the launcher variable through the project's own calls and
+files: a parameter is what every caller in the files given passes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from helpers import lint_paths
+
+SETUP = """\
+import os
+
+import torch
+from torch.distributed import init_process_group
+
+
+def ddp_setup(rank, world_size, master_addr="localhost"):
+    os.environ["MASTER_ADDR"] = master_addr
+    init_process_group(backend="nccl", rank=rank, world_size=world_size)
+"""
+
+MAIN = """\
+import os
+
+from utils import ddp_setup
+
+LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+RANK = int(os.getenv("RANK", -1))
+WORLD_SIZE = int(os.getenv("WORLD_SIZE", 1))
+
+
+def main(local_rank, world_size):
+    ddp_setup(local_rank, world_size)
+
+
+if __name__ == "__main__":
+    main(LOCAL_RANK, WORLD_SIZE)
+"""
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, str, int, str]]:
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return [(Path(f.path).name, f.code, f.line, f.message) for f in lint_paths([tmp_path])]
+
+
+def test_the_local_rank_passed_through_two_calls_is_the_groups_rank(tmp_path: Path) -> None:
+    [(name, code, line, message)] = _project(tmp_path, {"utils.py": SETUP, "main.py": MAIN})
+    assert (name, code, line) == ("utils.py", "DDP025", 9)
+    assert "LOCAL_RANK" in message and "main() at main.py:15" in message \
+        and "ddp_setup() at main.py:11" in message
+
+
+def test_the_global_rank_passed_through_the_same_calls_is_silent(tmp_path: Path) -> None:
+    main = MAIN.replace("main(LOCAL_RANK, WORLD_SIZE)", "main(RANK, WORLD_SIZE)")
+    assert _project(tmp_path, {"utils.py": SETUP, "main.py": main}) == []
+    # the same global rank picking the device is the other spelling of the mix-up
+    setup = SETUP.replace("    init_process_group",
+                          "    torch.cuda.set_device(rank)\n    init_process_group")
+    [(name, code, line, message)] = _project(tmp_path, {"utils.py": setup, "main.py": main})
+    assert (name, code, line) == ("utils.py", "DDP025", 9) and "device index" in message
+
+
+def test_a_function_mp_spawn_calls_has_callers_out_of_sight(tmp_path: Path) -> None:
+    # mp.spawn passes its index (both ranks on one node) besides the call in sight
+    main = MAIN + ("    import torch.multiprocessing as mp\n"
+                   "    mp.spawn(main, args=(2,), nprocs=2)\n")
+    assert _project(tmp_path, {"utils.py": SETUP, "main.py": main}) == []
+
+
+def test_one_caller_passing_another_kind_leaves_the_parameter_unknown(tmp_path: Path) -> None:
+    main = MAIN + "    main(int(os.environ['RANK']), WORLD_SIZE)\n"
+    assert _project(tmp_path, {"utils.py": SETUP, "main.py": main}) == []
