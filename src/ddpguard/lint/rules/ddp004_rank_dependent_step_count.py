@@ -68,6 +68,7 @@ from ..analysis.context import (
     dotted,
     kwarg,
 )
+from ..analysis.local_metric import own_metric_stops
 from ..analysis.nonfinite import local_nonfinite
 from ..analysis.rank_failures import (
     caught_here,
@@ -145,6 +146,8 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "ranks wait for it in their next collective or gradient all-reduce "
                     "(assumed: the error is met on some ranks only); re-raise after the "
                     "clean-up")
+    for stop, message in own_metric_stops(info, _BACKWARD):
+        yield stop, "DDP004", message
     for rec in info.calls:
         if rec.last != "DataLoader":
             continue
@@ -343,6 +346,7 @@ def _steps_together(info: ModuleInfo, loop: Loop) -> bool:
 
 
 _SYNCS = frozenset(("backward", "step"))
+_BACKWARD = frozenset(("backward",))   # not `step`: a scheduler's step(val_loss) syncs nothing
 
 
 def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:

@@ -1,0 +1,218 @@
+"""An early stop decided on the rank's own validation result (corpus35f B123's shape).
+
+    for epoch in range(epochs):
+        train_epoch(model, ...)              # DDP's backward: an all-reduce per step
+        val_loss = validate(model, val_loader)   # this rank's shard, no collective
+        if val_loss > best: bad += 1 else: bad = 0
+        if bad > patience: break             # each rank decides on its own loss
+
+Each rank evaluates its own shard of the validation data (a DistributedSampler), so the
+losses differ and so can the decision: the ranks that stop leave while the others start the
+next epoch's training and wait in its all-reduce. Reported only where the value is certainly
+the rank's own: it comes from a project function that evaluates (a loop under `no_grad`,
+`inference_mode` or after `.eval()`) and reaches no collective at any depth, over data the
+program shards (its loader, where this file builds it, or every validation loader the program
+builds, uses a DistributedSampler); what the test reads follows from that value (assigned
+from it, or assigned under a test of it: `bad += 1`), and no collective in the loop shares
+it. Not under a rank test (DDP019's).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from .callgraph import calls_by_func
+from .collective_reach import _callees, reaches_collective
+from .context import EVAL_HINTS, CallRec, Func, Loop, ModuleInfo, dotted, loader_samplers
+from .provenance import NONE, test_level
+
+_OWN = (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef,
+        ast.Lambda, ast.ClassDef)
+_SHARES = ("reduce", "gather", "broadcast", "sync")
+
+
+def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[ast.If, str]]:
+    """The `if` of each early stop in a loop that syncs (reaches a collective, or one of
+    `syncs`: `backward`), whose test follows the rank's own validation result."""
+    for lrec in info.loops:
+        loop = lrec.node
+        exits = list(_exit_ifs(info, loop.body))
+        if not exits or lrec.guard:
+            continue
+        by_line = {id(r.stmt): r for r in info.calls if r.stmt is not None and
+                   loop in r.loops and r.node.lineno >= loop.lineno}
+        seeds = _seeds(info, loop, by_line)
+        if not seeds:
+            continue
+        tainted = _spread(loop, set(seeds))
+        loop_calls = [r for r in info.calls if loop in r.loops]
+        if any(_shares(info, r, tainted) for r in loop_calls):
+            continue
+        seed_calls = {id(c) for _, c, _ in seeds.values()}
+        exit_lines = {(s.lineno, s.end_lineno or s.lineno) for s in exits}
+        sync = next((r for r in loop_calls if id(r.node) not in seed_calls
+                     and not any(lo <= r.node.lineno <= hi for lo, hi in exit_lines)
+                     and reaches_collective(info, r, syncs)), None)
+        if sync is None:
+            continue
+        for s in exits:
+            read = _reads(s.test) & tainted
+            if not read:
+                continue
+            name = sorted(read)[0]
+            src, call, fn = next(v for k, v in seeds.items() if k in _closure(loop, name, k))
+            yield s, (
+                f"this stop follows `{name}`, which comes from {fn}() at line {call.lineno} "
+                f"(`{src}`): each rank evaluates its own shard of the validation data and no "
+                f"collective shares the result, so one rank can leave the loop while the others "
+                f"go on to `{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
+                "all-reduce then waits for it forever; all_reduce the metric (or broadcast the "
+                "decision) before the test")
+
+
+def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
+    """The innermost `if`s of the loop's own statements whose arm leaves the loop (`break`,
+    `return`), not under a rank test."""
+    for st in body:
+        if isinstance(st, ast.If):
+            if test_level(info, st.test) != NONE:
+                continue
+            inner = list(_exit_ifs(info, st.body)) + list(_exit_ifs(info, st.orelse))
+            if inner:
+                yield from inner
+            elif any(isinstance(b, ast.Break | ast.Return) for b in st.body):
+                yield st
+        elif isinstance(st, ast.With | ast.Try):
+            yield from _exit_ifs(info, st.body)
+
+
+def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
+           ) -> dict[str, tuple[str, ast.Call, str]]:
+    """Names the loop assigns from an evaluation of the rank's own shard: name -> (the
+    assigned text, the call, the function's name)."""
+    out: dict[str, tuple[str, ast.Call, str]] = {}
+    for st in _statements(loop.body):
+        if not isinstance(st, ast.Assign) or not isinstance(st.value, ast.Call):
+            continue
+        rec = by_stmt.get(id(st))
+        if rec is None or rec.node is not st.value:
+            continue
+        fns = _callees(info, rec)
+        if len(fns) != 1:
+            continue   # (one that reaches a collective shares what it returns: _shares)
+        m, fn = fns[0]
+        if not _evaluates(m, fn) or not _sharded(m, fn):
+            continue
+        for t in st.targets:
+            for n in ast.walk(t):
+                d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
+                if d is not None and isinstance(getattr(n, "ctx", None), ast.Store):
+                    out[d] = (ast.unparse(st), st.value, fn.name)
+    return out
+
+
+def _evaluates(m: ModuleInfo, fn: Func) -> bool:
+    """`fn` runs a loop under `no_grad`/`inference_mode` (or after `.eval()`) and returns a
+    value."""
+    calls = calls_by_func(m).get(id(fn), ())
+    evaluating = any(r.last in ("no_grad", "inference_mode", "eval") for r in calls) or any(
+        (dotted(d.func if isinstance(d, ast.Call) else d) or "").endswith(
+            ("no_grad", "inference_mode")) for d in fn.decorator_list)
+    looping = any(isinstance(n, ast.For) for n in ast.walk(fn))
+    returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
+    return evaluating and looping and returns
+
+
+def _sharded(m: ModuleInfo, fn: Func) -> bool:
+    """The data `fn` loops over is sharded across the ranks: the loader its loop reads, where
+    the file builds it, has a DistributedSampler; where it comes from elsewhere (a parameter,
+    an attribute a constructor keeps), every validation loader the program builds does."""
+    loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
+    for lp in loops:
+        it = lp.iter
+        while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+                and it.func.id in ("enumerate", "tqdm", "iter"):
+            it = it.args[0]
+        built = [v for v in m.values_of(it) if isinstance(v, ast.Call)
+                 and m.callee_last(v) == "DataLoader"]
+        if built:
+            return all(_dist_loader(m, v) for v in built)
+    infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
+    loaders = [(i, v) for i in infos for name, vals in i.assigns.items()
+               if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS)
+               for _, v in vals if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader"]
+    return bool(loaders) and all(_dist_loader(i, v) for i, v in loaders)
+
+
+def _dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
+    return any(m.is_dist_sampler(v) for s in loader_samplers(loader)
+               for v in (m.values_of(s) or [s]))
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The loop's own statements, nested arms included, not inner loops or functions."""
+    todo = list(body)
+    while todo:
+        st = todo.pop(0)
+        yield st
+        if isinstance(st, _OWN):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            todo.extend(getattr(st, field, []) or [])
+
+
+def _reads(node: ast.AST) -> set[str]:
+    return {d for n in ast.walk(node) if isinstance(n, ast.Name | ast.Attribute)
+            and isinstance(n.ctx, ast.Load) and (d := dotted(n)) is not None}
+
+
+def _targets(st: ast.stmt) -> set[str]:
+    ts = st.targets if isinstance(st, ast.Assign) else [st.target] \
+        if isinstance(st, ast.AugAssign | ast.AnnAssign) else []
+    return {d for t in ts for n in ast.walk(t) if isinstance(n, ast.Name | ast.Attribute)
+            and isinstance(n.ctx, ast.Store) and (d := dotted(n)) is not None}
+
+
+def _spread(loop: Loop, tainted: set[str]) -> set[str]:
+    """What follows the seeds in the loop: names assigned from them, or under a test of them
+    (`if val_loss > best: bad += 1`), to a fixed point (a counter kept across iterations)."""
+    for _ in range(5):
+        before = len(tainted)
+        _spread_body(loop.body, tainted, False)
+        if len(tainted) == before:
+            break
+    return tainted
+
+
+def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool) -> None:
+    for st in body:
+        if isinstance(st, _OWN):
+            continue
+        if isinstance(st, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            value = st.value
+            if ruled or (value is not None and _reads(value) & tainted):
+                tainted |= _targets(st)
+        elif isinstance(st, ast.If):
+            inner = ruled or bool(_reads(st.test) & tainted)
+            _spread_body(st.body, tainted, inner)
+            _spread_body(st.orelse, tainted, inner)
+        elif isinstance(st, ast.With | ast.Try):
+            _spread_body(st.body, tainted, ruled)
+
+
+def _closure(loop: Loop, name: str, seed: str) -> set[str]:
+    """The names that follow `seed` alone: is `name` one of them."""
+    return _spread(loop, {seed}) if name != seed else {seed}
+
+
+def _shares(info: ModuleInfo, rec: CallRec, tainted: set[str]) -> bool:
+    """A call in the loop that shares a followed value: a collective, a helper named for
+    one (`reduce_mean(val_loss)`), or a call that reaches one, given or assigning it."""
+    args = [*rec.node.args, *(k.value for k in rec.node.keywords)]
+    given = any(_reads(a) & tainted for a in args) or (
+        rec.stmt is not None and _targets(rec.stmt) & tainted and
+        isinstance(rec.stmt, ast.Assign) and rec.stmt.value is rec.node)
+    if not given:
+        return False
+    return any(w in rec.last.lower() for w in _SHARES) or reaches_collective(info, rec)
