@@ -389,11 +389,13 @@ M = [
  ("seventh: a call resolves to the function through the caller's import", "analysis/param_flow.py", "    return found is not None and found[0] is info and found[1] is fn", "    return False"),
  ("seventh: DDP004 a stop on the rank's own validation result", "rules/ddp004_rank_dependent_step_count.py", "    for stop, message in own_metric_stops(info, _BACKWARD):\n        yield stop, \"DDP004\", message\n", ""),
  ("seventh: own metric: an evaluation that reaches a collective shares its result", "analysis/local_metric.py", "    return any(w in rec.last.lower() for w in _SHARES) or reaches_collective(info, rec)", "    return any(w in rec.last.lower() for w in _SHARES)"),
- ("seventh: own metric: the evaluated data is sharded", "analysis/local_metric.py", "        if not _evaluates(m, fn) or not _sharded(m, fn):", "        if not _evaluates(m, fn):"),
+ ("seventh: own metric: the evaluated data is sharded", "analysis/local_metric.py", "            return \"\" if all(_dist_loader(m, v) for v in built) else None", "            return \"\""),
  ("seventh: own metric: an evaluation, not any loop", "analysis/local_metric.py", "    return evaluating and looping and returns", "    return looping and returns"),
  ("seventh: own metric: a collective in the loop shares it", "analysis/local_metric.py", "        if any(_shares(info, r, tainted) for r in loop_calls):", "        if False:"),
  ("seventh: own metric: assigned under a test of it", "analysis/local_metric.py", "            inner = ruled or bool(_reads(st.test) & tainted)", "            inner = ruled"),
  ("seventh: own metric: a rank test is DDP019's", "analysis/local_metric.py", "            if test_level(info, st.test) != NONE:\n                continue", "            if False:\n                continue"),
+ ("seventh: own metric: the program's sharded validation loader, assumed", "analysis/local_metric.py", "                            and _dist_loader(i, v):", "                            and True:"),
+ ("seventh: own metric: the data read elsewhere, assumed", "analysis/local_metric.py", "    for i in infos:\n        for name, vals in i.assigns.items():", "    for i in []:\n        for name, vals in i.assigns.items():"),
 ]
 
 

@@ -72,3 +72,73 @@ def test_a_function_mp_spawn_calls_has_callers_out_of_sight(tmp_path: Path) -> N
 def test_one_caller_passing_another_kind_leaves_the_parameter_unknown(tmp_path: Path) -> None:
     main = MAIN + "    main(int(os.environ['RANK']), WORLD_SIZE)\n"
     assert _project(tmp_path, {"utils.py": SETUP, "main.py": main}) == []
+
+
+TRAINER = """\
+import torch
+
+
+class Trainer:
+    def __init__(self, model, train_data, val_data, patience):
+        self.model = model
+        self.train_data = train_data
+        self.val_data = val_data
+        self.patience = patience
+        self.bad = 0
+
+    def _run_epoch(self):
+        for x, y in self.train_data:
+            torch.nn.functional.mse_loss(self.model(x), y).backward()
+
+    def _validate(self):
+        self.model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for x, y in self.val_data:
+                total += torch.nn.functional.mse_loss(self.model(x), y).item()
+        self.model.train()
+        return total
+
+    def fit(self, epochs):
+        best = float("inf")
+        for _ in range(epochs):
+            self._run_epoch()
+            val_loss = self._validate()
+            if val_loss < best:
+                best = val_loss
+                self.bad = 0
+            else:
+                self.bad += 1
+            if self.bad > self.patience:
+                break
+"""
+
+FIT = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainer import Trainer
+
+dist.init_process_group("nccl")
+ds = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+train_loader = DataLoader(ds, sampler=DistributedSampler(ds))
+val_loader = DataLoader(ds, sampler=DistributedSampler(ds, shuffle=False))
+Trainer(DDP(torch.nn.Linear(2, 1)), train_loader, val_loader, 3).fit(10)
+"""
+
+
+def test_a_stop_on_each_ranks_own_validation_loss_in_another_files_class(
+        tmp_path: Path) -> None:
+    [(name, code, line, message)] = [
+        f for f in _project(tmp_path, {"trainer.py": TRAINER, "main.py": FIT})
+        if f[1] == "DDP004"]
+    assert (name, line) == ("trainer.py", 35)
+    assert "assumed: the data _validate() reads is the validation loader `val_loader`" \
+        in message and "main.py:11" in message
+    # every rank validates the whole set: the same loss everywhere, the same decision
+    fit = FIT.replace("DataLoader(ds, sampler=DistributedSampler(ds, shuffle=False))",
+                      "DataLoader(ds)")
+    assert [f for f in _project(tmp_path, {"trainer.py": TRAINER, "main.py": fit})
+            if f[1] == "DDP004"] == []

@@ -20,6 +20,7 @@ it. Not under a rank test (DDP019's).
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
 from .callgraph import calls_by_func
@@ -49,7 +50,7 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
         loop_calls = [r for r in info.calls if loop in r.loops]
         if any(_shares(info, r, tainted) for r in loop_calls):
             continue
-        seed_calls = {id(c) for _, c, _ in seeds.values()}
+        seed_calls = {id(c) for _, c, _, _ in seeds.values()}
         exit_lines = {(s.lineno, s.end_lineno or s.lineno) for s in exits}
         sync = next((r for r in loop_calls if id(r.node) not in seed_calls
                      and not any(lo <= r.node.lineno <= hi for lo, hi in exit_lines)
@@ -61,14 +62,15 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
             if not read:
                 continue
             name = sorted(read)[0]
-            src, call, fn = next(v for k, v in seeds.items() if k in _closure(loop, name, k))
+            src, call, fn, assumed = next(v for k, v in seeds.items()
+                                          if name in _spread(loop, {k}))
             yield s, (
                 f"this stop follows `{name}`, which comes from {fn}() at line {call.lineno} "
                 f"(`{src}`): each rank evaluates its own shard of the validation data and no "
                 f"collective shares the result, so one rank can leave the loop while the others "
                 f"go on to `{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
-                "all-reduce then waits for it forever; all_reduce the metric (or broadcast the "
-                "decision) before the test")
+                f"all-reduce then waits for it forever{assumed}; all_reduce the metric (or "
+                "broadcast the decision) before the test")
 
 
 def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
@@ -88,10 +90,10 @@ def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
 
 
 def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
-           ) -> dict[str, tuple[str, ast.Call, str]]:
+           ) -> dict[str, tuple[str, ast.Call, str, str]]:
     """Names the loop assigns from an evaluation of the rank's own shard: name -> (the
-    assigned text, the call, the function's name)."""
-    out: dict[str, tuple[str, ast.Call, str]] = {}
+    assigned text, the call, the function's name, what was assumed of its data)."""
+    out: dict[str, tuple[str, ast.Call, str, str]] = {}
     for st in _statements(loop.body):
         if not isinstance(st, ast.Assign) or not isinstance(st.value, ast.Call):
             continue
@@ -102,13 +104,14 @@ def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
         if len(fns) != 1:
             continue   # (one that reaches a collective shares what it returns: _shares)
         m, fn = fns[0]
-        if not _evaluates(m, fn) or not _sharded(m, fn):
+        assumed = _sharded(m, fn) if _evaluates(m, fn) else None
+        if assumed is None:
             continue
         for t in st.targets:
             for n in ast.walk(t):
                 d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
                 if d is not None and isinstance(getattr(n, "ctx", None), ast.Store):
-                    out[d] = (ast.unparse(st), st.value, fn.name)
+                    out[d] = (ast.unparse(st), st.value, fn.name, assumed)
     return out
 
 
@@ -124,10 +127,11 @@ def _evaluates(m: ModuleInfo, fn: Func) -> bool:
     return evaluating and looping and returns
 
 
-def _sharded(m: ModuleInfo, fn: Func) -> bool:
-    """The data `fn` loops over is sharded across the ranks: the loader its loop reads, where
-    the file builds it, has a DistributedSampler; where it comes from elsewhere (a parameter,
-    an attribute a constructor keeps), every validation loader the program builds does."""
+def _sharded(m: ModuleInfo, fn: Func) -> str | None:
+    """The data `fn` loops over is sharded across the ranks: "" where the loader its loop
+    reads is built in the file with a DistributedSampler; where it comes from elsewhere (a
+    parameter, an attribute a constructor keeps), what was assumed: that it is the program's
+    validation loader built with one (None when the program builds none)."""
     loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
     for lp in loops:
         it = lp.iter
@@ -137,12 +141,18 @@ def _sharded(m: ModuleInfo, fn: Func) -> bool:
         built = [v for v in m.values_of(it) if isinstance(v, ast.Call)
                  and m.callee_last(v) == "DataLoader"]
         if built:
-            return all(_dist_loader(m, v) for v in built)
+            return "" if all(_dist_loader(m, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
-    loaders = [(i, v) for i in infos for name, vals in i.assigns.items()
-               if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS)
-               for _, v in vals if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader"]
-    return bool(loaders) and all(_dist_loader(i, v) for i, v in loaders)
+    for i in infos:
+        for name, vals in i.assigns.items():
+            if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
+                for _, v in vals:
+                    if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader" \
+                            and _dist_loader(i, v):
+                        return (f" (assumed: the data {fn.name}() reads is the validation "
+                                f"loader `{name}` built with a DistributedSampler at "
+                                f"{os.path.basename(i.path)}:{v.lineno})")
+    return None
 
 
 def _dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
@@ -199,11 +209,6 @@ def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool) -> None:
             _spread_body(st.orelse, tainted, inner)
         elif isinstance(st, ast.With | ast.Try):
             _spread_body(st.body, tainted, ruled)
-
-
-def _closure(loop: Loop, name: str, seed: str) -> set[str]:
-    """The names that follow `seed` alone: is `name` one of them."""
-    return _spread(loop, {seed}) if name != seed else {seed}
 
 
 def _shares(info: ModuleInfo, rec: CallRec, tainted: set[str]) -> bool:
