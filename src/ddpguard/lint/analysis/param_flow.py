@@ -13,8 +13,13 @@ unpacks `*args`/`**kwargs` has callers the linter cannot read.
 from __future__ import annotations
 
 import ast
+import os
+from collections.abc import Callable
 
 from .context import CallRec, Func, ModuleInfo
+
+# What a caller passes, read in the caller's module and function: its source, or None.
+Source = Callable[[ModuleInfo, ast.expr, Func | None], str | None]
 
 
 def is_parameter(fn: Func, name: str) -> bool:
@@ -44,6 +49,24 @@ def passed(fn: Func, call: ast.Call, name: str) -> ast.expr | None:
     if name in kw:
         return a.kw_defaults[kw.index(name)]
     return None
+
+
+def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> str | None:
+    """A parameter is what its callers pass: `source` of the argument when every call of
+    `func` in the files given has one for it (`ddp_setup(local_rank, ...)` from `main(LOCAL_RANK,
+    ...)`), naming where it was passed; None when a caller is out of sight or one has none."""
+    sites = callers(info, func)
+    if not sites:
+        return None
+    srcs = [source(caller, arg, rec.func)
+            if (arg := passed(func, rec.node, param)) is not None else None
+            for caller, rec in sites]
+    if not all(srcs):
+        return None
+    caller, rec = sites[0]
+    then = "then" if ", passed as" in (srcs[0] or "") else "passed"
+    return (f"{srcs[0]}, {then} as `{param}` to {func.name}() at "
+            f"{os.path.basename(caller.path)}:{rec.node.lineno}")
 
 
 def callers(info: ModuleInfo, fn: Func) -> list[tuple[ModuleInfo, CallRec]] | None:

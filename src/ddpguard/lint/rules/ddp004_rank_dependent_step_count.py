@@ -40,11 +40,22 @@ mp.spawn reads status 0 as a failure, so nothing ends the peers waiting in the s
 all-reduce (a non-zero exit is the launcher's to act on, and stays silent); such a handler is
 reported in any loop whose guarded block calls `.backward()` itself (`for i, batch in t:` over
 a project's own batch generator), the message naming what it assumed (the error is not met on
-every rank at once). The same for a catch-all (`except Exception:`, bare `except:`) around
-the whole of a rank's run, the last statement of its function, whose block reaches a sync
-through the project's code and whose handler neither raises, exits with a failure nor makes a
+every rank at once). The same for a catch-all (`except Exception:`, bare `except:`) around the
+whole of a rank's run, the last statement of its function, whose block reaches a sync through
+the project's code and whose handler neither raises, exits with a failure nor makes a
 collective: the failing rank returns normally and ends with status 0 (not a handler for one
-kind of error, `except FileNotFoundError:`). And only in a module that
+kind of error, `except FileNotFoundError:`). And an early stop decided on the rank's own
+validation result, in a loop that reaches a backward or a collective: the stop's test follows
+(by assignment, or by an assignment under a test of it: `else: bad += 1`) what a project
+function returned that evaluates (a loop under `no_grad`/`inference_mode` or after `.eval()`)
+over sharded data and reaches no collective: each rank's loss is its shard's, so one rank
+leaves while the others wait in the next epoch's all-reduce. The data is sharded where the
+loader the evaluation reads is built in its file with a DistributedSampler; where it arrives
+from elsewhere (a constructor's `self.val_data`), the message says what was assumed: that it is
+the program's validation loader built with one (none such: silent). Not once a collective, a
+helper named for one (`reduce_mean(val_loss)`) or a call that reaches one is given (or assigns)
+what the test follows, not under a rank test (DDP019's), and not a loop that only counts
+batches. And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;

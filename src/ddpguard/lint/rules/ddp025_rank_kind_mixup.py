@@ -34,22 +34,26 @@ collective; with fewer, shards are never read. Not `num_replicas=1` (every rank 
 whole set, on purpose).
 
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
-`mp.spawn` passes, which is both on one node) is not. A name assigned in several arms of an
-`if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
-`args.local_rank != -1`) assigns the wrong kind: each launcher runs on several nodes; not
-under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
+`mp.spawn` passes, which is both on one node) is not. A parameter is what the program passes
+for it when every call of its function in the files given passes the same kind (`LOCAL_RANK`
+read in the entry file, passed as `main(local_rank, ...)` and on to a set-up helper of another
+module, `ddp_setup(rank, ...)`, that calls `init_process_group(rank=rank)`); not where the
+function is also named other than as a call's callee (`mp.spawn(main, ...)`: callers out of
+sight), nor where one call passes another kind or unpacks `*args`. A name assigned in several
+arms of an `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in
+os.environ`, `args.local_rank != -1`) assigns the wrong kind: each launcher runs on several
+nodes; not under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
 `LOCAL_RANK` for the device, `RANK` (or `dist.get_rank()`) for the process group.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections.abc import Iterator
 
 from ..analysis.context import Func, ModuleInfo, kwarg
-from ..analysis.param_flow import callers, is_parameter, passed
+from ..analysis.param_flow import from_callers, is_parameter
 from ..analysis.provenance import GLOBAL, LOCAL, dotted, env_level
 from ..registry import Hit, rule
 
@@ -341,30 +345,12 @@ def _source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
              for line, v in info.assigns.get(d, [])
              if lo <= line <= hi and not isinstance(v, ast.Constant)]
     if not found and func is not None and "." not in d and is_parameter(func, d):
-        return _from_callers(info, func, d, kind, depth)
+        return from_callers(info, func, d,
+                            lambda m, arg, f: _source(m, arg, kind, f, depth + 1))
     if found and all(src for _, src in found):
         return found[0][1]
     return next((f"{src}, in the launcher's arm at line {line}" for line, src in found
                  if src and _launcher_arm(info, func, line)), None)
-
-
-def _from_callers(info: ModuleInfo, func: Func, param: str, kind: int,
-                  depth: int) -> str | None:
-    """A parameter is what its callers pass: the source when every call of `func` in the
-    files given passes a value of `kind` for it (`ddp_setup(local_rank, ...)` from
-    `main(LOCAL_RANK, ...)`), none when a caller is out of sight (`mp.spawn(func, ...)`)."""
-    sites = callers(info, func)
-    if not sites:
-        return None
-    srcs = [_source(caller, arg, kind, rec.func, depth + 1)
-            if (arg := passed(func, rec.node, param)) is not None else None
-            for caller, rec in sites]
-    if not all(srcs):
-        return None
-    caller, rec = sites[0]
-    then = "then" if ", passed as" in (srcs[0] or "") else "passed"
-    return (f"{srcs[0]}, {then} as `{param}` to {func.name}() at "
-            f"{os.path.basename(caller.path)}:{rec.node.lineno}")
 
 
 def _launcher_arm(info: ModuleInfo, func: Func | None, line: int) -> bool:
