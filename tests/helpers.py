@@ -38,6 +38,19 @@ def child_env(*, gpus: bool = False, **extra: str) -> dict[str, str]:
     return env
 
 
+FORKRUN = "tests/guard/scripts/forkrun.py"
+
+
+def guard_run(*guard_opts: str, torchrun: bool = False) -> tuple[str, ...]:
+    """`ddpguard run` arguments that start a 2-rank job, the script and its arguments to
+    follow. By default the ranks are forked by torch.multiprocessing after one torch import
+    (scripts/forkrun.py): a third of the CPU of a torchrun job, whose agent and ranks each
+    import torch. `torchrun` starts them under torchrun, for what its agent adds."""
+    if torchrun:
+        return ("run", *guard_opts, "--nproc-per-node", "2")
+    return ("run", *guard_opts, "--", sys.executable, FORKRUN)
+
+
 def run_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `ddpguard ARGS` in a subprocess with a hard timeout. On expiry the whole job is

@@ -341,6 +341,23 @@ def test_twin_a_wait_for_a_stuck_child_process_is_its_stall_not_a_lock_between_r
     assert d["positions"]["1"]["doing"].startswith("blocked in subprocess.run -> os.waitpid")
 
 
+def test_a_rank_forked_by_multiprocessing_blocked_on_a_lock_is_blocked_outside():
+    # mp.start_processes(..., start_method="fork"): popen_fork.py started the rank and stays
+    # at the outer end of its stack; that is not a wait for a child (twin just above).
+    import multiprocessing.popen_fork as popen_fork
+    import multiprocessing.process as mp_process
+
+    recs = blocked(quiet=4.0)
+    recs[1]["stacks"]["main"][:0] = [
+        {"file": popen_fork.__file__, "line": 71, "func": "_launch",
+         "code": "code = process_obj._bootstrap(parent_sentinel=child_r)"},
+        {"file": mp_process.__file__, "line": 314, "func": "_bootstrap", "code": "self.run()"},
+        {"file": f"{TORCH}multiprocessing/spawn.py", "line": 87, "func": "_wrap",
+         "code": "fn(i, *args)"}]
+    d = diag(recs, cause="no_life", culprits=[1])
+    assert d["cause"] == "blocked_outside", d
+
+
 def test_blocked_call_names_library_waits_from_the_users_line():
     q_file, t_file = queue.__file__, threading.__file__
     frames = [{"file": SCRIPT, "line": 3, "func": "<module>", "code": "item = q.get()"},

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/align_scenarios.py"
 SHORT = {"DDPGUARD_NO_LIFE": "3", "DDPGUARD_DUMP_WAIT": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
@@ -46,7 +46,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_title_comes_from_the_aligned_sequences(case, tmp_path):
     cause, culprits, texts = CASES[case]
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, timeout=120,
+    # The survivor's own alignment of a gloo abort: under torchrun (torch.multiprocessing
+    # ends the survivor at once; the launcher's composed report is test_guard_launchers').
+    res = run_cli(*guard_run(torchrun=case == "object_rank0"), SCRIPT, "--case", case,
+                  timeout=120,
                   env=child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **SHORT))
     err = res.stderr
     assert res.returncode == 17, (res.returncode, err[-4000:])

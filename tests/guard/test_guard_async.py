@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/async_scenarios.py"
 SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_NOTICE_AFTER": "1.5", "DDPGUARD_DUMP_WAIT": "2"}
@@ -26,10 +26,11 @@ def line_of(snippet: str) -> str:
     return f"async_scenarios.py:{found[0]}"
 
 
-def run_case(case: str, wait: str, tmp_path: Path, *opts: str, **env: str):
+def run_case(case: str, wait: str, tmp_path: Path, *opts: str, torchrun: bool = False,
+             **env: str):
     full = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **{**SHORT, **env})
     t0 = time.monotonic()
-    res = run_cli("run", "--nproc-per-node", "2", *opts, SCRIPT, "--case", case, "--wait",
+    res = run_cli(*guard_run(*opts, torchrun=torchrun), SCRIPT, "--case", case, "--wait",
                   wait, timeout=120, env=full)
     return res, time.monotonic() - t0
 
@@ -87,7 +88,8 @@ def test_killed_peer_while_waiting_on_a_future_is_named(tmp_path):
     # torchrun's agent would end the survivor within its monitor interval (1 s): on a loaded
     # machine that can come first, and `ddpguard run` then composes the report from the
     # fault logs (test_guard_ends). Three seconds leave this test the survivor's own report.
-    res, took = run_case("peer_gone", "future", tmp_path, "--monitor-interval=3")
+    res, took = run_case("peer_gone", "future", tmp_path, "--monitor-interval=3",
+                         torchrun=True)
     assert res.returncode != 0 and took < 60, res.stderr[-3000:]
     assert "rank 1 died" in res.stderr and "all_reduce #" in res.stderr, res.stderr[-3000:]
     assert "ddpguard: rank 0 stopped at" in res.stderr, res.stderr[-3000:]

@@ -118,6 +118,37 @@ def test_stuck_threads_show_none(target):
     assert "xx" not in quiet, kinds
 
 
+def _big_kernels(stop):
+    import torch
+
+    t = torch.randn(768, 768)
+    while not stop.is_set():
+        t = torch.tanh(t @ t.T / 768)
+
+
+@pytest.mark.parametrize("target", [_big_kernels, _block])
+def test_a_kernel_starved_of_cpu_is_life_a_wait_is_not(target):
+    # A 1,000 s window: the kernel's CPU is far below a fifth of it, as on a machine with
+    # many more runnable threads than cores. Runnable inside a call into C is computing;
+    # the same call sleeping (a wait) is not.
+    import torch  # noqa: F401  imported here: an import's reads would count as the thread's I/O
+
+    stop = threading.Event()
+    t = threading.Thread(target=target, args=(stop,), daemon=True)
+    t.start()
+    time.sleep(0.3)
+    life = LifeSignals(t.ident, t.native_id)
+    life.sample(progress=0, now=time.monotonic())
+    kinds = [life.sample(progress=0, now=time.monotonic() + 1000.0 * (i + 1))
+             for i in range(3)]
+    stop.set()
+    t.join(10)
+    if target is _block:
+        assert kinds == [None, None, None], kinds
+    else:
+        assert kinds.count("cpu") >= 2, kinds
+
+
 def test_progress_counts_as_life_and_quiet_time_grows():
     stop = threading.Event()
     t = threading.Thread(target=_block, args=(stop,), daemon=True)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/life_scenarios.py"
 DUR = 7.0
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def run_case(case: str, tmp_path: Path, dur: float = DUR, url: str = ""):
     env = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **SHORT)
     t0 = time.monotonic()
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, "--dur", str(dur),
+    res = run_cli(*guard_run(), SCRIPT, "--case", case, "--dur", str(dur),
                   "--url", url, timeout=150, env=env)
     return res, time.monotonic() - t0
 

@@ -1,5 +1,7 @@
 """The hang guard on real programs: healthy ones it must leave running, broken ones it must stop
-and explain. Each runs through `ddpguard run` on 2 gloo ranks (tests/guard/scripts/scenarios.py).
+and explain. Each runs through `ddpguard run` on 2 gloo ranks (tests/guard/scripts/scenarios.py),
+forked by torch.multiprocessing after one torch import (scripts/forkrun.py: a third of the CPU
+of a torchrun job); the tests that read what torchrun's agent adds start the job under torchrun.
 
 Timeouts are shortened through the environment (the defaults run in bench/guard.py): the long
 work of a healthy program lasts DUR seconds, more than twice NO_LIFE, so a guard that judged
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/scenarios.py"
 DUR = 4.0
@@ -47,10 +49,12 @@ def lines_of_function(name: str) -> set[str]:
     return out
 
 
-def run_case(case: str, tmp_path: Path, dur: float = DUR, **env: str):
+def run_case(case: str, tmp_path: Path, dur: float = DUR, torchrun: bool = False, **env: str):
+    """One job: its ranks forked by torch.multiprocessing after one torch import (forkrun.py),
+    or, with `torchrun`, started by torchrun (`ddpguard run --nproc-per-node 2 SCRIPT`)."""
     full = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), **{**SHORT, **env})
     t0 = time.monotonic()
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, "--dur", str(dur),
+    res = run_cli(*guard_run(torchrun=torchrun), SCRIPT, "--case", case, "--dur", str(dur),
                   timeout=150, env=full)
     return res, time.monotonic() - t0
 
@@ -186,7 +190,9 @@ def test_desync_is_named_instead_of_the_nonsense_error(tmp_path):
 
 
 def test_killed_rank_survivor_says_where_it_waited(tmp_path):
-    res, took = run_case("sigkill", tmp_path)
+    # torchrun's agent sees the dead worker (forkrun's parent, torch.multiprocessing, ends
+    # the survivor at once: test_guard_launchers covers that launcher's report).
+    res, took = run_case("sigkill", tmp_path, torchrun=True)
     assert res.returncode != 0 and took < 90
     assert "rank 1 (pid" in res.stderr and "SIGKILL" in res.stderr, res.stderr[-3000:]
     # Said by the survivor's guard, not by torchrun: where rank 0 was, and what it waited on.
@@ -197,7 +203,7 @@ def test_killed_rank_survivor_says_where_it_waited(tmp_path):
 def test_mismatched_sizes_gloo_aborts_and_the_survivor_names_it(tmp_path):
     # gloo itself aborts on a size mismatch; the guard names the dead rank and where the other
     # one was, instead of "Connection reset by peer" alone.
-    res, _ = run_case("mismatch_sizes", tmp_path)
+    res, _ = run_case("mismatch_sizes", tmp_path, torchrun=True)
     assert res.returncode != 0
     assert "SIGABRT" in res.stderr
     assert f"ddpguard: rank 1 stopped at tests/guard/scripts/{line_of('mismatch_sizes')}" \

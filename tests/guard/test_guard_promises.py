@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/promises.py"
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ def line_of(snippet: str) -> str:
 def run_case(case: str, tmp_path: Path, **env: str):
     full = child_env(DDPGUARD_REPORT_DIR=str(tmp_path), DDPGUARD_DUMP_WAIT="2", **env)
     t0 = time.monotonic()
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, timeout=150,
+    res = run_cli(*guard_run(), SCRIPT, "--case", case, timeout=150,
                   env=full)
     return res, time.monotonic() - t0
 

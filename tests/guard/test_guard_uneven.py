@@ -7,7 +7,7 @@ ZeroRedundancyOptimizer, with a Joinable of their own; a loop agreeing on when t
 from __future__ import annotations
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 from ddpguard.guard.diagnose import diagnose
 from ddpguard.guard.lengths import notice_text
@@ -237,7 +237,7 @@ SCRIPT = "tests/guard/scripts/uneven_scenarios.py"
 @pytest.mark.timeout(170)
 def test_programs_that_handle_unequal_loaders_run_to_the_end(tmp_path):
     cases = ["join_ddp", "join_zero", "join_custom", "agree"]
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", ",".join(cases),
+    res = run_cli(*guard_run(), SCRIPT, "--case", ",".join(cases),
                   timeout=150, env=child_env(DDPGUARD_REPORT_DIR=str(tmp_path)))
     assert res.returncode == 0, res.stderr[-4000:]
     for case in cases:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, run_cli
+from helpers import ROOT, child_env, guard_run, run_cli
 
 SCRIPT = "tests/guard/scripts/verdict_job.py"
 SHORT = {"DDPGUARD_NO_LIFE": "2", "DDPGUARD_DUMP_WAIT": "2", "DDPGUARD_DIGEST_INTERVAL": "1"}
@@ -71,10 +71,11 @@ def check_verdict(res: subprocess.CompletedProcess[str], folder: Path, cause: st
     return reps[0]
 
 
-def run_job(case: str, silence: str, folder: Path, timeout: float = 120):
+def run_job(case: str, silence: str, folder: Path, timeout: float = 120,
+            torchrun: bool = False):
     env = child_env(DDPGUARD_REPORT_DIR=str(folder), **SHORT)
     t0 = time.monotonic()
-    res = run_cli("run", "--nproc-per-node", "2", SCRIPT, "--case", case, "--silence", silence,
+    res = run_cli(*guard_run(torchrun=torchrun), SCRIPT, "--case", case, "--silence", silence,
                   timeout=timeout, env=env)
     return res, time.monotonic() - t0
 
@@ -109,8 +110,8 @@ def test_unequal_loaders_through_silenced_ranks_are_the_same_verdict(tmp_path):
 @slow
 def test_native_crash_is_told_apart_and_quoted(tmp_path):
     # gloo aborts a rank on a size mismatch: SIGABRT is a crash inside native code, and the
-    # launcher quotes that rank's own last words (kept from its stderr file).
-    res, _ = run_job("abort", "", tmp_path)
+    # launcher quotes that rank's own last words (kept from torchrun's stderr file of it).
+    res, _ = run_job("abort", "", tmp_path, torchrun=True)
     err = res.stderr
     assert res.returncode != 0
     assert "died from signal SIGABRT: a crash inside native code" in err, err[-4000:]

@@ -149,8 +149,12 @@ class LifeSignals:
                              and (polling or (not moved and not in_c)))
         if moved and not polling:
             kind = kind or "stack"
-        elif not polling and self._sig is not None and in_c and burning:
-            # Still inside one call into C and burning CPU: a long kernel, not a wait.
+        elif not polling and self._sig is not None and in_c and (
+                burning or (self.native_id is not None
+                            and vitals.task_runnable(self.native_id))):
+            # Still inside one call into C and burning CPU: a long kernel, not a wait. On a
+            # machine with more runnable threads than cores the kernel may get less than a
+            # fifth of one; runnable (state R) is still computing, where a wait sleeps.
             kind = kind or "cpu"
         # The rest of the rank, only when it can matter (and costs nothing in steady training):
         # a poll may wait for a thread or a child of the rank that works.

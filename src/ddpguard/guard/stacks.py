@@ -272,8 +272,14 @@ _CHILD_WAITS = ("subprocess.py", "multiprocessing/popen_", "multiprocessing/pool
 
 
 def waits_for_child(frames: list[Frame]) -> bool:
-    """The stack waits for a child process (Popen.wait, Process.join, a process pool)."""
-    return any(_in(f, *_CHILD_WAITS) for f in frames) or bool(
+    """The stack waits for a child process (Popen.wait, Process.join, a process pool).
+
+    Only the calls below the innermost user frame count: a rank forked by multiprocessing
+    (mp.start_processes with the fork method) has popen_fork.py at the outer end of every
+    stack, where it started the rank, not where the rank waits."""
+    users = [i for i, f in enumerate(frames) if not is_library_file(f["file"])]
+    inner = frames[users[-1] + 1:] if users else frames
+    return any(_in(f, *_CHILD_WAITS) for f in inner) or bool(
         frames and "waitpid" in (frames[-1].get("code") or ""))
 
 

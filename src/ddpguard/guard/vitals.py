@@ -61,6 +61,12 @@ def task_cpu(tid: int) -> float | None:
         return None
 
 
+def task_runnable(tid: int) -> bool:
+    """The thread is running or waiting only for a CPU (state R): a blocked one sleeps (S, D)."""
+    f = _stat_fields(f"/proc/self/task/{tid}/stat")
+    return bool(f) and f[0] == b"R"
+
+
 def _io_total(data: bytes | None) -> int | None:
     """rchar + wchar from an io file: bytes passed to read()/write() and their kin (files,
     pipes, and sockets only when read() or write() is used on them, never recv()/send())."""
