@@ -64,7 +64,7 @@ def task_cpu(tid: int) -> float | None:
 def task_runnable(tid: int) -> bool:
     """The thread is running or waiting only for a CPU (state R): a blocked one sleeps (S, D)."""
     f = _stat_fields(f"/proc/self/task/{tid}/stat")
-    return bool(f) and f[0] == b"R"
+    return f is not None and bool(f) and f[0] == b"R"
 
 
 def _io_total(data: bytes | None) -> int | None:
