@@ -1222,3 +1222,27 @@ def test_from_the_stacks_alone_a_rank_that_died_ahead_of_a_peers_backward_skippe
     assert said(f"{SCRIPT}:8 `if not torch.isfinite(loss): continue`", d), d["explanation"]
     # The twin: the collective it died in sits under a rank test: that is the cause.
     assert diag(recs(13), cause="mismatch", culprits=[1])["cause"] != "skipped_backward"
+
+
+# -- a transport error a rank unwinds is its peer's end, not its own error ----------------------
+
+
+def _unwinding_after_a_side_thread(err):
+    recs = [rec(0, coll(5, "all_reduce"), state="dead"),
+            rec(1, BWD, pending=[entry(40)], batches=12, fwd=12, bwd=11)]
+    recs[1]["unwinding"] = f"{err} (raised at {SCRIPT}:9 in <module>  `loss.backward()`)"
+    return diag(recs, cause="second_thread", culprits=[1])
+
+
+def test_a_peers_reset_unwound_through_finally_keeps_the_second_thread_title():
+    # The whole job inside `try: ... finally: dist.destroy_process_group()`: the survivor's
+    # training thread unwinds gloo's "Connection reset by peer" when a thread's collective
+    # got its peer aborted (corpus33h's tuning case).
+    d = _unwinding_after_a_side_thread(
+        "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:31872: Connection reset by peer")
+    assert d["cause"] == "second_thread", d
+
+
+def test_twin_the_programs_own_error_unwound_through_finally_is_the_crash():
+    d = _unwinding_after_a_side_thread("ValueError: corrupt batch")
+    assert d["cause"] == "crashed_rank", d

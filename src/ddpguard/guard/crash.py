@@ -42,6 +42,7 @@ from .handles import GuardHandle
 from .ledger import describe_entry, first_pending
 from .rules import Decision
 from .stacks import Frame, is_library_file, short_path
+from .unwinding import PEER_GONE_WORDS
 
 __all__ = ["handle_exception", "report_exception", "report_until_settled", "settle",
            "install_excepthook", "await_report", "explained_end", "crash_text",
@@ -127,8 +128,7 @@ def explained_end(exc: BaseException) -> bool:
 def peer_error(exc: BaseException) -> bool:
     """gloo/NCCL errors that mean 'the other side went away', not a bug on this rank."""
     low = str(exc).lower()
-    return any(s in low for s in ("connection closed by peer", "connection reset by peer",
-                                  "remote worker", "broken pipe"))
+    return any(s in low for s in PEER_GONE_WORDS)
 
 
 def _user_tb(exc: BaseException) -> Any:

@@ -14,7 +14,12 @@ from .findings import Finding, file_line
 from .records import RankRecord
 from .stacks import fmt_frame, is_library_file
 
-__all__ = ["describe", "from_notes", "unwinding", "unwinding_error"]
+__all__ = ["PEER_GONE_WORDS", "describe", "from_notes", "unwinding", "unwinding_error"]
+
+# gloo/NCCL's words for "the other side went away": an error a rank unwinds because a peer
+# ended, never the program's own.
+PEER_GONE_WORDS = ("connection closed by peer", "connection reset by peer", "remote worker",
+                   "broken pipe")
 
 
 def unwinding(ident: int | None) -> str | None:
@@ -59,6 +64,8 @@ def unwinding_error(records: Sequence[RankRecord]) -> Finding | None:
         # (A rank the transport aborted in that collective left the words in its fault log.)
         if not err or r.get("state") not in ("running", "dead"):
             continue
+        if any(w in err.lower() for w in PEER_GONE_WORDS):
+            continue  # its peer's end reached it: the cause is where that peer went
         rank = int(r["rank"])
         raised = err.rsplit("(raised at ", 1)[-1].rstrip(")")
         return Finding("crashed_rank", (
