@@ -1246,3 +1246,32 @@ def test_a_peers_reset_unwound_through_finally_keeps_the_second_thread_title():
 def test_twin_the_programs_own_error_unwound_through_finally_is_the_crash():
     d = _unwinding_after_a_side_thread("ValueError: corrupt batch")
     assert d["cause"] == "crashed_rank", d
+
+
+# -- a rank that ran out, went past its loop and was aborted there ------------------------------
+
+
+def _ran_out_then_aborted(short_len, rank1_line):
+    def loaders(batches, length, end):
+        return {f"{SCRIPT}:3": {"epoch": 0, "batches": batches, "len": length, "key": "k/0",
+                                "at": f"{SCRIPT}:1", "end": end, "seq0": {}, "done": []}}
+    # Rank 0 trains batch 15 of 16 (its pass left by the error its peer's end raised); rank 1,
+    # whose last heartbeat came at batch 8 of its 14, died at line `rank1_line`.
+    recs = [rec(0, BWD, batches=15, fwd=15, bwd=15, loaders=loaders(15, 16, "drop")),
+            rec(1, coll(rank1_line, "barrier"), batches=8, state="dead",
+                loaders=loaders(8, short_len, ""))]
+    return diag(recs, cause="mismatch", culprits=[1])
+
+
+def test_a_shorter_loader_whose_rank_left_the_loop_and_died_is_uneven_batches():
+    # corpus33h's tuning case: the short rank's validation all_reduce met the long rank's
+    # gradient all-reduce and gloo aborted it, before its heartbeat said it ran out.
+    d = _ran_out_then_aborted(short_len=14, rank1_line=11)
+    assert d["cause"] == "uneven_batches", d
+    assert d["culprits"] == [1]
+    assert "has 14 batches, rank 0's 16" in d["explanation"]
+
+
+def test_twins_equal_loaders_or_a_rank_still_inside_the_loop_are_not_uneven():
+    assert _ran_out_then_aborted(short_len=16, rank1_line=11)["cause"] != "uneven_batches"
+    assert _ran_out_then_aborted(short_len=14, rank1_line=5)["cause"] != "uneven_batches"

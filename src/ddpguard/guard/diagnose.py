@@ -34,7 +34,7 @@ from .stacks import (
     user_frame,
     waits_for_child,
 )
-from .uneven import uneven_in_records
+from .uneven import left_a_longer_pass, uneven_in_records
 from .unwinding import unwinding_error
 
 __all__ = ["diagnose", "rank_position", "CAUSES"]
@@ -248,7 +248,7 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
     if cause == "peer_gone":
         # The rank that ran out of batches and left may decide first (it saw its peer wait
         # in a collective it never issued): the loaders' proof still names the cause.
-        uneven = uneven_in_records(records)
+        uneven = uneven_in_records(records) or left_a_longer_pass(records, sources)
         if uneven is not None:
             return "uneven_batches", Finding("uneven_batches", uneven.reason, uneven.finished)
         states = {r["state"] for r in records if r["rank"] in culprits}
@@ -294,6 +294,11 @@ def _refine(cause: str, records: list[RankRecord], pos: dict[int, Position],
         found = second_thread(records)
         return (found.cause, found) if found else (cause, None)
     if cause == "mismatch" and any(r["state"] in ("dead", "crashed") for r in records):
+        # A rank that ran out of batches went on past its loop and was aborted there by the
+        # transport: its shorter loader, not the pair that differed, is the cause.
+        uneven = left_a_longer_pass(records, sources)
+        if uneven is not None:
+            return "uneven_batches", Finding("uneven_batches", uneven.reason, uneven.finished)
         found = left_then_died(records, pos, sources) or (
             None if aligned else skipped_then_died(records, pos, sources))
         if found:

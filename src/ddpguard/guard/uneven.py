@@ -32,9 +32,11 @@ from collections.abc import Mapping, Sequence
 
 from .heartbeat import LoaderInfo, PeerView
 from .ledger import Entry, describe_entry, first_pending, signature
+from .loops import inside_loop
 from .stacks import short_path
 
-__all__ = ["UnevenProof", "uneven_proof", "uneven_in_records", "counts_text", "short_path_of"]
+__all__ = ["UnevenProof", "uneven_proof", "uneven_in_records", "left_a_longer_pass",
+           "counts_text", "short_path_of"]
 
 View = PeerView
 
@@ -238,3 +240,73 @@ def uneven_in_records(records: Sequence[Mapping[str, object]]) -> UnevenProof | 
     if len(views) < 2:
         return None
     return uneven_proof(views, max(views) + 1, grace=0.0)
+
+
+def left_a_longer_pass(records: Sequence[Mapping[str, object]],
+                       sources: Mapping[str, list[str]]) -> UnevenProof | None:
+    """A rank that died or waits outside a loader's loop, whose pass over that loader (same
+    creation, same epoch) is shorter than the batches a peer has already drawn from it inside
+    the loop: it ran out and went on to what follows the loop (a validation, the next
+    collective), where it paired with the peer's training collectives. Read from lengths and
+    stacks, for when its last heartbeat came before it ran out (it died within a second of
+    leaving: gloo aborts a rank whose collective meets a peer's of another size)."""
+    views = {int(str(r.get("rank"))): r for r in records}
+    for w, rw in sorted(views.items()):
+        if rw.get("state") != "running":
+            continue
+        # Open, or left by the error the peer's end raised in it ("drop"): the stack at the
+        # error still stands inside the loop.
+        for site, info in sorted((_hb(rw).get("loaders") or {}).items()):
+            file, _, line = site.rpartition(":")
+            if not info.get("key") or info.get("end") == "stop":
+                continue
+            if not line.isdigit() or not _stack_inside(rw, sources.get(file), file, int(line)):
+                continue
+            drawn = int(info.get("batches") or 0)
+            shorter = []
+            for f, rf in sorted(views.items()):
+                other = next((i for s2, i in (_hb(rf).get("loaders") or {}).items()
+                              if s2 == site and i.get("key") == info.get("key")
+                              and i.get("epoch") == info.get("epoch")), None)
+                length = None if other is None else other.get("len")
+                if (f == w or length is None or drawn <= int(length) or not rf.get("stacks")
+                        or _stack_inside(rf, sources.get(file), file, int(line))):
+                    continue
+                shorter.append((f, int(length)))
+            if shorter:
+                f, length = shorter[0]
+                counts = [_length(views[r], site) if r in views else None
+                          for r in range(max(views) + 1)]
+                at = info.get("at")
+                loader = (f"the DataLoader created at {_site(at)} (`for` at {_site(site)})"
+                          if at else f"the DataLoader iterated at {_site(site)}")
+                return UnevenProof(
+                    f"rank {f}'s pass over {loader} has {length} batches, rank {w}'s "
+                    f"{info.get('len')}: rank {w} has drawn {drawn} of the pass and is still "
+                    f"inside the loop, while rank {f} has left it (its stack is past the loop), "
+                    f"so it ran out and issued what follows the loop against rank {w}'s "
+                    f"training collectives. Batches per rank: {counts_text(counts)}",
+                    tuple(r for r, _ in shorter))
+    return None
+
+
+def _length(rec: Mapping[str, object], site: str) -> int | None:
+    info = (_hb(rec).get("loaders") or {}).get(site)
+    return None if info is None or info.get("len") is None else int(info.get("len") or 0)
+
+
+def _hb(rec: Mapping[str, object]) -> View:
+    hb = rec.get("hb")
+    return hb if isinstance(hb, Mapping) else {}  # type: ignore[return-value]
+
+
+def _stack_inside(rec: Mapping[str, object], source: list[str] | None, file: str,
+                  for_line: int) -> bool:
+    """Does any thread's stack of the record stand inside the body of the `for` at
+    file:for_line (or on it)?"""
+    stacks = rec.get("stacks")
+    if not isinstance(stacks, Mapping) or source is None:
+        return False
+    return any(fr.get("file") == file and (fr.get("line") == for_line or inside_loop(
+        source, for_line, int(fr.get("line") or 0)))
+        for frames in stacks.values() for fr in frames or [])
