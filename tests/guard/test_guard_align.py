@@ -1275,3 +1275,18 @@ def test_a_shorter_loader_whose_rank_left_the_loop_and_died_is_uneven_batches():
 def test_twins_equal_loaders_or_a_rank_still_inside_the_loop_are_not_uneven():
     assert _ran_out_then_aborted(short_len=16, rank1_line=11)["cause"] != "uneven_batches"
     assert _ran_out_then_aborted(short_len=14, rank1_line=5)["cause"] != "uneven_batches"
+
+
+def test_a_rank_killed_with_no_stack_is_last_seen_at_its_heartbeats_place_not_died_there():
+    # SIGKILL leaves no dump: its place is its last heartbeat's, which it may have left since
+    # (corpus33h: "died at" the previous step's backward, a line before its os.kill).
+    recs = [rec(0, coll(11, "barrier"), pending=[entry(4, "barrier", ())]),
+            rec(1, BWD, state="dead", batches=8, fwd=8, bwd=8)]
+    recs[1]["stacks"] = None
+    recs[1]["hb"]["where"] = f"{SCRIPT}:9 in <module>"
+    d = diag(recs, cause="peer_gone", culprits=[1])
+    assert d["positions"]["1"]["doing"] == "died with no stack; last seen", d["positions"]
+    # Twin: a rank that died with a dump (its fault log's stack) died where that stack is.
+    twin = [rec(0, coll(11, "barrier"), pending=[entry(4, "barrier", ())]),
+            rec(1, BWD, state="dead", batches=8, fwd=8, bwd=8)]
+    assert diag(twin, cause="peer_gone", culprits=[1])["positions"]["1"]["doing"] == "died"

@@ -183,7 +183,11 @@ def rank_position(rec: RankRecord) -> Position:
     blocked_in = (blocked_call(main) if main and first is None and kind == "running"
                   and float(hb.get("quiet", 0.0)) >= _STILL and not hb.get("spinning")
                   else None)
-    if rec.get("state") not in (None, "running"):
+    if rec.get("state") == "dead" and not rec.get("stacks") and hb.get("steps") is not None:
+        # Killed with no dump (SIGKILL): where it stood is its last heartbeat's place, which
+        # it may have left since; say so rather than "died at" a line it had left.
+        doing = "died with no stack; last seen"
+    elif rec.get("state") not in (None, "running"):
         doing = {"exited": "exited", "crashed": "crashed", "dead": "died",
                  "missing": "never answered"}.get(rec["state"], rec["state"])
     elif first is not None:
