@@ -175,12 +175,19 @@ def _srun_by_hand(tmp_path: Path, bug: bool, *extra: str
     return out
 
 
-def test_one_srun_task_per_rank(tmp_path: Path) -> None:
-    healthy = _srun_by_hand(tmp_path, bug=False)
+def test_one_srun_task_per_rank_through_a_sync_file(tmp_path: Path) -> None:
+    # The group forms through init_method='file://...' (a FileStore), as many SLURM scripts
+    # do (corpus33h's blind miss: the guard did not start, and the hang went on silently).
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    healthy = _srun_by_hand(tmp_path, False, "--sync-file", str(sync / "healthy"))
     for res in healthy:
         _healthy(res)
+        assert "guard not started" not in res.stderr, res.stderr[-2000:]
+    # The guard's own connection closed with the job's: the file is gone, as without it.
+    assert not list(sync.glob("*")), list(sync.glob("*"))
     t0 = time.monotonic()
-    broken = _srun_by_hand(tmp_path, bug=True)
+    broken = _srun_by_hand(tmp_path, True, "--sync-file", str(sync / "broken"))
     took = time.monotonic() - t0
     assert [r.returncode for r in broken] == [17, 17], [r.stderr[-2000:] for r in broken]
     blocks = [r for r in broken if "likely cause:" in r.stderr]

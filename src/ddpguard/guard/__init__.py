@@ -36,7 +36,8 @@ def start(world: Any, config: GuardConfig | None = None) -> Guard | None:
         if _active is not None:
             return _active
         _active = Guard(world.rank, world.world_size, world.master_addr, world.master_port,
-                        config or GuardConfig.from_env()).start()
+                        config or GuardConfig.from_env(),
+                        shared_store=getattr(world, "store", None)).start()
         return _active
 
 

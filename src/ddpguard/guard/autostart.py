@@ -32,7 +32,8 @@ from typing import Any
 
 from . import channel
 
-__all__ = ["GroupWorld", "patch_module", "hook_process_group", "store_address", "AUTOGUARD_ENV"]
+__all__ = ["GroupWorld", "patch_module", "hook_process_group", "store_address", "clonable_store",
+           "AUTOGUARD_ENV"]
 
 # Set by `ddpguard run -- COMMAND` for the whole tree: the sitecustomize hands over only then.
 AUTOGUARD_ENV = "DDPGUARD_AUTOGUARD"
@@ -47,6 +48,7 @@ class GroupWorld:
     world_size: int
     master_addr: str
     master_port: int
+    store: Any = None  # a store to clone when it is no TCPStore (file://: a FileStore)
 
 
 def patch_module(module: ModuleType) -> None:
@@ -139,6 +141,16 @@ def store_address(store: Any) -> tuple[str, int] | None:
     return None
 
 
+def clonable_store(store: Any) -> Any:
+    """The FileStore under `store` (init_method='file://...', common under SLURM with a shared
+    file system), which the guard opens again for itself (`clone`), or None."""
+    import torch.distributed as dist
+
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store if isinstance(store, dist.FileStore) else None
+
+
 def _start_for_group() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -149,13 +161,19 @@ def _start_for_group() -> None:
     if size < 2 or guard.active() is not None:
         return
     rank = dist.get_rank()
-    address = store_address(c10d._get_default_store())
-    if address is None:
-        channel.write(f"ddpguard: rank {rank}: guard not started: the process group's store is "
-                      "not a TCPStore (init_method='file://...'?); the guard talks to its "
-                      "peers through a TCP store: use init_method='env://' or 'tcp://...'")
-        return
-    g = guard.start(GroupWorld(rank, size, *address))
+    default = c10d._get_default_store()
+    address = store_address(default)
+    if address is not None:
+        world = GroupWorld(rank, size, *address)
+    else:
+        shared = clonable_store(default)
+        if shared is None:
+            channel.write(f"ddpguard: rank {rank}: guard not started: the process group's store "
+                          f"({type(default).__name__}) cannot be shared with the guard; use "
+                          "init_method='env://', 'tcp://...' or 'file://...'")
+            return
+        world = GroupWorld(rank, size, "", 0, shared)
+    g = guard.start(world)
     if g is not None and os.environ.get(AUTOGUARD_ENV) == "1":
         _install_exits()
 

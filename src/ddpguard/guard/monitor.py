@@ -65,11 +65,13 @@ class Guard:
     """One rank's watchdog. `start()` after the process group formed; `stop()` before leaving."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int,
-                 config: GuardConfig | None = None, run_id: str | None = None) -> None:
+                 config: GuardConfig | None = None, run_id: str | None = None,
+                 shared_store: Any = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.addr = master_addr
         self.port = master_port
+        self.shared_store = shared_store  # cloned instead of a TCPStore client (file://)
         self.config = config or GuardConfig.from_env()
         rid = run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "local"
         self.run_id = f"{rid}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
@@ -115,8 +117,14 @@ class Guard:
     def client(self) -> Any:
         import torch.distributed as dist
 
-        return dist.TCPStore(self.addr, self.port, is_master=False,
-                             timeout=timedelta(seconds=max(5.0, self.config.dead_after)),
+        timeout = timedelta(seconds=max(5.0, self.config.dead_after))
+        if self.shared_store is not None:
+            # A connection of its own to the group's FileStore: the group's timeout (30 min by
+            # default) must not hold the guard's reads.
+            own = self.shared_store.clone()
+            own.set_timeout(timeout)
+            return own
+        return dist.TCPStore(self.addr, self.port, is_master=False, timeout=timeout,
                              wait_for_workers=False)
 
     def start(self) -> Guard:
@@ -166,6 +174,10 @@ class Guard:
             self._publish()
         except Exception as exc:  # the store host may already be gone at exit
             log.debug("final heartbeat not written: %s", exc)
+        if self.shared_store is not None:
+            # A FileStore's file is removed when its last connection closes: the guard's own
+            # must close too, or the next run would find a stale file to rendezvous on.
+            self.store.attach(None)
 
     # -- store access (guard thread, and the failure path) -------------------------------------
 

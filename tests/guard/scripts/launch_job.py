@@ -21,6 +21,8 @@ on its way out the Join's exit issues its collectives, which pair with rank 0's 
 'the LEAVE'), while rank 1 goes on to the barrier.
 --finally-destroy (slurm): the group is destroyed in a `finally` while the error propagates;
 with --fail rank 1 raises its own error there (the line marked 'the FAIL').
+--sync-file PATH (slurm): the group forms through init_method='file://PATH' (a FileStore on a
+shared file system, as many SLURM scripts do) instead of tcp://.
 """
 
 import argparse
@@ -135,6 +137,7 @@ def main() -> None:
     p.add_argument("--os-exit", action="store_true", help="rank 1 calls os._exit(1) (spawn)")
     p.add_argument("--raise-join", action="store_true", help="rank 1 raises in Join (spawn)")
     p.add_argument("--agreed", action="store_true", help="the stop is broadcast (--early-stop)")
+    p.add_argument("--sync-file", default="", help="init_method file://PATH (slurm)")
     a = p.parse_args()
     if a.launch == "spawn":
         stop = ("agreed" if a.agreed else "alone") if a.early_stop else ""
@@ -156,8 +159,8 @@ def main() -> None:
         body(dist.get_rank(), a.bug, a.abort)
     else:
         rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank,
-                                world_size=world)
+        init = f"file://{a.sync_file}" if a.sync_file else f"tcp://127.0.0.1:{a.port}"
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         guarded_body(rank, a)
     print("JOB DONE", flush=True)
 
