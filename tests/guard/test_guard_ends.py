@@ -506,3 +506,60 @@ def test_a_workers_error_raised_at_the_bootstraps_own_call_is_reported(tmp_path)
     assert res.returncode == 1 and said == [
         "ddpguard: rank ? crashed: RuntimeError: DataLoader worker (pid 4242) is killed by "
         "signal: Killed.  at reset.py:1"], res.stderr
+
+
+def test_a_collective_issued_under_a_rank_test_just_before_the_end_is_the_composed_cause(
+        tmp_path):
+    """torch.multiprocessing ends the survivor the moment gloo aborts its peer, before any
+    guard can report; the two stacks then stand at the same later line (the next forward).
+    Rank 0's log noted the collective it issued under a rank test a moment before (issued.py):
+    that line is the cause. Twin: the same note long before the end (it was met) is not."""
+    import time as _time
+
+    from ddpguard.guard.fault import HEADER
+    from ddpguard.launch.postmortem import compose, read_logs
+
+    src = tmp_path / "train.py"
+    src.write_text("x = 1\n" * 5 + "if rank == 0:\n    dist.broadcast_object_list(m)\n"
+                   "out = model(xb)\n")
+    dead = (f"{HEADER} rank=1 world=2 pid=41 main=0x{MAIN:016x} launch=R\n"
+            f"Fatal Python error: Aborted\n\nCurrent thread 0x{MAIN:016x} (most recent call "
+            f"first):\n  File \"{_C10D}/distributed_c10d.py\", line 3252 in broadcast\n"
+            f"  File \"{src}\", line 8 in <module>\n")
+
+    def ended(at: float) -> str:
+        return (f"{HEADER} rank=0 world=2 pid=40 main=0x{MAIN:016x} launch=R\n"
+                f"# ddpguard ranked: {at:.3f}|broadcast|{src}:7 in <module>\n"
+                f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+                f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in broadcast\n"
+                f"  File \"{src}\", line 8 in <module>\n")
+
+    (tmp_path / "ddpguard-fault-r-rank1-41.txt").write_text(dead)
+    (tmp_path / "ddpguard-fault-r-rank0-40.txt").write_text(ended(_time.time() - 0.5))
+    rep = compose(read_logs(str(tmp_path), "R"))
+    assert rep is not None
+    assert rep["diagnosis"]["cause"] == "conditional_collective", rep["diagnosis"]
+    assert f"{src}:7" in rep["reason"] and "under a rank test" in rep["reason"], rep["reason"]
+    (tmp_path / "ddpguard-fault-r-rank0-40.txt").write_text(ended(_time.time() - 600))
+    rep = compose(read_logs(str(tmp_path), "R"))
+    assert rep is not None and "under a rank test" not in rep["reason"], rep["reason"]
+    # Twin: rank 1 noted the same line (a test every rank passes, `if local_rank != -1:`).
+    (tmp_path / "ddpguard-fault-r-rank0-40.txt").write_text(ended(_time.time() - 0.5))
+    (tmp_path / "ddpguard-fault-r-rank1-41.txt").write_text(dead.replace(
+        "Fatal Python", f"# ddpguard ranked: {_time.time() - 9:.3f}|broadcast|{src}:7 in "
+        "<module>\nFatal Python"))
+    rep = compose(read_logs(str(tmp_path), "R"))
+    assert rep is not None and "under a rank test" not in rep["reason"], rep["reason"]
+
+
+def test_only_a_collective_issued_under_a_rank_test_is_noted(tmp_path):
+    from ddpguard.guard.issued import IssueSites
+
+    src = tmp_path / "train.py"
+    src.write_text("if rank == 0:\n    dist.barrier()\ndist.all_reduce(t)\n")
+    notes: list[tuple[str, str]] = []
+    sites = IssueSites(note=lambda kind, text: notes.append((kind, text)))
+    sites._note_ranked("barrier", f"{src}:2 in <module>")
+    sites._note_ranked("all_reduce", f"{src}:3 in <module>")  # twin: every rank issues it
+    assert [(k, t.split("|", 1)[1]) for k, t in notes] == [
+        ("ranked", f"barrier|{src}:2 in <module>")], notes

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import linecache
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .conditional import in_conditional
 from .stacks import is_library_file
 from .unwinding import describe
 
@@ -62,6 +64,8 @@ class IssueSites:
         # completes: the transport may abort this rank inside it, and only the log remains.
         self._note = note
         self._orig: dict[tuple[Any, str], Any] = {}
+        self._ranked: dict[str, bool] = {}  # call site -> under a rank test (read once)
+        self._ranked_at: dict[str, float] = {}  # call site -> when it was last noted
 
     def _wrap(self, fn: Any) -> Any:
         sites = self.sites
@@ -73,6 +77,7 @@ class IssueSites:
             try:
                 where = _caller()
                 noted = self._unwinding(sys.exc_info()[1])
+                self._note_ranked(fn.__name__, where)
             except Exception:  # never the user's collective's failure
                 where = "?"
             work = fn(*args, **kwargs)
@@ -83,6 +88,27 @@ class IssueSites:
 
         issue.__ddpguard_wrapped__ = fn  # type: ignore[attr-defined]
         return issue
+
+    def _note_ranked(self, op: str, where: str) -> None:
+        """A collective issued under a rank test (`if rank == 0: dist.barrier()`) goes to the
+        fault log with its time: the others never issue it, so it pairs with their next one,
+        and the transport may abort a rank on the difference at once. A launcher such as
+        torch.multiprocessing then ends the others before any guard can report, and only the
+        logs are left to say which line it was (launch/postmortem.py). Almost no correct
+        program issues one, so the note costs nothing in steady training."""
+        ranked = self._ranked.get(where)
+        if ranked is None:
+            path, _, rest = where.partition(":")
+            line = rest.split(" ", 1)[0]
+            ranked = line.isdigit() and in_conditional(linecache.getlines(path), int(line))
+            if len(self._ranked) < 4096:
+                self._ranked[where] = ranked
+        now = time.time()
+        # A test every rank passes (`if local_rank != -1:`) may hold a collective each step:
+        # one line per site every few seconds keeps the log small.
+        if ranked and self._note is not None and now - self._ranked_at.get(where, 0.0) >= 5.0:
+            self._ranked_at[where] = now
+            self._note("ranked", f"{now:.3f}|{op}|{where}")
 
     def _unwinding(self, exc: BaseException | None) -> bool:
         """Note the error this collective's thread unwinds, if any; True if noted."""

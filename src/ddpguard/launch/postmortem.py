@@ -156,6 +156,15 @@ def compose(logs: list[RankLog], oom: str = "") -> Report | None:
         reason = (f"rank {r}'s thread {thread} issued torch.distributed.{op} at {site}: "
                   "collectives are numbered in the order a rank issues them, whatever the "
                   "thread, so it paired with another rank's training collective; " + reason)
+    ranked = _ranked_last(logs)
+    if ranked is not None and not side:
+        # A collective under a rank test, issued just before the end: the ranks that skip the
+        # test never issue it, and the transport aborted a rank on the pairing that followed.
+        r, op, site, age = ranked
+        cause, culprits = "conditional_collective", [r]
+        reason = (f"rank {r} issued torch.distributed.{op} at {site}, under a rank test, "
+                  f"{age:.1f} s before its end: the ranks that skip the test never issue it, "
+                  "so it paired with their next collective; " + reason)
     if survivors:
         reason += (f"; {_ranks(survivors)} ended by the launcher a moment later, before the "
                    "guard could report (the stacks at that moment are below)")
@@ -170,6 +179,39 @@ def compose(logs: list[RankLog], oom: str = "") -> Report | None:
                   f"({', '.join(os.path.basename(log.path) for log in logs if log.dumped)}): "
                   "no rank was left to write the report"]}
     return report
+
+
+# A collective issued under a rank test counts when its log ended this soon after it.
+_RANKED_RECENT = 10.0
+
+
+def _ranked_last(logs: list[RankLog]) -> tuple[int, str, str, float] | None:
+    """(rank, collective, 'file:line in func', seconds before the log's end) of the latest
+    collective a rank issued under a rank test shortly before its log ended (issued.py's
+    note), where no other rank ever noted that line."""
+    last: dict[int, tuple[str, str, float]] = {}
+    every: dict[int, set[str]] = {}
+    for log in logs:
+        notes = [rest.split("|", 2) for kind, rest in fault_notes(log.text) if kind == "ranked"]
+        every[log.rank] = {n[2] for n in notes if len(n) == 3}
+        if not notes or len(notes[-1]) < 3:
+            continue
+        try:
+            age = os.path.getmtime(log.path) - float(notes[-1][0])
+        except (OSError, ValueError):
+            continue
+        if 0.0 <= age <= _RANKED_RECENT:
+            last[log.rank] = (notes[-1][1], notes[-1][2], age)
+    # A site another rank issued too is one every rank passes (`if local_rank != -1:`); a
+    # rank that vanished (SIGKILL: an empty log) cannot say, so nothing is concluded.
+    if any(not log.dumped for log in logs):
+        return None
+    alone = {r: v for r, v in last.items()
+             if not any(v[1] in sites for o, sites in every.items() if o != r)}
+    if not alone:
+        return None
+    r = min(alone)
+    return r, *alone[r]
 
 
 def _stacks(log: RankLog) -> dict[str, list[Frame]]:
