@@ -384,7 +384,7 @@ M = [
  ('sixth: a parameter call where only a caller wraps', 'analysis/schedule.py', '                    self.ddp or self.info.handed_params):', '                    self.ddp):'),
  ('sixth: a moved wrapper is the wrapper', 'analysis/crossfile.py', '            value.func.attr in ("to", "cuda"):\n        value = value.func.value', '            value.func.attr in ("to", "cuda"):\n        pass'),
  ("seventh: a parameter is what its callers pass", "rules/ddp025_rank_kind_mixup.py", "        return from_callers(info, func, d,", "        return None and from_callers(info, func, d,"),
- ("seventh: a function named other than as a callee has callers out of sight", "analysis/param_flow.py", "        if _named_other_than_called(other, fn.name, called):", "        if False:"),
+ ("seventh: a function named other than as a callee has callers out of sight", "analysis/param_flow.py", "    if not out or any(fn.name in _handed_on(other) for other in scanned):", "    if not out:"),
  ("seventh: every caller passes the kind", "analysis/param_flow.py", "    if not all(srcs):\n        return None", "    if not any(srcs):\n        return None"),
  ("seventh: a call resolves to the function through the caller's import", "analysis/param_flow.py", "    return found is not None and found[0] is info and found[1] is fn", "    return False"),
  ("seventh: DDP004 a stop on the rank's own validation result", "rules/ddp004_rank_dependent_step_count.py", "    for stop, message in own_metric_stops(info, _BACKWARD):\n        yield stop, \"DDP004\", message\n", ""),

@@ -143,16 +143,25 @@ def _sharded(m: ModuleInfo, fn: Func) -> str | None:
         if built:
             return "" if all(_dist_loader(m, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
+    key = ("sharded_validation", 0)
+    hit = infos[0]._memo.get(key)
+    if hit is None:
+        hit = infos[0]._memo[key] = _program_loader(infos)
+    return f" (assumed: the data {fn.name}() reads{hit}" if hit else None
+
+
+def _program_loader(infos: list[ModuleInfo]) -> str:
+    """The first validation loader the program builds with a DistributedSampler, as the
+    message names it ("" for none); asked once per program."""
     for i in infos:
         for name, vals in i.assigns.items():
             if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
                 for _, v in vals:
                     if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader" \
                             and _dist_loader(i, v):
-                        return (f" (assumed: the data {fn.name}() reads is the validation "
-                                f"loader `{name}` built with a DistributedSampler at "
-                                f"{os.path.basename(i.path)}:{v.lineno})")
-    return None
+                        return (f" is the validation loader `{name}` built with a "
+                                f"DistributedSampler at {os.path.basename(i.path)}:{v.lineno})")
+    return ""
 
 
 def _dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:

@@ -83,16 +83,14 @@ def callers(info: ModuleInfo, fn: Func) -> list[tuple[ModuleInfo, CallRec]] | No
     file_set = info.file_set
     infos: list[ModuleInfo] = getattr(file_set, "infos", None) or [info]
     out: list[tuple[ModuleInfo, CallRec]] | None = []
-    for other in infos:
-        called = set()
-        for rec in other.calls_named(fn.name):
-            called.add(id(rec.node.func))
-            if _resolves(other, rec, info, fn):
-                out.append((other, rec))   # type: ignore[union-attr]
-        if _named_other_than_called(other, fn.name, called):
-            out = None
-            break
-    if not out:
+    # Another file names `fn` only after importing it (`from utils import main`) or calling
+    # it through its module: the others need no look (an index built once per program).
+    scanned = [info, *(o for o in _namers(infos).get(fn.name, ()) if o is not info)]
+    for other in scanned:
+        recs = other.calls_named(fn.name)
+        out.extend((other, rec) for rec in recs   # type: ignore[union-attr]
+                   if _resolves(other, rec, info, fn))
+    if not out or any(fn.name in _handed_on(other) for other in scanned):
         out = None
     info._memo[key] = out
     return out
@@ -113,13 +111,43 @@ def _resolves(caller: ModuleInfo, rec: CallRec, info: ModuleInfo, fn: Func) -> b
     return found is not None and found[0] is info and found[1] is fn
 
 
-def _named_other_than_called(info: ModuleInfo, name: str, called: set[int]) -> bool:
-    """`name` is read other than as a call's callee in `info` (`mp.spawn(main, ...)`)."""
-    for n in ast.walk(info.tree):
-        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) \
-                and id(n) not in called:
-            return True
-        if isinstance(n, ast.Attribute) and n.attr == name and id(n) not in called \
-                and isinstance(n.ctx, ast.Load):
-            return True
-    return False
+def _namers(infos: list[ModuleInfo]) -> dict[str, list[ModuleInfo]]:
+    """Name -> the modules that call something of that name or import it."""
+    key = ("namers", 0)
+    hit = infos[0]._memo.get(key)
+    if hit is None:
+        index: dict[str, list[ModuleInfo]] = {}
+        for other in infos:
+            for name in {*other.call_lasts(), *other.aliases}:
+                index.setdefault(name, []).append(other)
+        hit = infos[0]._memo[key] = index
+    return hit  # type: ignore[return-value]
+
+
+def _handed_on(info: ModuleInfo) -> set[str]:
+    """The names `info` hands on rather than calls: an argument of a call (`mp.spawn(main,
+    ...)`, `partial(main)`, `Process(target=main)`) or a value assigned (`hooks = [main]`),
+    alone or in a list, tuple or dict. Read once per module from the calls and assignments the
+    walk recorded (a walk of every tree per question costs more than the lint)."""
+    key = ("handed_on", 0)
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    out: set[str] = set()
+
+    def add(v: ast.expr) -> None:
+        for n in (v.elts if isinstance(v, ast.List | ast.Tuple | ast.Set) else
+                  [x for x in v.values if x is not None] if isinstance(v, ast.Dict) else [v]):
+            if isinstance(n, ast.Name):
+                out.add(n.id)
+            elif isinstance(n, ast.Attribute):
+                out.add(n.attr)
+
+    for rec in info.calls:
+        for a in (*rec.node.args, *(k.value for k in rec.node.keywords)):
+            add(a)
+    for vals in info.assigns.values():
+        for _, v in vals:
+            add(v)
+    info._memo[key] = out
+    return out
