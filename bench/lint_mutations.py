@@ -396,6 +396,13 @@ M = [
  ("seventh: own metric: a rank test is DDP019's", "analysis/local_metric.py", "            if test_level(info, st.test) != NONE:\n                continue", "            if False:\n                continue"),
  ("seventh: own metric: the program's sharded validation loader, assumed", "analysis/local_metric.py", "                            and _dist_loader(i, v):", "                            and True:"),
  ("seventh: own metric: the data read elsewhere, assumed", "analysis/local_metric.py", "    for i in infos:\n        for name, vals in i.assigns.items():", "    for i in []:\n        for name, vals in i.assigns.items():"),
+ ("eighth: a non-finite test by the tensor's own method (`loss.isnan()`)", "analysis/nonfinite.py", "    if call.args or not isinstance(call.func, ast.Attribute):\n        return list(call.args)", "    if True:\n        return list(call.args)"),
+ ("eighth: DDP004 a loop over a name bound to the loader", "rules/ddp004_rank_dependent_step_count.py", "    bound = [v for line, v in info.assigns.get(it.id, []) if func.lineno <= line < it.lineno]", "    bound: list[ast.expr] = []"),
+ ("eighth: DDP004 only the loop's own function binds the name", "rules/ddp004_rank_dependent_step_count.py", "    bound = [v for line, v in info.assigns.get(it.id, []) if func.lineno <= line < it.lineno]", "    bound = [v for line, v in info.assigns.get(it.id, [])]"),
+ ("eighth: DDP004 both arms of a conditional loader", "rules/ddp004_rank_dependent_step_count.py", "for b in ((v.body, v.orelse) if isinstance(v, ast.IfExp) else (v,))", "for b in (v,)"),
+ ("eighth: `from pkg import *` reads the package's __init__.py", "analysis/crossfile.py", "by_stem.setdefault(p.parent.name if p.stem == \"__init__\" else p.stem,", "by_stem.setdefault(p.stem,"),
+ ("eighth: a package's path is its folder", "analysis/crossfile.py", "        if mp.endswith(\"/__init__\"):\n            mp = mp[:-len(\"/__init__\")]\n", ""),
+ ("eighth: torch imports pass along a chain of star imports", "analysis/crossfile.py", "{**out.get(id(m), {}), **torch}", "{**torch}"),
 ]
 
 

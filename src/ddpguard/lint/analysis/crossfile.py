@@ -221,8 +221,10 @@ def walk_seeds(infos: list[ModuleInfo]) -> dict[int, Seed]:
 def star_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, str]]:
     """`from utils.dist_utils import *` where utils/dist_utils.py is one of the files: its
     torch imports (`from torch import distributed as dist`) and its functions are names of
-    this file too, unless this file binds them itself."""
-    out: dict[int, dict[str, str]] = {}
+    this file too, unless this file binds them itself. A package's `__init__.py` is such a
+    module (`from src import *`), and the torch imports it brings by star imports of its own
+    (`from .ddp_utils import *`) pass on, a few links deep."""
+    edges: dict[int, list[tuple[ast.ImportFrom, ModuleInfo]]] = {}
     by_stem: dict[str, list[ModuleInfo]] | None = None
     for info in infos:
         for s in info.tree.body:
@@ -231,24 +233,50 @@ def star_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, str]]:
             if by_stem is None:
                 by_stem = {}
                 for m in infos:
-                    by_stem.setdefault(Path(m.path).stem, []).append(m)
-            tail = s.module.replace(".", "/")
-            here = os.path.dirname(os.path.abspath(info.path))
-            for m in by_stem.get(tail.rsplit("/", 1)[-1], ()):
-                mp = os.path.abspath(m.path)[:-3]
-                if m is info or not (mp.endswith("/" + tail) if not s.level else mp == (
-                        os.path.normpath(os.path.join(here, *[".."] * (s.level - 1), tail)))):
-                    continue
-                seed = out.setdefault(id(info), {})
-                for name, qual in m.aliases.items():
-                    if qual.startswith(("torch", "mpi4py")) and name not in info.aliases:
-                        seed.setdefault(name, qual)
+                    p = Path(m.path)
+                    by_stem.setdefault(p.parent.name if p.stem == "__init__" else p.stem,
+                                       []).append(m)
+            target = _star_target(info, s, by_stem)
+            if target is not None:
+                edges.setdefault(id(info), []).append((s, target))
+    by_id = {id(i): i for i in infos}
+    out: dict[int, dict[str, str]] = {}
+    for _ in range(3):  # a chain of star imports, a few links deep
+        grew = False
+        for k, targets in edges.items():
+            info, seed = by_id[k], out.setdefault(k, {})
+            for s, m in targets:
+                torch = {n: q for n, q in m.aliases.items()
+                         if q.startswith(("torch", "mpi4py"))}
+                for name, qual in {**out.get(id(m), {}), **torch}.items():
+                    if qual.startswith(("torch", "mpi4py")) and name not in info.aliases \
+                            and name not in seed:
+                        seed[name] = qual
+                        grew = True
                 for name in m.funcs:
                     if name not in info.funcs and name not in info.aliases and any(
-                            f not in m.func_class for f in m.funcs[name]):
-                        seed.setdefault(name, f"{s.module}.{name}")
-                break
+                            f not in m.func_class for f in m.funcs[name]) and name not in seed:
+                        seed[name] = f"{s.module}.{name}"
+        if not grew:
+            break
     return {k: v for k, v in out.items() if v}
+
+
+def _star_target(info: ModuleInfo, s: ast.ImportFrom,
+                 by_stem: dict[str, list[ModuleInfo]]) -> ModuleInfo | None:
+    """The file of the project that `from <s.module> import *` in `info` reads: the module's
+    own file or its package's `__init__.py`, matched on the path's tail (absolute) or from
+    `info`'s folder (relative)."""
+    tail = (s.module or "").replace(".", "/")
+    here = os.path.dirname(os.path.abspath(info.path))
+    for m in by_stem.get(tail.rsplit("/", 1)[-1], ()):
+        mp = os.path.abspath(m.path)[:-3]
+        if mp.endswith("/__init__"):
+            mp = mp[:-len("/__init__")]
+        if m is not info and (mp.endswith("/" + tail) if not s.level else mp == (
+                os.path.normpath(os.path.join(here, *[".."] * (s.level - 1), tail)))):
+            return m
+    return None
 
 
 def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:

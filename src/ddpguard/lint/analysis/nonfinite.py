@@ -23,8 +23,8 @@ def local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
     that went through a collective or a helper that reduces it first (`reduce_mean(loss)`)
     before the test; then every rank decides alike (MoRec's NaN break)."""
     tested = [n for c in ast.walk(skip.test) if isinstance(c, ast.Call)
-              and info.callee_last(c) in _NONFINITE for a in c.args for n in ast.walk(a)
-              if isinstance(n, ast.Name) and "loss" in n.id.lower()]
+              and info.callee_last(c) in _NONFINITE for a in _tested_values(c)
+              for n in ast.walk(a) if isinstance(n, ast.Name) and "loss" in n.id.lower()]
     if not tested:
         return None
     before = [r for r in info.calls if loop in r.loops and r.node.lineno < skip.lineno]
@@ -33,6 +33,14 @@ def local_nonfinite(info: ModuleInfo, loop: Loop, skip: ast.If) -> str | None:
     if any(_agrees(info, r) and _reaches(r, chain) for r in before):
         return None
     return tested[0].id
+
+
+def _tested_values(call: ast.Call) -> list[ast.expr]:
+    """What a non-finite test reads: its arguments (`torch.isnan(loss)`), or the tensor whose
+    method it is (`loss.isnan()`, `torch.logical_or(loss.isnan(), loss.isinf())`)."""
+    if call.args or not isinstance(call.func, ast.Attribute):
+        return list(call.args)
+    return [call.func.value]
 
 
 def _agrees(info: ModuleInfo, rec: CallRec) -> bool:

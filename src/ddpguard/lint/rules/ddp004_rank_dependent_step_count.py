@@ -11,8 +11,10 @@ builds from it before the skip (`images, targets = batch["image"], batch["target
 len(targets) == 0: continue`). Also: a skip on a test of the batch's items (`if
 any(len(t) < 1 for t in targets): continue`, maskrcnn-benchmark's trainer), and a rank that
 leaves or skips the step on its own non-finite loss (`if torch.isnan(loss): break`, `if not
-torch.isfinite(loss): continue`, or a status-0 `exit()` there; a `*_dl` loader, or a call
-wrapping a loader (`self._stable(self.train_loader, seed)`), counts as a loader): the loss
+torch.isfinite(loss): continue`, `torch.logical_or(loss.isnan(), loss.isinf())`, or a
+status-0 `exit()`/`quit()` there; a `*_dl` loader, a call wrapping a loader
+(`self._stable(self.train_loader, seed)`), or a name the loop's function binds to one before
+the loop (`pbar = tqdm(loader) if progress else loader`) counts as a loader): the loss
 comes from this rank's batch alone, so one rank may meet a NaN the others do not. A
 `dist.reduce(loss, dst=0)`, or a helper of the file whose only collectives are such reduces,
 does not make the test common: only the destination holds the sum. Not when the tested value went
@@ -180,7 +182,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         # the walk for a `try` only in a function that has one
         tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
             id(lrec.func) if lrec.func is not None else 0) in info.catching else []
-        batches = _batch_loop(info, node.iter)
+        batches = _batch_loop(info, node.iter, lrec.func)
         if not (skips and batches or tries and (batches or _backward_in(info, tries))) \
                 or not _steps_together(info, node):
             continue
@@ -360,8 +362,10 @@ _SYNCS = frozenset(("backward", "step"))
 _BACKWARD = frozenset(("backward",))   # not `step`: a scheduler's step(val_loss) syncs nothing
 
 
-def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
-    """A loop over a DataLoader (or something named like one), not `kwargs.items()`."""
+def _batch_loop(info: ModuleInfo, it: ast.expr, func: Func | None = None) -> bool:
+    """A loop over a DataLoader (or something named like one), not `kwargs.items()`; given
+    the loop's function, also over a name that function binds to one of those before the loop
+    (`pbar = tqdm(loader) if progress else loader`; a `pbar` of another function is not it)."""
     while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.args \
             and it.func.id in ("enumerate", "tqdm", "iter", "zip"):
         it = it.args[0]
@@ -372,8 +376,14 @@ def _batch_loop(info: ModuleInfo, it: ast.expr) -> bool:
             "loader" in (dotted(a) or "").rsplit(".", 1)[-1].lower() for a in it.args):
         return True
     name = (dotted(it) or "").rsplit(".", 1)[-1].lower()
-    return "loader" in name or name in ("batches", "data_iter", "train_iter", "dl") \
-        or name.endswith("_dl")
+    if "loader" in name or name in ("batches", "data_iter", "train_iter", "dl") \
+            or name.endswith("_dl"):
+        return True
+    if func is None or not isinstance(it, ast.Name):
+        return False
+    bound = [v for line, v in info.assigns.get(it.id, []) if func.lineno <= line < it.lineno]
+    return any(_batch_loop(info, b) for v in bound
+               for b in ((v.body, v.orelse) if isinstance(v, ast.IfExp) else (v,)))
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
