@@ -134,11 +134,19 @@ def store_address(store: Any) -> tuple[str, int] | None:
     store the guard cannot open a connection of its own to (FileStore, HashStore)."""
     import torch.distributed as dist
 
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
+    store = _underlying(store)
     if isinstance(store, dist.TCPStore):
         return str(store.host), int(store.port)
     return None
+
+
+def _underlying(store: Any) -> Any:
+    """The store under any PrefixStores (c10d wraps the group's own in one)."""
+    import torch.distributed as dist
+
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
 
 
 def clonable_store(store: Any) -> Any:
@@ -146,8 +154,7 @@ def clonable_store(store: Any) -> Any:
     file system), which the guard opens again for itself (`clone`), or None."""
     import torch.distributed as dist
 
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
+    store = _underlying(store)
     return store if isinstance(store, dist.FileStore) else None
 
 

@@ -103,10 +103,12 @@ class IssueSites:
             ranked = line.isdigit() and in_conditional(linecache.getlines(path), int(line))
             if len(self._ranked) < 4096:
                 self._ranked[where] = ranked
+        if not ranked or self._note is None:
+            return  # the common case: one dict lookup per collective
         now = time.time()
         # A test every rank passes (`if local_rank != -1:`) may hold a collective each step:
         # one line per site every few seconds keeps the log small.
-        if ranked and self._note is not None and now - self._ranked_at.get(where, 0.0) >= 5.0:
+        if now - self._ranked_at.get(where, 0.0) >= 5.0:
             self._ranked_at[where] = now
             self._note("ranked", f"{now:.3f}|{op}|{where}")
 
