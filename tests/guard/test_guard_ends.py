@@ -563,3 +563,20 @@ def test_only_a_collective_issued_under_a_rank_test_is_noted(tmp_path):
     sites._note_ranked("all_reduce", f"{src}:3 in <module>")  # twin: every rank issues it
     assert [(k, t.split("|", 1)[1]) for k, t in notes] == [
         ("ranked", f"barrier|{src}:2 in <module>")], notes
+
+
+def test_a_crashed_rank_without_stacks_stands_at_its_errors_line(tmp_path):
+    from ddpguard.guard.diagnose import rank_position
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfor b in loader:\n    raise ValueError('bad batch')\n")
+    hb = {"where": "train.py:2 in <module>  `for b in loader:`", "kind": "running"}
+    crashed = {"rank": 1, "state": "crashed", "stacks": None, "hb": hb,
+               "error": f"ValueError: bad batch at {script}:3"}
+    pos = rank_position(crashed)  # type: ignore[arg-type]
+    # Lightning catches the error and exits before any dump: the listing said "crashed at ?".
+    assert pos["user_line"] == (str(script), 3), pos
+    assert pos["user"].endswith(":3  `raise ValueError('bad batch')`"), pos
+    # Twin: a rank killed with no error text keeps its last heartbeat's place.
+    dead = {**crashed, "state": "dead", "error": None}
+    assert rank_position(dead)["user"] == hb["where"]  # type: ignore[arg-type]

@@ -159,6 +159,18 @@ _BUFFER_SYNC = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_bro
                           "_distributed_broadcast_coalesced", "_sync_params_and_buffers"})
 
 
+def _error_frame(error: str) -> Frame | None:
+    """The frame named by a crash record's text ('ValueError: bad batch at /x/train.py:31')."""
+    m = re.search(r" at (\S.*):(\d+)$", error)
+    if not m:
+        return None
+    import linecache
+
+    path, line = m.group(1), int(m.group(2))
+    return {"file": path, "line": line, "func": "",
+            "code": linecache.getline(path, line).strip()}
+
+
 def rank_position(rec: RankRecord) -> Position:
     """Where a rank is, from the ledger when it waits in a collective, else from its stack."""
     hb = rec.get("hb") or {}
@@ -167,6 +179,10 @@ def rank_position(rec: RankRecord) -> Position:
     kind, text = activity(main) if main else (hb.get("kind", "unknown"),
                                                 hb.get("doing") or "no stack (process gone?)")
     uf = user_frame(main) if main else None
+    if uf is None and rec.get("state") == "crashed":
+        # A rank whose stacks never arrived (it exited right after its error) still said
+        # where its error was raised: that is where it stands, not its last heartbeat's place.
+        uf = _error_frame(rec.get("error") or "")
     where = fmt_frame(uf) if uf else hb.get("where", "?")
     first = first_pending(hb.get("pending") or [])
     issued = (rec.get("issued") or {}).get(f"{first[0]}/{first[1]}") if first else None

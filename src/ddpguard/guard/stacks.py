@@ -293,4 +293,5 @@ def fmt_frame(fr: Frame | None) -> str:
     if fr is None:
         return "?"
     code = f"  `{fr['code']}`" if fr["code"] else ""
-    return f"{short_path(fr['file'])}:{fr['line']} in {fr['func']}{code}"
+    func = f" in {fr['func']}" if fr["func"] else ""
+    return f"{short_path(fr['file'])}:{fr['line']}{func}{code}"
