@@ -146,8 +146,9 @@ def test_killed_loader_worker_names_the_loader_line_and_the_signal(how, tmp_path
     block = _block(err)
     loop = line_of("for step, (xb, yb) in enumerate(loader):")
     assert "likely cause: a DataLoader worker was killed" in block, block
-    assert "was killed by SIGKILL, a worker of the loader iterated at " \
-           f"tests/guard/scripts/{loop}" in block, err[-6000:]
+    made = line_of("loader = DataLoader(data, batch_size=4, sampler=sampler,")
+    assert f"was killed by SIGKILL, a worker of the DataLoader made at tests/guard/scripts/" \
+           f"{made} (iterated at tests/guard/scripts/{loop}" in block, err[-6000:]
     assert "OOM killer" in block, block  # what the cgroup says (or that it cannot tell)
     d = _report(tmp_path)["diagnosis"]
     assert d["cause"] == "loader_worker_killed" and d["culprits"] == [1]
@@ -580,3 +581,27 @@ def test_a_crashed_rank_without_stacks_stands_at_its_errors_line(tmp_path):
     # Twin: a rank killed with no error text keeps its last heartbeat's place.
     dead = {**crashed, "state": "dead", "error": None}
     assert rank_position(dead)["user"] == hb["where"]  # type: ignore[arg-type]
+
+
+def test_a_loader_rebuilt_by_a_framework_keeps_the_users_making_line(tmp_path):
+    from torch.utils.data import DataLoader, dataloader
+
+    from ddpguard.guard import workers
+
+    workers.note_loader_sites(dataloader)
+    # Lightning's fit and accelerate's prepare rebuild the user's loader inside their own code
+    # (here: a file under site-packages), before or after the group exists.
+    lib = tmp_path / "site-packages" / "fw" / "fit.py"
+    lib.parent.mkdir(parents=True)
+    lib.write_text("def rebuild(dataloader, cls):\n"
+                   "    return cls(dataloader.dataset, batch_size=2)\n")
+    code: dict = {}
+    exec(compile(lib.read_text(), str(lib), "exec"), code)
+    user = DataLoader(list(range(8)), batch_size=4)  # the USER LOADER
+    here = f"{__file__}:{sys._getframe().f_lineno - 1}"
+    assert user._ddpguard_made_at == here
+    rebuilt = code["rebuild"](user, DataLoader)
+    assert rebuilt._ddpguard_made_at == here
+    # Twin: a loader the library makes from nothing is placed at the user's call into it.
+    fresh = code["rebuild"](type("D", (), {"dataset": [1, 2]})(), DataLoader)
+    assert fresh._ddpguard_made_at == f"{__file__}:{sys._getframe().f_lineno - 1}"

@@ -57,6 +57,10 @@ def patch_module(module: ModuleType) -> None:
         hook_process_group(module)
     elif module.__name__ == "torch.multiprocessing.spawn":
         _hook_spawn(module)
+    elif module.__name__ == "torch.utils.data.dataloader":
+        from .workers import note_loader_sites
+
+        note_loader_sites(module)
 
 
 def hook_process_group(c10d: ModuleType | None = None) -> None:

@@ -16,7 +16,7 @@ import os
 import runpy
 import sys
 
-from ddpguard.guard import autostart, channel
+from ddpguard.guard import autostart, channel, workers
 from ddpguard.guard.crash import report_exception
 
 __all__ = ["main"]
@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     _mark_attempt()
     ensure_recorder_env()
     autostart.hook_process_group()
+    workers.note_loader_sites()
     as_module = argv[0] in ("-m", "--module")
     if as_module:
         argv = argv[1:]

@@ -97,7 +97,7 @@ def worker_killed(g: Any, death: WorkerDeath, place: str, text: str, frames: lis
         path, _, line = loader_line.rpartition(":")
         frames = [{"file": path, "line": int(line), "func": site.rsplit(" in ", 1)[1],
                    "code": _source_line(path, int(line))}]
-    reason = worker_reason(g.rank, death, site, surfaced, oom)
+    reason = worker_reason(g.rank, death, site, surfaced, oom, workers.made_at(death.pid))
     channel.write(f"ddpguard: rank {g.rank} crashed: {text}")
     g.failure.crashed(frames, text)
     g.failure.fail(Decision("loader_worker_killed", reason, (g.rank,)), g.read_peers())

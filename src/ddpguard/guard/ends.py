@@ -155,13 +155,20 @@ def oom_words(before: int | None, after: int | None) -> str:
 
 
 def worker_reason(rank: int, death: WorkerDeath, loader: str | None, surfaced: str,
-                  oom: str) -> str:
+                  oom: str, made: str | None = None) -> str:
     """The report's reason for a killed DataLoader worker. `loader`: the script's line that
-    iterates the worker's loader; `surfaced`: where the error was raised in the training
-    thread; `oom`: oom_words() for a SIGKILL."""
+    iterates the worker's loader; `made`: the line that made the loader ('file:line');
+    `surfaced`: where the error was raised in the training thread; `oom`: oom_words() for a
+    SIGKILL."""
     how = f"was killed by {death.signal}" if death.signal else "exited unexpectedly"
     text = f"rank {rank}'s DataLoader worker (pid {death.pid}) {how}"
-    if loader:
+    if made:
+        # Under a framework the iterating line is its fit() call: the making line is the
+        # user's loader.
+        text += f", a worker of the DataLoader made at {short_text(made)}"
+        if loader:
+            text += f" (iterated at {short_text(loader)})"
+    elif loader:
         text += f", a worker of the loader iterated at {short_text(loader)}"
     if death.signal == "SIGKILL":
         text += oom

@@ -21,11 +21,12 @@ from typing import Any
 from . import procs
 from .stacks import is_library_file
 
-__all__ = ["install", "uninstall", "site_of", "exit_signal", "dead_worker",
-           "oom_counts"]
+__all__ = ["install", "uninstall", "site_of", "made_at", "note_loader_sites", "exit_signal",
+           "dead_worker", "oom_counts"]
 
 _lock = threading.Lock()
 _sites: collections.OrderedDict[int, str] = collections.OrderedDict()
+_made: dict[int, str] = {}  # worker pid -> 'file:line' that made its DataLoader (pids in _sites)
 _saved: dict[str, Any] = {}
 _oom0: list[int | None] = []
 _KEEP = 256  # pids remembered (a few loaders x workers x passes)
@@ -48,15 +49,17 @@ def _user_site(depth: int) -> str | None:
     return None
 
 
-def _note(workers: list[Any], site: str) -> None:
+def _note(workers: list[Any], site: str, made: str | None) -> None:
     with _lock:
         for w in workers:
             _sites[w.pid] = site
+            if made:
+                _made[w.pid] = made
             _sites.move_to_end(w.pid)
             _procs[w.pid] = w
             _procs.move_to_end(w.pid)
         while len(_sites) > _KEEP:
-            _sites.popitem(last=False)
+            _made.pop(_sites.popitem(last=False)[0], None)
         while len(_procs) > _KEEP_PROCS:
             _procs.popitem(last=False)
 
@@ -71,6 +74,7 @@ def install() -> None:
         from torch.utils.data import dataloader as dl
     except ImportError:
         return
+    note_loader_sites(dl)
     cls = dl._MultiProcessingDataLoaderIter
     orig_init = cls.__init__
 
@@ -80,8 +84,9 @@ def install() -> None:
         try:
             site = _user_site(2)
             procs = [w for w in getattr(self, "_workers", ()) if w.pid]
+            loader = args[0] if args else kwargs.get("loader")
             if site and procs:
-                _note(procs, site)
+                _note(procs, site, getattr(loader, "_ddpguard_made_at", None))
         except Exception:  # noqa: S110 (bookkeeping for a report must never break a loader)
             pass
 
@@ -95,6 +100,55 @@ def uninstall() -> None:
     from torch.utils.data import dataloader as dl
 
     dl._MultiProcessingDataLoaderIter.__init__ = _saved.pop("init")  # type: ignore[method-assign]
+
+
+def note_loader_sites(module: Any = None) -> None:
+    """Wrap DataLoader.__init__ so each loader remembers the user line that made it, from the
+    process's start: Lightning (and many scripts) build their loaders before the process group
+    exists, when the guard's own hooks are not in place yet. Idempotent; one stack walk per
+    loader made, nothing per batch."""
+    if module is None:
+        from torch.utils.data import dataloader as module
+    cls = getattr(module, "DataLoader", None)
+    if cls is None or getattr(cls.__init__, "__ddpguard_made__", False):
+        return
+    orig = cls.__init__
+
+    @functools.wraps(orig)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        if getattr(self, "_ddpguard_made_at", None) is None:
+            try:
+                made = _made_line(self, sys._getframe(1), cls)
+                if made:
+                    self._ddpguard_made_at = made
+            except Exception:  # noqa: S110 (bookkeeping for a report must never break a loader)
+                pass
+
+    init.__ddpguard_made__ = True  # type: ignore[attr-defined]
+    cls.__init__ = init
+
+
+def _made_line(loader: Any, f: Any, cls: type) -> str | None:
+    """The user line that made `loader`. A framework that rebuilds the user's loader with its
+    own sampler (Lightning's fit, accelerate's prepare) makes it in library code that holds
+    the user's loader in a local: the rebuilt loader takes that loader's line."""
+    while f is not None:
+        if not is_library_file(f.f_code.co_filename):
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
+        for value in f.f_locals.values():
+            if value is not loader and isinstance(value, cls):
+                made = getattr(value, "_ddpguard_made_at", None)
+                if made:
+                    return str(made)
+        f = f.f_back
+    return None
+
+
+def made_at(pid: int) -> str | None:
+    """'file:line' that made the DataLoader whose worker had `pid`, if known."""
+    with _lock:
+        return _made.get(pid)
 
 
 def site_of(pid: int) -> str | None:

@@ -21,8 +21,10 @@ import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # The modules whose loading starts the hand-over: the process-group calls live in the first,
-# mp.spawn's per-rank entry point in the second.
-_WATCHED = ("torch.distributed.distributed_c10d", "torch.multiprocessing.spawn")
+# mp.spawn's per-rank entry point in the second, the DataLoader (whose making line a killed
+# worker's report names, also for loaders made before the group exists) in the third.
+_WATCHED = ("torch.distributed.distributed_c10d", "torch.multiprocessing.spawn",
+            "torch.utils.data.dataloader")
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
