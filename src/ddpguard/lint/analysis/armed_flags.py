@@ -40,7 +40,8 @@ def armed_flags(info: ModuleInfo) -> dict[str, int]:
                 funcs[id(func)] = func
     if not arms:
         return {}
-    found: dict[str, list[tuple[ast.Assign, list[_Arm], list[_Arm], ast.AST]]] = {}
+    found: dict[str, list[tuple[ast.Assign | ast.AugAssign, list[_Arm], list[_Arm],
+                                ast.AST]]] = {}
     seen: set[int] = set()
     for key, own in arms.items():
         func = funcs[key]
@@ -49,7 +50,7 @@ def armed_flags(info: ModuleInfo) -> dict[str, int]:
                 continue
             seen.add(id(st))
             inside = [a for a in own if a[0] <= st.lineno <= a[1]]
-            for tgt in st.targets:
+            for tgt in st.targets if isinstance(st, ast.Assign) else [st.target]:
                 name = dotted(tgt)
                 scope = _scope(info, func, name) if name is not None else None
                 if name is not None and scope is not None:
@@ -62,9 +63,12 @@ def armed_flags(info: ModuleInfo) -> dict[str, int]:
             continue
         truth = _initial(info, name, scope, [a for site in sites for a in site[2]], view)
         if truth is None or not any(type(site[0].value) is not ast.Constant
-                                    or bool(site[0].value.value) != truth for site in sites):
+                                    or bool(site[0].value.value) != truth
+                                    or type(site[0]) is ast.AugAssign for site in sites):
             continue
-        if not _tested(info, scope, name) or not _only_plain(scope, name):
+        counted = {id(site[0].target) for site in sites if type(site[0]) is ast.AugAssign}
+        if not _tested(info, scope, name, bool(counted)) or \
+                not _only_plain(scope, name, counted):
             continue
         for st, inside, _, _ in sites:
             conds = [_cond(a) for a in inside]
@@ -78,6 +82,8 @@ def armed_flags(info: ModuleInfo) -> dict[str, int]:
             new[name] = level
         info.rank_names.setdefault(name, level)
         first = sites[0]
+        if counted:
+            _note_counter(info, name, scope, sites)
         info.armed_flags[name] = (
             f"`{name}` is set only where `{ast.unparse(_cond(first[1][0]))}` (line "
             f"{first[0].lineno}); the other ranks keep its first value, "
@@ -99,10 +105,10 @@ def _scope(info: ModuleInfo, func: Func, name: str) -> ast.AST | None:
     return info.classes.get(cls) if cls is not None else None
 
 
-def _only_plain(scope: ast.AST, name: str) -> bool:
-    """`name` is bound in `scope` only by plain assignments (no `+=`, loop or `with`
-    target, unpacking, walrus)."""
-    plain: set[int] = set()
+def _only_plain(scope: ast.AST, name: str, counted: set[int]) -> bool:
+    """`name` is bound in `scope` only by plain assignments (no loop or `with` target,
+    unpacking, walrus; no `+=` but the `counted` ones, in a rank test's arms)."""
+    plain: set[int] = set(counted)
     stores: list[ast.AST] = []
     for n in ast.walk(scope):
         t = type(n)
@@ -119,20 +125,39 @@ def _only_plain(scope: ast.AST, name: str) -> bool:
     return all(id(n) in plain for n in stores if dotted(n) == name)
 
 
+def _note_counter(info: ModuleInfo, name: str, scope: ast.AST,
+                  sites: list[tuple[ast.Assign | ast.AugAssign, list[_Arm], list[_Arm],
+                                    ast.AST]]) -> None:
+    """A counter every site of which is in the same rank arms, whose first value outside
+    them is an integer: the ranks outside the arms hold that value, so a comparison of it
+    with a constant is decided there (`self.bad >= 7` is false where `self.rank < 1` is)."""
+    conds = {ast.dump(_cond(a)) for site in sites for a in site[1]}
+    if len(conds) != 1 or any(len(site[1]) != 1 for site in sites):
+        return
+    lo, hi = scope.lineno, scope.end_lineno or scope.lineno  # type: ignore[attr-defined]
+    arms = [a for site in sites for a in site[2]]
+    firsts = {v.value for line, v in info.assigns.get(name, []) if lo <= line <= hi
+              and type(v) is ast.Constant and not any(a[0] <= line <= a[1] for a in arms)}
+    if len(firsts) == 1:
+        first = firsts.pop()
+        if type(first) is int:
+            info.armed_counters[name] = (_cond(sites[0][1][0]), first)
+
+
 def _cond(arm: _Arm) -> ast.expr:
     """What holds in the arm: the test, or its negation in the `else` arm."""
     return ast.UnaryOp(ast.Not(), arm[3]) if arm[2] else arm[3]
 
 
-def _assigns(stmts: list[ast.stmt]) -> list[ast.Assign]:
-    """The plain assignments among `stmts` and the blocks they hold (not in nested
-    definitions: another scope)."""
-    out: list[ast.Assign] = []
+def _assigns(stmts: list[ast.stmt]) -> list[ast.Assign | ast.AugAssign]:
+    """The plain and augmented assignments among `stmts` and the blocks they hold (not in
+    nested definitions: another scope)."""
+    out: list[ast.Assign | ast.AugAssign] = []
     todo = list(stmts)
     while todo:
         st = todo.pop()
         t = type(st)
-        if t is ast.Assign:
+        if t is ast.Assign or t is ast.AugAssign:
             out.append(st)  # type: ignore[arg-type]
         elif t in _BLOCKS:
             for field in ("body", "orelse", "finalbody"):
@@ -152,13 +177,30 @@ def _first_constant(info: ModuleInfo, name: str, scope: ast.AST, arms: list[_Arm
                  and not any(a[0] <= line <= a[1] for a in arms)), "")
 
 
-def _tested(info: ModuleInfo, scope: ast.AST, name: str) -> bool:
+def _tested(info: ModuleInfo, scope: ast.AST, name: str, counter: bool) -> bool:
     """`name` is a condition somewhere in `scope` (the class, for `self.x`): `if stop:`,
     `while not stop`, `if stop and ...:`, `if stop == True:`. A value one class computes but
-    that is only compared (`best = min(best, v)`, `if v > best:`) is left alone."""
-    return any(type(n) in (ast.If, ast.While, ast.IfExp) and
-               name in truth_reads(n.test)  # type: ignore[attr-defined]
-               for n in ast.walk(scope))
+    that is only compared (`best = min(best, v)`, `if v > best:`) is left alone. A counter
+    one class advances (`self.bad += 1` under `if self.rank == 0:`) counts where it is
+    compared with a constant and the comparison is tested or returned (`return self.bad >=
+    patience`, corpus35g T150's shape)."""
+    if any(type(n) in (ast.If, ast.While, ast.IfExp) and
+           name in truth_reads(n.test)  # type: ignore[attr-defined]
+           for n in ast.walk(scope)):
+        return True
+    return counter and any(type(n) in (ast.If, ast.While, ast.Return) and _compares(n, name)
+                           for n in ast.walk(scope))
+
+
+def _compares(stmt: ast.AST, name: str) -> bool:
+    """`stmt`'s test (or returned value) is a comparison of `name` with a constant."""
+    value = getattr(stmt, "value" if type(stmt) is ast.Return else "test", None)
+    if type(value) is not ast.Compare or len(value.ops) != 1:
+        return False
+    sides = (value.left, value.comparators[0])
+    return any(dotted(a) == name for a in sides) and any(
+        type(b) is ast.Constant or (type(b) is ast.Attribute and dotted(b) != name)
+        for b in sides)
 
 
 def truth_reads(test: ast.expr) -> set[str]:

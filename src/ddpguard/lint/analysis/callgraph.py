@@ -12,6 +12,7 @@ import ast
 
 from .context import CallRec, Func, ModuleInfo, dotted, is_collective
 from .crossfile import EXTERNAL, sets_up_group
+from .instances import find_method, receiver_class
 from .ranks import FALSE, TRUE, launch, splits
 
 
@@ -46,7 +47,8 @@ def resolve(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
     qual = info.qualify(rec.node.func)
     if qual is None or "." not in qual:
         return None
-    return file_set.find(qual, info)  # type: ignore[attr-defined]
+    return file_set.find(qual, info) or (  # type: ignore[attr-defined]
+        find_method(info, rec) if rec.node.func.__class__ is ast.Attribute else None)
 
 
 WRITE_LASTS = {"save", "dump", "savez", "savez_compressed"}
@@ -98,7 +100,8 @@ def reaches(info: ModuleInfo, key: int) -> bool:
                 continue
         if cross and isinstance(f, ast.Name | ast.Attribute):
             head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
-            target = resolve(info, rec) if head in info.aliases else None
+            target = resolve(info, rec) if head in info.aliases or (
+                head in info.assigns and receiver_class(info, rec.node) is not None) else None
             if target is not None and reaches(target[0], id(target[1])):
                 hit = True
                 break

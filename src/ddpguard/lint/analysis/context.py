@@ -129,6 +129,8 @@ class ModuleInfo:
     handed_params: dict[int, set[str]] = field(default_factory=dict)
     # flags one rank class computes (armed_flags.py): read as rank tests, never shared
     armed_flags: dict[str, str] = field(default_factory=dict)   # name -> what it assumes
+    # counters one class advances (armed_flags.py): name -> (the arm's test, first value)
+    armed_counters: dict[str, tuple[ast.expr, int]] = field(default_factory=dict)
     has_main: bool = False            # an `if __name__ == "__main__":` block: a script
     torch_floor: tuple[int, int] | None = None   # oldest torch the project supports, if known
     _memo: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)

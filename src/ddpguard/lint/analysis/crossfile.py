@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from .context import CallRec, Func, ModuleInfo, dotted, foreign_ddp, is_collective
+from .instances import method_rank_seeds
 from .provenance import GLOBAL, is_predicate
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
@@ -324,6 +325,9 @@ def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
                 if cands:
                     out.setdefault(id(info), {})[name] = cands[0].rank_funcs[name]
                     break
+    for k, found in (method_rank_seeds(infos, names) if names else {}).items():
+        for name, level in found.items():
+            out.setdefault(k, {}).setdefault(name, level)
     return out
 
 

@@ -44,9 +44,10 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
         by_line = {id(r.stmt): r for r in info.calls if r.stmt is not None and
                    loop in r.loops and r.node.lineno >= loop.lineno}
         seeds = _seeds(info, loop, by_line)
-        if not seeds:
+        sums = _sum_seeds(info, loop)
+        if not seeds and not sums:
             continue
-        tainted = _spread(loop, set(seeds))
+        tainted = _spread(loop, set(seeds) | set(sums))
         loop_calls = [r for r in info.calls if loop in r.loops]
         if any(_shares(info, r, tainted) for r in loop_calls):
             continue
@@ -60,6 +61,28 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
         for s in exits:
             read = _reads(s.test) & tainted
             if not read:
+                continue
+            if not (_reads(s.test) & _spread(loop, set(seeds))) and sums:
+                # the running sum: followed only through the arms this exit can share an
+                # iteration with (a stop in the `if monitor_bleu:` arm does not follow a
+                # sum tested in its `else` arm)
+                own = _spread(loop, set(sums), _exclusive(loop, s))
+                read = _reads(s.test) & own
+                if not read:
+                    continue
+                name = sorted(read)[0]
+                seed = next(k for k in sorted(sums) if name in _spread(loop, {k},
+                                                                          _exclusive(loop, s)))
+                src, st, inner, assumed = sums[seed]
+                via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
+                yield s, (
+                    f"this stop follows {via}, this rank's own training loss summed over the "
+                    f"loop at line {inner.lineno} (`{src}`, line {st.lineno}): each rank "
+                    f"trains on its own shard of the data and no collective shares the sum, so "
+                    f"one rank can leave the loop while the others go on to "
+                    f"`{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
+                    f"all-reduce then waits for it forever{assumed}; all_reduce the sum (or "
+                    "broadcast the decision) before the test")
                 continue
             name = sorted(read)[0]
             src, call, fn, assumed = next(v for k, v in seeds.items()
@@ -112,6 +135,113 @@ def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
                 d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
                 if d is not None and isinstance(getattr(n, "ctx", None), ast.Store):
                     out[d] = (ast.unparse(st), st.value, fn.name, assumed)
+    return out
+
+
+def _sum_seeds(info: ModuleInfo, loop: Loop
+               ) -> dict[str, tuple[str, ast.AugAssign, ast.For, str]]:
+    """Names an inner training loop of `loop` sums this rank's own loss into (`total_loss +=
+    loss.item()` in a loop that calls `.backward()`, corpus35f T77's shape): name -> (the
+    statement's text, the statement, the inner loop, what was assumed of its data). Not a sum
+    of a value a collective or a reducing helper shared in that loop (`reduce_mean(loss)`),
+    nor where the loop's loader, built in this file, has no DistributedSampler."""
+    out: dict[str, tuple[str, ast.AugAssign, ast.For, str]] = {}
+    for inner in _statements(loop.body):
+        if not isinstance(inner, ast.For):
+            continue
+        nodes = [n for st in inner.body for n in _own_nodes(st)]
+        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr == "backward" for n in nodes):
+            continue
+        sums = [n for n in nodes if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)]
+        losses = {id(st): {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)
+                           and "loss" in n.id.lower()} for st in sums}
+        sums = [st for st in sums if losses[id(st)] and dotted(st.target) is not None
+                and dotted(st.target) not in losses[id(st)]]
+        if not sums:
+            continue
+        assumed = _trains_on_shard(info, inner)
+        if assumed is None:
+            continue
+        calls = [r for r in info.calls if inner in r.loops]
+        for st in sums:
+            chain = _inner_chain(nodes, losses[id(st)])
+            if any(_shares(info, r, chain) for r in calls):
+                continue
+            out[dotted(st.target) or ""] = (ast.unparse(st), st, inner, assumed)
+    return out
+
+
+def _own_nodes(st: ast.stmt) -> Iterator[ast.AST]:
+    """Every node of `st`, not inside a nested function or class (another scope)."""
+    todo: list[ast.AST] = [st]
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+def _inner_chain(nodes: list[ast.AST], names: set[str]) -> set[str]:
+    """`names` and what the inner loop computed them from (`loss = crit(out, y)` reads
+    `out`): a collective given any of them shares the sum."""
+    chain = set(names)
+    assigns = [n for n in nodes if isinstance(n, ast.Assign | ast.AugAssign)]
+    for _ in range(4):
+        before = len(chain)
+        for st in assigns:
+            if _targets(st) & chain:
+                chain |= _reads(st.value)
+        if len(chain) == before:
+            break
+    return chain
+
+
+def _trains_on_shard(info: ModuleInfo, inner: ast.For) -> str | None:
+    """The data the training loop reads is this rank's shard: "" where its loader, built in
+    this file, has a DistributedSampler; None where it has none; where the loader comes from
+    elsewhere, what was assumed: the program's DistributedSampler (None where it builds
+    none)."""
+    it = inner.iter
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+            and it.func.id in ("enumerate", "tqdm", "iter"):
+        it = it.args[0]
+    built = [v for v in info.values_of(it) if isinstance(v, ast.Call)
+             and info.callee_last(v) == "DataLoader"]
+    if built:
+        return "" if all(_dist_loader(info, v) for v in built) else None
+    infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]
+    key = ("program_dist_sampler", 0)
+    hit = infos[0]._memo.get(key)
+    if hit is None:
+        hit = infos[0]._memo[key] = next(
+            (f"{os.path.basename(i.path)}:{r.node.lineno}" for i in infos for r in i.calls
+             if r.last.endswith("DistributedSampler") and i.is_dist_sampler(r.node)), "")
+    return (f" (assumed: the loop at line {inner.lineno} reads the program's "
+            f"DistributedSampler-sharded data, {hit})") if hit else None
+
+
+def _exclusive(loop: Loop, exit_if: ast.If) -> set[int]:
+    """The statements of `loop` that cannot run in the iteration that reaches `exit_if`:
+    the other arm of every `if` on the way to it."""
+    out: set[int] = set()
+
+    def walk(body: list[ast.stmt]) -> bool:
+        for st in body:
+            if st is exit_if:
+                return True
+            if isinstance(st, ast.If):
+                if walk(st.body):
+                    out.update(id(x) for x in st.orelse)
+                    return True
+                if walk(st.orelse):
+                    out.update(id(x) for x in st.body)
+                    return True
+            elif isinstance(st, ast.With | ast.Try) and walk(st.body):
+                return True
+        return False
+
+    walk(loop.body)
     return out
 
 
@@ -193,20 +323,22 @@ def _targets(st: ast.stmt) -> set[str]:
             and isinstance(n.ctx, ast.Store) and (d := dotted(n)) is not None}
 
 
-def _spread(loop: Loop, tainted: set[str]) -> set[str]:
+def _spread(loop: Loop, tainted: set[str], skip: set[int] | None = None) -> set[str]:
     """What follows the seeds in the loop: names assigned from them, or under a test of them
-    (`if val_loss > best: bad += 1`), to a fixed point (a counter kept across iterations)."""
+    (`if val_loss > best: bad += 1`), to a fixed point (a counter kept across iterations);
+    not through the statements in `skip`."""
     for _ in range(5):
         before = len(tainted)
-        _spread_body(loop.body, tainted, False)
+        _spread_body(loop.body, tainted, False, skip or set())
         if len(tainted) == before:
             break
     return tainted
 
 
-def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool) -> None:
+def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool,
+                 skip: set[int]) -> None:
     for st in body:
-        if isinstance(st, _OWN):
+        if isinstance(st, _OWN) or id(st) in skip:
             continue
         if isinstance(st, ast.Assign | ast.AugAssign | ast.AnnAssign):
             value = st.value
@@ -214,10 +346,10 @@ def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool) -> None:
                 tainted |= _targets(st)
         elif isinstance(st, ast.If):
             inner = ruled or bool(_reads(st.test) & tainted)
-            _spread_body(st.body, tainted, inner)
-            _spread_body(st.orelse, tainted, inner)
+            _spread_body(st.body, tainted, inner, skip)
+            _spread_body(st.orelse, tainted, inner, skip)
         elif isinstance(st, ast.With | ast.Try):
-            _spread_body(st.body, tainted, ruled)
+            _spread_body(st.body, tainted, ruled, skip)
 
 
 def _shares(info: ModuleInfo, rec: CallRec, tainted: set[str]) -> bool:

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from .context import ModuleInfo
+from .instances import find_method
 from .provenance import (
     _GLOBAL_NAMES,
     _LOCAL_NAMES,
@@ -83,7 +85,8 @@ def _rank_value(info: Table, node: ast.AST, cls: RankClass) -> int | None:
         return None
     if isinstance(node, ast.Call) and info.callee_last(node) in ("int", "str") and node.args:
         return _rank_value(info, node.args[0], cls)
-    if isinstance(node, ast.Call) and _tests_rank(info, info.callee_last(node)):
+    if isinstance(node, ast.Call) and (_tests_rank(info, info.callee_last(node))
+                                       or _tests_elsewhere(info, node)):
         return None  # `is_master(args)` is a test of the rank (true on rank 0), not the rank
     if not isinstance(node, ast.Name | ast.Attribute | ast.Call | ast.Subscript):
         return None
@@ -109,6 +112,17 @@ def _tests_rank(info: Table, name: str) -> bool:
     if is_predicate(name):
         return True
     fns = info.funcs.get(name, [])
+    return len(fns) == 1 and bool(fns[0].body) and isinstance(fns[0].body[-1], ast.Return) \
+        and isinstance(fns[0].body[-1].value, ast.Compare | ast.BoolOp | ast.UnaryOp)
+
+
+def _tests_elsewhere(info: Table, node: ast.Call) -> bool:
+    """A rank function another file defines (`stop = trainer.save(...)`, its method
+    returning `self.bad >= 7`) that returns a comparison: a test, not the rank."""
+    last = info.callee_last(node)
+    if last not in info.rank_funcs or last in info.funcs:
+        return False
+    _, fns = _defined_elsewhere(info, node)
     return len(fns) == 1 and bool(fns[0].body) and isinstance(fns[0].body[-1], ast.Return) \
         and isinstance(fns[0].body[-1].value, ast.Compare | ast.BoolOp | ast.UnaryOp)
 
@@ -147,8 +161,13 @@ def _compare(val: int, op: ast.cmpop, other: object) -> int:
         return UNKNOWN
     if val == 0:
         return TRUE if fn(0, other) else FALSE
+    if isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE):
+        # every rank > 0 is at least 1: `rank < 1` fails and `rank >= 1` holds on all of
+        # them (corpus35g T150's `if self.rank < 1:`); `rank < 4` is decided at run time
+        low, high = fn(1, other), isinstance(op, ast.Gt | ast.GtE)
+        return (TRUE if low else FALSE) if low == high else UNKNOWN
     if other > 0:
-        return UNKNOWN  # `rank == 1`, `rank < 4`: some ranks > 0 pass, some do not
+        return UNKNOWN  # `rank == 1`: some ranks > 0 pass, some do not
     # every rank > 0 compares the same way against a constant <= 0
     return TRUE if fn(1, other) else FALSE
 
@@ -179,6 +198,9 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
                 return v
             return int((v == TRUE) == right.value) if isinstance(op, ast.Eq | ast.Is) \
                 else int((v == TRUE) != right.value)
+        counted = _counted(info, left, op, right, cls, depth)
+        if counted != UNKNOWN:
+            return counted
         lv, rv = _rank_value(info, left, cls), _rank_value(info, right, cls)
         if lv is not None and rv is None:
             got = _against(lv, op, right)
@@ -218,6 +240,23 @@ def evaluate(info: Table, node: ast.AST | None, cls: RankClass, depth: int = 0) 
     return _flag(info, d, node, cls, depth)
 
 
+def _counted(info: Table, left: ast.expr, op: ast.cmpop, right: ast.expr, cls: RankClass,
+             depth: int) -> int:
+    """`self.bad >= 7` of a counter one class advances (armed_flags.py): on the ranks
+    outside its arm it holds its first value, so the comparison is decided there."""
+    counters = getattr(info, "armed_counters", None)
+    if not counters or type(right) is not ast.Constant:
+        return UNKNOWN
+    hit = counters.get(dotted(left) or "")
+    if hit is None or evaluate(info, hit[0], cls, depth + 1) != FALSE:
+        return UNKNOWN
+    fn = _CMP.get(type(op))
+    value = right.value
+    if fn is None or not isinstance(value, int | float) or isinstance(value, bool):
+        return UNKNOWN
+    return TRUE if fn(hit[1], value) else FALSE
+
+
 def _names_a_rank(node: ast.Call) -> bool:
     return len(node.args) == 2 and "rank" in str(_const(node.args[1])).lower()
 
@@ -228,6 +267,9 @@ def _defined_elsewhere(info: Table, node: ast.Call) -> tuple[Table, list[_Fn]]:
     file_set, qualify = getattr(info, "file_set", None), getattr(info, "qualify", None)
     qual = qualify(node.func) if file_set is not None and qualify is not None else None
     hit = file_set.find(qual, info) if qual and "." in qual else None  # type: ignore[union-attr]
+    if hit is None and file_set is not None and isinstance(info, ModuleInfo):
+        rec = info.call_rec(node)   # `trainer.save(...)` of another file's class
+        hit = find_method(info, rec) if rec is not None else None
     return (hit[0], [hit[1]]) if hit is not None else (info, [])
 
 

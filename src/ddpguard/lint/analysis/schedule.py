@@ -24,6 +24,7 @@ from .callgraph import (
     resolve,
 )
 from .context import CallRec, Func, ModuleInfo, dotted
+from .instances import receiver_class
 from .paths import per_rank_path, rank_dependent
 from .provenance import GLOBAL, LOCAL, rank_only
 from .ranks import FALSE, RANK0, UNKNOWN, _const, evaluate_test, splits
@@ -185,7 +186,8 @@ class Builder:
             if qual in _WRITES or (last == "save" and qual.endswith("torch.save")):
                 return self.write(rec, qual)
         if target is None or (not info.local_callees(rec) and (
-                info.file_set is None or target.split(".", 1)[0] not in info.aliases)):
+                info.file_set is None or target.split(".", 1)[0] not in info.aliases
+                and receiver_class(info, rec.node) is None)):
             return None
         target_fn = resolve(info, rec)
         if target_fn is None or _memoised(target_fn[1]) or \

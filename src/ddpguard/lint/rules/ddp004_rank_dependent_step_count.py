@@ -57,7 +57,15 @@ from elsewhere (a constructor's `self.val_data`), the message says what was assu
 the program's validation loader built with one (none such: silent). Not once a collective, a
 helper named for one (`reduce_mean(val_loss)`) or a call that reaches one is given (or assigns)
 what the test follows, not under a rank test (DDP019's), and not a loop that only counts
-batches. And only in a module that
+batches. The same for a stop on the rank's own running sum of its training loss (`total_loss
++= loss.item()` in the epoch's loop that calls `.backward()`, then `if total_loss < best: ...
+else: patience -= 1`, `if patience <= 0: break`): each rank trains on its own shard, so the
+sums differ. Where the loader is built in the file it must have a DistributedSampler; where it
+comes from elsewhere the message says what was assumed (the program's DistributedSampler; none
+such: silent). Not a sum of a loss a collective or a reducing helper shared in that loop
+(`reduce_mean(loss)`), not a count of batches, and not a stop in an arm that cannot run in the
+iteration that tests the sum (`if monitor_bleu: ... break` beside `else: if total_loss <
+best:`). And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;

@@ -19,7 +19,15 @@ wrapper (`fit(model, ...)` after `model = DDP(model)`; not a function also hande
 one class computes is a rank test too: `stop = False` on every rank, `if rank == 0: stop =
 stopper.step(loss)`, then `if stop: break` on every rank (a plain name of one function, or a
 `self` attribute of one class, bound only by plain assignments; not once it is broadcast or
-reassigned outside the arm); the message names the flag and its arm. A rank
+reassigned outside the arm); the message names the flag and its arm. So is a counter that
+one class advances (`self.bad += 1` only under `if self.rank < 1:`, `self.bad = 0` in
+`__init__`), where it is compared with a constant: the other ranks hold its first value
+(`self.bad >= 7` is false there), and a method that returns that comparison is a rank test
+at its callers, in other files too (`stop = trainer.save_models(...)`, `if stop: break`, where
+`trainer = Trainer(model, rank)` of the class another file defines: found through the import
+that names it, a package's re-export, or, where the files given hold the package's folder but
+not its `__init__.py`, the one module of that folder that defines the class). A
+rank test `rank < 1` holds on rank 0 alone (and a single process's -1). A rank
 test written `not hasattr(args, "local_rank") or args.local_rank == 0` is read as the
 comparison alone (every process of a distributed run has its rank), and a rank-guarded exit
 call splits a function as a `return` does. Not exits: `raise NotImplementedError` (a stub for
