@@ -424,6 +424,13 @@ M = [
  ("ninth: one class of that name among the folder's modules", 'analysis/instances.py', '    return hits[0] if len(hits) == 1 else None\n\n\ndef method_rank_seeds', '    return hits[0] if hits else None\n\n\ndef method_rank_seeds'),
  ("ninth: a rank method of another file's class seeds the caller's walk", 'analysis/crossfile.py', '    for k, found in (method_rank_seeds(infos, names) if names else {}).items():', '    for k, found in {}.items():'),
  ("ninth: a rank method's evaluation read where it is defined", 'analysis/ranks.py', '        hit = find_method(info, rec) if rec is not None else None', '        hit = None'),
+ ('ninth: DDP004 a status-0 exit in an evaluation called between training epochs', 'rules/ddp004_rank_dependent_step_count.py', '                for s, message in evaluation_exits(info, node, lrec.func, skips, _SYNCS):', '                for s, message in []:'),
+ ("ninth: DDP004 the evaluation's loader passed at the call decides its sharding", 'analysis/eval_exits.py', '            return "" if all(dist_loader(m, v) for v in built) else None\n    return sharded(info, fn)', '            return ""\n    return sharded(info, fn)'),
+ ('ninth: DDP004 the calling loop reaches a backward or a collective', 'analysis/eval_exits.py', '            if sync is not None:\n                return m, rec, sync, assumed', '            if True:\n                return m, rec, sync, assumed'),
+ ('ninth: DDP004 an evaluation called under a rank test is not this reading', 'analysis/eval_exits.py', '            if not rec.loops or m.effective_guard(rec) or not _runs(m, rec, info, fn):', '            if not rec.loops or not _runs(m, rec, info, fn):'),
+ ("ninth: DDP004 the evaluation's exit is on the rank's own non-finite loss", 'analysis/eval_exits.py', '        loss = local_nonfinite(info, loop, s) if end is not None else None', '        loss = "loss" if end is not None else None'),
+ ('ninth: DDP019 the message names the method and the counter behind the flag', 'rules/ddp019_exit_before_collective.py', '                note = info.armed_flags.get(name) or _method_note(info, name)', '                note = info.armed_flags.get(name)'),
+ ("ninth: DDP004 an object fed the rank's own metric holds its state", 'analysis/local_metric.py', '                tainted.add(owner.id)', '                pass'),
 ]
 
 

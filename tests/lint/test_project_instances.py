@@ -77,6 +77,9 @@ def test_a_counter_only_rank_0_advances_in_another_files_method(tmp_path: Path) 
     assert (name, line) == ("main.py", 20)
     assert message.startswith("rank 0 can leave at line 20 (break) while ranks > 0 go on to "
                               "a forward of the DDP model `self.model`")
+    assert message.endswith("(`stop` is what checkpoint() returns at trainer.py:24, `self.bad "
+                            ">= 7`, where `self.bad` is set only where `self.rank == 0` (line "
+                            "23); the other ranks keep its first value, 0)")
 
 
 def test_a_counter_every_rank_advances_is_silent(tmp_path: Path) -> None:

@@ -127,7 +127,7 @@ def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
         if len(fns) != 1:
             continue   # (one that reaches a collective shares what it returns: _shares)
         m, fn = fns[0]
-        assumed = _sharded(m, fn) if _evaluates(m, fn) else None
+        assumed = sharded(m, fn) if _evaluates(m, fn) else None
         if assumed is None:
             continue
         for t in st.targets:
@@ -209,7 +209,7 @@ def _trains_on_shard(info: ModuleInfo, inner: ast.For) -> str | None:
     built = [v for v in info.values_of(it) if isinstance(v, ast.Call)
              and info.callee_last(v) == "DataLoader"]
     if built:
-        return "" if all(_dist_loader(info, v) for v in built) else None
+        return "" if all(dist_loader(info, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]
     key = ("program_dist_sampler", 0)
     hit = infos[0]._memo.get(key)
@@ -257,7 +257,7 @@ def _evaluates(m: ModuleInfo, fn: Func) -> bool:
     return evaluating and looping and returns
 
 
-def _sharded(m: ModuleInfo, fn: Func) -> str | None:
+def sharded(m: ModuleInfo, fn: Func) -> str | None:
     """The data `fn` loops over is sharded across the ranks: "" where the loader its loop
     reads is built in the file with a DistributedSampler; where it comes from elsewhere (a
     parameter, an attribute a constructor keeps), what was assumed: that it is the program's
@@ -271,7 +271,7 @@ def _sharded(m: ModuleInfo, fn: Func) -> str | None:
         built = [v for v in m.values_of(it) if isinstance(v, ast.Call)
                  and m.callee_last(v) == "DataLoader"]
         if built:
-            return "" if all(_dist_loader(m, v) for v in built) else None
+            return "" if all(dist_loader(m, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
     key = ("sharded_validation", 0)
     hit = infos[0]._memo.get(key)
@@ -288,13 +288,13 @@ def _program_loader(infos: list[ModuleInfo]) -> str:
             if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
                 for _, v in vals:
                     if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader" \
-                            and _dist_loader(i, v):
+                            and dist_loader(i, v):
                         return (f" is the validation loader `{name}` built with a "
                                 f"DistributedSampler at {os.path.basename(i.path)}:{v.lineno})")
     return ""
 
 
-def _dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
+def dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
     return any(m.is_dist_sampler(v) for s in loader_samplers(loader)
                for v in (m.values_of(s) or [s]))
 
@@ -344,6 +344,15 @@ def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool,
             value = st.value
             if ruled or (value is not None and _reads(value) & tainted):
                 tainted |= _targets(st)
+        elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+            # `stopper(val_loss)`, `monitor.update(val_loss)`: the object fed the value
+            # holds this rank's state (`if stopper.early_stop: break`)
+            call = st.value
+            owner = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+            if isinstance(owner, ast.Name) and owner.id != "self" and any(
+                    _reads(a) & tainted for a in (*call.args, *(k.value for k in
+                                                                 call.keywords))):
+                tainted.add(owner.id)
         elif isinstance(st, ast.If):
             inner = ruled or bool(_reads(st.test) & tainted)
             _spread_body(st.body, tainted, inner, skip)

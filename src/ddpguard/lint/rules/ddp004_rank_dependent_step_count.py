@@ -48,7 +48,8 @@ the project's code and whose handler neither raises, exits with a failure nor ma
 collective: the failing rank returns normally and ends with status 0 (not a handler for one
 kind of error, `except FileNotFoundError:`). And an early stop decided on the rank's own
 validation result, in a loop that reaches a backward or a collective: the stop's test follows
-(by assignment, or by an assignment under a test of it: `else: bad += 1`) what a project
+(by assignment, by an assignment under a test of it: `else: bad += 1`, or as the
+state of an object fed it: `stopper(val_loss)`, then `if stopper.early_stop: break`) what a project
 function returned that evaluates (a loop under `no_grad`/`inference_mode` or after `.eval()`)
 over sharded data and reaches no collective: each rank's loss is its shard's, so one rank
 leaves while the others wait in the next epoch's all-reduce. The data is sharded where the
@@ -65,7 +66,12 @@ comes from elsewhere the message says what was assumed (the program's Distribute
 such: silent). Not a sum of a loss a collective or a reducing helper shared in that loop
 (`reduce_mean(loss)`), not a count of batches, and not a stop in an arm that cannot run in the
 iteration that tests the sum (`if monitor_bleu: ... break` beside `else: if total_loss <
-best:`). And only in a module that
+best:`). And a status-0 exit (`quit()`) on the rank's own non-finite loss in an evaluation
+loop that syncs nothing, where the evaluation is called (in any file of the project, not
+under a rank test) from a loop that reaches a backward or a collective, over sharded data:
+the loader the call passes, where its file builds it, has a DistributedSampler (a plain
+DataLoader gives every rank the same loss: silent), else the evaluation's own reading above.
+And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
@@ -89,6 +95,7 @@ from ..analysis.context import (
     dotted,
     kwarg,
 )
+from ..analysis.eval_exits import evaluation_exits
 from ..analysis.local_metric import own_metric_stops
 from ..analysis.nonfinite import local_nonfinite
 from ..analysis.rank_failures import (
@@ -191,8 +198,12 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
             id(lrec.func) if lrec.func is not None else 0) in info.catching else []
         batches = _batch_loop(info, node.iter, lrec.func)
-        if not (skips and batches or tries and (batches or _backward_in(info, tries))) \
-                or not _steps_together(info, node):
+        if not (skips and batches or tries and (batches or _backward_in(info, tries))):
+            continue
+        if not _steps_together(info, node):
+            if skips and batches and lrec.func is not None and grouped:
+                for s, message in evaluation_exits(info, node, lrec.func, skips, _SYNCS):
+                    yield s, "DDP004", message
             continue
         for handler in (h for t in tries for h in _swallowing(info, node, t)):
             ex = exits_cleanly(info, handler)

@@ -41,13 +41,13 @@ broadcast it) before anyone leaves.
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
 from ..analysis.armed_flags import truth_reads
-from ..analysis.context import (
-    ModuleInfo,
-)
+from ..analysis.context import ModuleInfo, dotted
 from ..analysis.divergence import divergences
+from ..analysis.instances import find_method
 from ..analysis.world_size import world_share
 from ..registry import At, Hit, rule
 
@@ -68,16 +68,32 @@ def ddp019(info: ModuleInfo) -> Iterator[Hit]:
 
 def _flag_note(info: ModuleInfo, line: int) -> str:
     """Where the exit's test reads a flag one class computes (`if stop: break` after `if
-    rank == 0: stop = ...`), say so: the message's rank test is that assignment's."""
-    if not info.armed_flags:
-        return ""
+    rank == 0: stop = ...`), say so: the message's rank test is that assignment's. The same
+    where the flag is what another file's method returns from such a value (`stop =
+    trainer.save_models(...)`, returning `self.early_stop >= 7`)."""
     for n in ast.walk(info.tree):
         if isinstance(n, ast.If) and n.body and n.body[0].lineno <= line <= (
                 n.end_lineno or n.lineno):
             for name in sorted(truth_reads(n.test)):
-                note = info.armed_flags.get(name)
+                note = info.armed_flags.get(name) or _method_note(info, name)
                 if note:
                     return f" ({note})"
+    return ""
+
+
+def _method_note(info: ModuleInfo, name: str) -> str:
+    for _, v in info.assigns.get(name, []):
+        rec = info.call_rec(v) if isinstance(v, ast.Call) else None
+        hit = find_method(info, rec) if rec is not None else None
+        last = hit[1].body[-1] if hit is not None and hit[1].body else None
+        if hit is None or not isinstance(last, ast.Return) or last.value is None:
+            continue
+        notes = [hit[0].armed_flags[d] for d in sorted(hit[0].armed_flags)
+                 if any(dotted(x) == d for x in ast.walk(last.value))]
+        if notes:
+            return (f"`{name}` is what {hit[1].name}() returns at "
+                    f"{os.path.basename(hit[0].path)}:{last.lineno}, "
+                    f"`{ast.unparse(last.value)}`, where {notes[0]}")
     return ""
 
 
