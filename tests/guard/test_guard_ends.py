@@ -605,3 +605,52 @@ def test_a_loader_rebuilt_by_a_framework_keeps_the_users_making_line(tmp_path):
     # Twin: a loader the library makes from nothing is placed at the user's call into it.
     fresh = code["rebuild"](type("D", (), {"dataset": [1, 2]})(), DataLoader)
     assert fresh._ddpguard_made_at == f"{__file__}:{sys._getframe().f_lineno - 1}"
+
+
+def test_a_rank_killed_without_a_trace_is_shown_where_it_was_seen_last(tmp_path):
+    """Under mp.spawn the parent ends the survivors at once when a rank is SIGKILLed, so no
+    guard reads the dead rank's heartbeat: its fault log's seen line is all that says where
+    it stood (corpus33i's tuning case said "died at ?")."""
+    import faulthandler
+
+    from ddpguard.guard.fault import HEADER, FaultLog, fault_notes, fault_seen
+    from ddpguard.launch.postmortem import compose, read_logs
+
+    src = tmp_path / "train.py"
+    src.write_text("x = 1\n" * 30)
+    on = faulthandler.is_enabled()
+    faulthandler.disable()  # pytest's own: the guard keeps a script's faulthandler
+    log = FaultLog()
+    try:
+        path = log.start(str(tmp_path), "k", 1, 2, MAIN, "K")
+        assert path is not None
+        hb = {"where": f"{src}:7 in step  `x = 1`", "epoch": 2, "steps": 45, "steps_epoch": 5,
+              "batches": 46, "t": 1.0}
+        log.seen({**hb, "where": f"{src}:6 in step  `x = 1`"})
+        log.seen(hb)
+        log.note("thread-error", "a|b|c|d")  # notes go on after the rewritten line
+        text = Path(path).read_text()
+        killed = text
+    finally:
+        log.stop()
+        if on:
+            faulthandler.enable()
+    assert fault_seen(killed) == {**hb, "t": 1.0}, killed[:800]
+    assert fault_notes(killed) == [("thread-error", "a|b|c|d")]
+    killed = killed.replace("# ddpguard thread-error: a|b|c|d\n", "")
+    ended = (f"{HEADER} rank=0 world=2 pid=30 main=0x{MAIN:016x} launch=K\n"
+             f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+             f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
+             f"  File \"{src}\", line 21 in <module>\n")
+    (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(killed)
+    (tmp_path / "ddpguard-fault-k-rank0-30.txt").write_text(ended)
+    rep = compose(read_logs(str(tmp_path), "K"))
+    assert rep is not None and rep["diagnosis"]["cause"] == "crashed_rank", rep
+    pos = rep["diagnosis"]["positions"]["1"]
+    assert pos["doing"] == "died with no stack; last seen" and f"{src}:7" in pos["user"], pos
+    assert rep["ranks"][1]["hb"]["steps"] == 45
+    # Twin: a rank that never moved after its guard started has an empty seen line: no place.
+    fresh = killed.split("\n", 1)[0] + "\n# ddpguard seen: " + " " * 40 + "\n"
+    (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(fresh)
+    rep = compose(read_logs(str(tmp_path), "K"))
+    assert rep is not None and rep["diagnosis"]["positions"]["1"]["user"] == "?", rep

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import json
 import linecache
 import os
 import re
@@ -29,13 +30,19 @@ from . import workers
 from .stacks import Frame, is_library_file
 
 __all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks", "fault_meta",
-           "fault_notes", "side_collectives", "HEADER"]
+           "fault_notes", "fault_seen", "side_collectives", "HEADER"]
 
 # Every line of ours starts so (faulthandler's never do). The first says who wrote the log, so
 # that `ddpguard run` can read a dead job's logs without any rank alive to tell it
 # (launch/postmortem.py); notes follow (FaultLog.note).
 OURS = "# ddpguard "
 HEADER = "# ddpguard fault log"
+# The second line: where the rank last stood, rewritten in place (one pwrite, only when it
+# moved) at each heartbeat. A rank SIGKILLed leaves no dump; this line says where it was seen
+# last, and under mp.spawn, whose parent ends the survivors at once, no survivor can say it.
+_SEEN = OURS + "seen: "
+_SEEN_WIDTH = 640
+_SEEN_KEYS = ("where", "epoch", "steps", "steps_epoch", "batches")
 _SIGTERM_OWNER: list[int] = []  # the pid that registered the SIGTERM dump (forks drop it)
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
@@ -56,6 +63,8 @@ class FaultLog:
         # Collectives that failed in a thread other than the training thread: (thread,
         # collective, 'file:line in func', error). The stop path reads them (failing.py).
         self.side: list[tuple[str, str, str, str]] = []
+        self._seen_at: int | None = None  # byte offset of the seen line
+        self._seen_last: tuple[Any, ...] = ()
 
     def start(self, directory: str | None, run_id: str, rank: int, world_size: int = 0,
               main_ident: int | None = None, launch_id: str | None = None) -> str | None:
@@ -68,9 +77,11 @@ class FaultLog:
             path = os.path.join(folder, f"ddpguard-fault-{run_id}-rank{rank}-{os.getpid()}.txt")
             self._fh = open(path, "w")  # noqa: SIM115 (kept open for the signal handler)
             main = main_ident if main_ident is not None else threading.main_thread().ident
-            self._fh.write(f"{HEADER} rank={rank} world={world_size} pid={os.getpid()} "
-                           f"main=0x{main or 0:016x} launch={launch_id or '-'}\n")
+            header = (f"{HEADER} rank={rank} world={world_size} pid={os.getpid()} "
+                      f"main=0x{main or 0:016x} launch={launch_id or '-'}\n")
+            self._fh.write(header + _SEEN.ljust(_SEEN_WIDTH - 1) + "\n")
             self._fh.flush()
+            self._seen_at = len(header.encode())
             faulthandler.enable(self._fh, all_threads=True)
             self._dump_on_sigterm()
         except (OSError, ValueError, RuntimeError):
@@ -96,6 +107,25 @@ class FaultLog:
         if not getattr(_after_fork, "registered", False):
             os.register_at_fork(after_in_child=_after_fork)
             _after_fork.registered = True  # type: ignore[attr-defined]
+
+    def seen(self, hb: Any) -> None:
+        """Rewrite the seen line from this rank's heartbeat, if it moved since the last one."""
+        fh, at = self._fh, self._seen_at
+        if fh is None or at is None:
+            return
+        now = tuple(hb.get(k) for k in _SEEN_KEYS)
+        if now == self._seen_last:
+            return
+        self._seen_last = now
+        data = dict(zip(_SEEN_KEYS, now, strict=True), t=round(float(hb.get("t") or 0.0), 2))
+        text = _SEEN + json.dumps(data, separators=(",", ":"))  # ASCII: bytes == characters
+        if len(text) >= _SEEN_WIDTH:
+            data["where"] = str(data["where"]).split("  `", 1)[0]  # drop the code text
+            text = _SEEN + json.dumps(data, separators=(",", ":"))
+        if len(text) >= _SEEN_WIDTH:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.pwrite(fh.fileno(), (text.ljust(_SEEN_WIDTH - 1) + "\n").encode(), at)
 
     def note(self, kind: str, text: str) -> None:
         """One line of ours in the log: what Python knew that a stack dump at the end cannot
@@ -182,10 +212,20 @@ def fault_notes(text: str) -> list[tuple[str, str]]:
     """(kind, text) of each note of ours in a log. Pure."""
     out = []
     for line in text.splitlines():
-        if line.startswith(OURS) and not line.startswith(HEADER) and ": " in line:
+        if line.startswith(OURS) and not line.startswith((HEADER, _SEEN)) and ": " in line:
             kind, _, rest = line[len(OURS):].partition(": ")
             out.append((kind, rest))
     return out
+
+
+def fault_seen(text: str) -> dict[str, Any]:
+    """Where the log's rank was last seen (its seen line), {} when it never moved. Pure."""
+    for line in text.splitlines()[1:3]:
+        if line.startswith(_SEEN) and line[len(_SEEN):].strip():
+            with contextlib.suppress(ValueError):
+                got = json.loads(line[len(_SEEN):])
+                return got if isinstance(got, dict) else {}
+    return {}
 
 
 def side_collectives(text: str, main_ident: int | None) -> list[tuple[str, str, str]]:

@@ -242,7 +242,9 @@ class Guard:
 
     def _publish(self) -> None:
         self._seq += 1
-        self.store_set(f"hb/{self.rank}", self.heartbeat())
+        hb = self.heartbeat()
+        self.fault_log.seen(hb)
+        self.store_set(f"hb/{self.rank}", hb)
 
     def read_peers(self) -> dict[int, Heartbeat]:
         """Every rank's heartbeat (the judge every tick; other ranks only on the failure

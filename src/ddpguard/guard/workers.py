@@ -49,7 +49,7 @@ def _user_site(depth: int) -> str | None:
     return None
 
 
-def _note(workers: list[Any], site: str, made: str | None) -> None:
+def _note(workers: list[Any], site: str, made: str | None = None) -> None:
     with _lock:
         for w in workers:
             _sites[w.pid] = site

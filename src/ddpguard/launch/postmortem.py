@@ -25,6 +25,7 @@ from ddpguard.guard.ends import oom_words
 from ddpguard.guard.fault import (
     fault_meta,
     fault_notes,
+    fault_seen,
     fault_stacks,
     last_words,
     parse_fault,
@@ -127,6 +128,9 @@ def compose(logs: list[RankLog], oom: str = "") -> Report | None:
         hb: Heartbeat = ({"rank": r, "pid": log.pid, "fault": log.path,
                           "main": log.main, "kind": "unknown",
                           "doing": "no stack (it left no dump)"} if log is not None else {})
+        if log is not None:
+            # Where the rank was seen last, and its counters: all a SIGKILLed rank leaves.
+            hb.update(fault_seen(log.text))  # type: ignore[typeddict-item]
         notes = fault_notes(log.text) if log is not None else []
         records.append({"rank": r, "state": state, "hb": hb, "error": None,
                         "stacks": stacks or None, "issued": {}, "ddp_training": None,
