@@ -184,12 +184,14 @@ def _tested(info: ModuleInfo, scope: ast.AST, name: str, counter: bool) -> bool:
     one class advances (`self.bad += 1` under `if self.rank == 0:`) counts where it is
     compared with a constant and the comparison is tested or returned (`return self.bad >=
     patience`, corpus35g T150's shape)."""
-    if any(type(n) in (ast.If, ast.While, ast.IfExp) and
-           name in truth_reads(n.test)  # type: ignore[attr-defined]
-           for n in ast.walk(scope)):
-        return True
-    return counter and any(type(n) in (ast.If, ast.While, ast.Return) and _compares(n, name)
-                           for n in ast.walk(scope))
+    for n in ast.walk(scope):   # one walk for both readings
+        t = type(n)
+        if t in (ast.If, ast.While, ast.IfExp) and \
+                name in truth_reads(n.test):  # type: ignore[attr-defined]
+            return True
+        if counter and t in (ast.If, ast.While, ast.Return) and _compares(n, name):
+            return True
+    return False
 
 
 def _compares(stmt: ast.AST, name: str) -> bool:

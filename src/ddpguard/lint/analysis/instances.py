@@ -20,15 +20,18 @@ def receiver_class(info: ModuleInfo, call: ast.Call) -> tuple[str, str] | None:
     if type(f) is not ast.Attribute:
         return None
     owner = dotted(f.value)
-    if owner is None or owner in ("self", "cls"):
+    values = info.assigns.get(owner, []) if owner not in (None, "self", "cls") else []
+    if not values:
         return None
-    values = info.assigns.get(owner, [])
     quals = {info.qualify(v.func) if type(v) is ast.Call else None for _, v in values}
     if len(quals) != 1:
         return None
     qual = quals.pop()
-    if qual is None or "." not in qual or qual.split(".", 1)[0] not in {
-            v.split(".", 1)[0] for v in info.aliases.values()}:
+    roots = info._memo.get(("alias_roots", 0))
+    if roots is None:
+        roots = info._memo[("alias_roots", 0)] = {v.split(".", 1)[0]
+                                                  for v in info.aliases.values()}
+    if qual is None or "." not in qual or qual.split(".", 1)[0] not in roots:  # type: ignore
         return None
     module, _, cls = qual.rpartition(".")
     return (module, cls) if cls not in info.classes else None
