@@ -431,6 +431,8 @@ M = [
  ("ninth: DDP004 the evaluation's exit is on the rank's own non-finite loss", 'analysis/eval_exits.py', '        loss = local_nonfinite(info, loop, s) if end is not None else None', '        loss = "loss" if end is not None else None'),
  ('ninth: DDP019 the message names the method and the counter behind the flag', 'rules/ddp019_exit_before_collective.py', '                note = info.armed_flags.get(name) or _method_note(info, name)', '                note = info.armed_flags.get(name)'),
  ("ninth: DDP004 an object fed the rank's own metric holds its state", 'analysis/local_metric.py', '                tainted.add(owner.id)', '                pass'),
+ ('ninth: DDP025 an attribute the class keeps is what its methods assign', 'rules/ddp025_rank_kind_mixup.py', '    if not found and func is not None and d.startswith("self.") and func in info.func_class:', '    if False:'),
+ ('ninth: DDP025 a kept attribute of mixed kinds stays unknown', 'rules/ddp025_rank_kind_mixup.py', '            found = [(line, _source(info, v, kind, None, depth + 1))\n                     for line, v in info.assigns.get(d, [])\n                     if lo <= line <= hi and not isinstance(v, ast.Constant)]', '            found = [(line, src) for line, v in info.assigns.get(d, [])\n                     if lo <= line <= hi and not isinstance(v, ast.Constant)\n                     and (src := _source(info, v, kind, None, depth + 1))]'),
 ]
 
 

@@ -142,3 +142,30 @@ def test_a_stop_on_each_ranks_own_validation_loss_in_another_files_class(
                       "DataLoader(ds)")
     assert [f for f in _project(tmp_path, {"trainer.py": TRAINER, "main.py": fit})
             if f[1] == "DDP004"] == []
+
+
+TRAINER_CLASS = """\
+import os
+
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self):
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.rank = int(os.environ["LOCAL_RANK"])
+
+    def setup(self):
+        dist.init_process_group("nccl", rank=self.rank, world_size=self.world)
+"""
+
+
+def test_an_attribute_the_class_keeps_is_what_its_methods_assign(tmp_path: Path) -> None:
+    # ninth round (corpus35g T160/T165): LOCAL_RANK kept in __init__, read in another method
+    [(name, code, line, message)] = _project(tmp_path, {"train.py": TRAINER_CLASS})
+    assert (name, code, line) == ("train.py", "DDP025", 12) and "LOCAL_RANK" in message
+    fixed = TRAINER_CLASS.replace('os.environ["LOCAL_RANK"]', 'os.environ["RANK"]')
+    assert _project(tmp_path, {"train.py": fixed}) == []
+    # a class that also assigns the global rank to it: its kind is unknown, silent
+    both = TRAINER_CLASS + "\n    def resume(self):\n        self.rank = dist.get_rank()\n"
+    assert _project(tmp_path, {"train.py": both}) == []

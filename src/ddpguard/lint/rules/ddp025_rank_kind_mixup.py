@@ -39,7 +39,10 @@ for it when every call of its function in the files given passes the same kind (
 read in the entry file, passed as `main(local_rank, ...)` and on to a set-up helper of another
 module, `ddp_setup(rank, ...)`, that calls `init_process_group(rank=rank)`); not where the
 function is also named other than as a call's callee (`mp.spawn(main, ...)`: callers out of
-sight), nor where one call passes another kind or unpacks `*args`. A name assigned in several
+sight), nor where one call passes another kind or unpacks `*args`. An attribute a class keeps
+(`self.opts.rank = int(os.environ["LOCAL_RANK"])` in `__init__`, then `init_process_group(
+rank=self.opts.rank)` in another method) is what the class's methods assign it, when every
+such assignment is of the same kind. A name assigned in several
 arms of an `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in
 os.environ`, `args.local_rank != -1`) assigns the wrong kind: each launcher runs on several
 nodes; not under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
@@ -344,6 +347,15 @@ def _source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
     found = [(line, _source(info, v, kind, func, depth + 1))
              for line, v in info.assigns.get(d, [])
              if lo <= line <= hi and not isinstance(v, ast.Constant)]
+    if not found and func is not None and d.startswith("self.") and func in info.func_class:
+        # an attribute the class keeps: what its methods assign it (`self.opts.rank =
+        # int(os.environ["LOCAL_RANK"])` in `__init__`, read in another method)
+        cls = info.classes.get(info.func_class[func])
+        if cls is not None:
+            lo, hi = cls.lineno, cls.end_lineno or cls.lineno
+            found = [(line, _source(info, v, kind, None, depth + 1))
+                     for line, v in info.assigns.get(d, [])
+                     if lo <= line <= hi and not isinstance(v, ast.Constant)]
     if not found and func is not None and "." not in d and is_parameter(func, d):
         return from_callers(info, func, d,
                             lambda m, arg, f: _source(m, arg, kind, f, depth + 1))
