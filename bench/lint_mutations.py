@@ -433,6 +433,20 @@ M = [
  ("ninth: DDP004 an object fed the rank's own metric holds its state", 'analysis/local_metric.py', '                tainted.add(owner.id)', '                pass'),
  ('ninth: DDP025 an attribute the class keeps is what its methods assign', 'rules/ddp025_rank_kind_mixup.py', '    if not found and func is not None and d.startswith("self.") and func in info.func_class:', '    if False:'),
  ('ninth: DDP025 a kept attribute of mixed kinds stays unknown', 'rules/ddp025_rank_kind_mixup.py', '            found = [(line, _source(info, v, kind, None, depth + 1))\n                     for line, v in info.assigns.get(d, [])\n                     if lo <= line <= hi and not isinstance(v, ast.Constant)]', '            found = [(line, src) for line, v in info.assigns.get(d, [])\n                     if lo <= line <= hi and not isinstance(v, ast.Constant)\n                     and (src := _source(info, v, kind, None, depth + 1))]'),
+ ("tenth: DDP025 world_size=device_count() beside a launcher's rank=", 'rules/ddp025_rank_kind_mixup.py', 'by = "no `rank=`" if r is None else _launched(info, r, rec.func)', 'by = "no `rank=`" if r is None else ""'),
+ ('tenth: DDP025 a program that spawns its own processes keeps the GPU count', 'rules/ddp025_rank_kind_mixup.py', '    if not src or src.endswith("()") or any(', '    if not src or src.endswith("()") or False and any('),
+ ('tenth: DDP032 a loop that moves the port while a socket finds it taken', 'rules/ddp032_rendezvous_mismatch.py', '                    and c.func.attr in _PROBES for c in ast.walk(loop)):', '                    and False for c in ast.walk(loop)):'),
+ ('tenth: DDP032 a helper of the file that binds a socket for a free port', 'rules/ddp032_rendezvous_mismatch.py', '                if "getsockname" in calls and "bind" in calls:', '                if False:'),
+ ("tenth: DDP032 a probe under a test of the environment is the launcher's", 'rules/ddp032_rendezvous_mismatch.py', '    return info.rank_level(test) > 0 or any(', '    return info.rank_level(test) > 0 and any('),
+ ('tenth: DDP032 a one-process group meets itself', 'rules/ddp032_rendezvous_mismatch.py', '        if func is None or (isinstance(ws, ast.Constant) and ws.value == 1):', '        if func is None:'),
+ ('tenth: DDP032 an option whose default is the loopback address', 'rules/ddp032_rendezvous_mismatch.py', '    if d is None or "." not in d:\n        return ""', '    if True:\n        return ""'),
+ ('tenth: DDP032 `if args.master_addr:` is no test', 'rules/ddp032_rendezvous_mismatch.py', '    return ast.dump(test) == ast.dump(value)', '    return False'),
+ ('tenth: DDP032 a read of RANK after the overwrite', 'rules/ddp032_rendezvous_mismatch.py', 'n.value == "RANK" and n.lineno > line:', 'n.value == "RANK" and False:'),
+ ("tenth: DDP032 init_process_group without rank= takes the launcher's", 'rules/ddp032_rendezvous_mismatch.py', '        if rec.func is func and rec.node.lineno > line and len(rec.node.args) < 3', '        if False and rec.func is func and rec.node.lineno > line and len(rec.node.args) < 3'),
+ ('tenth: DDP032 a file that sets RANK itself was launched by nobody', 'rules/ddp032_rendezvous_mismatch.py', '    if any(isinstance(n, ast.Assign) and any(_environ_key(t) == "RANK" for t in n.targets)', '    if False and any(isinstance(n, ast.Assign) and any(_environ_key(t) == "RANK" for t in n.targets)'),
+ ('tenth: DDP032 setdefault of the address', 'rules/ddp032_rendezvous_mismatch.py', '               isinstance(c, ast.Constant) and c.value == "RANK" or', '               True or'),
+ ("tenth: DDP033 a test of the environment keeps the spawn off the launcher's path", 'rules/ddp033_spawn_under_launcher.py', '    for n in ast.walk(test):\n        d = dotted(n) or ""', '    return False\n    for n in ast.walk(test):\n        d = dotted(n) or ""'),
+ ("tenth: DDP033 the script reads the launcher's variables", 'rules/ddp033_spawn_under_launcher.py', '    if not reads:\n        return', '    if reads:\n        return'),
 ]
 
 

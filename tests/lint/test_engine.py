@@ -54,14 +54,15 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP029",
         "DDP030",
         "DDP031",
+        "DDP032",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
     assert Selection(ignore=("DDP01", "DDP02", "DDP03"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
-    assert Selection().held_back() == ["DDP001", "DDP005", "DDP015"]
-    assert Selection(ignore=("DDP005",)).held_back() == ["DDP001", "DDP015"]
+    assert Selection().held_back() == ["DDP001", "DDP005", "DDP015", "DDP033"]
+    assert Selection(ignore=("DDP005",)).held_back() == ["DDP001", "DDP015", "DDP033"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
@@ -492,6 +493,19 @@ CASES: dict[str, tuple[str, str]] = {
         'if dist.get_rank() == 0:\n    torch.save(m, "a.pt")\nm = torch.load("a.pt")\n',
         'if dist.get_rank() == 0:\n    torch.save(m, "a.pt")\ndist.barrier()\n'
         'm = torch.load("a.pt")\n',
+    ),
+    "DDP032": (
+        'def setup(rank, port):\n    while socket.socket().connect_ex(("", port)) == 0:\n'
+        '        port += 1\n    os.environ["MASTER_PORT"] = str(port)\n'
+        '    dist.init_process_group("gloo", rank=rank, world_size=2)\n',
+        'def setup(rank, port):\n    os.environ["MASTER_PORT"] = str(port)\n'
+        '    dist.init_process_group("gloo", rank=rank, world_size=2)\n',
+    ),
+    "DDP033": (
+        'import torch.multiprocessing as mp\nif args.nodes > 1:\n'
+        '    main(int(os.environ["RANK"]))\nelse:\n    mp.spawn(main, nprocs=2)\n',
+        'import torch.multiprocessing as mp\nif "RANK" in os.environ:\n'
+        '    main(int(os.environ["RANK"]))\nelse:\n    mp.spawn(main, nprocs=2)\n',
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',

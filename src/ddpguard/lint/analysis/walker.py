@@ -335,12 +335,16 @@ class Walker:
                         info.nccl_strings.append(node)  # type: ignore[arg-type]
                     elif v in _MULTI_NODE_STRINGS:
                         info.multi_node = True
+                        info.spelled.add(v)  # RANK: DDP032/DDP033 look further only then
                     elif v in ("cuda", "nccl"):
                         info.uses_cuda = True
                     elif v == "gloo":
                         info.spelled.add("gloo")
                     elif v == "LOCAL_RANK":
                         info.distributed = True
+                        info.spelled.add(v)
+                    elif v in ("MASTER_ADDR", "WORLD_SIZE"):
+                        info.spelled.add(v)
                 continue
             if t is keyword:
                 push(node.value)  # type: ignore[union-attr]

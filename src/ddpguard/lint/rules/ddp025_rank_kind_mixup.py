@@ -19,8 +19,12 @@ is such a string); the first such site in a function, none in a function already
 And the count of one node as the size of the whole group: `init_process_group(world_size=
 torch.cuda.device_count())` (or LOCAL_WORLD_SIZE) where the launcher gives the rank (no
 `rank=`): on a second node the ranks are at or past that size (and with fewer processes than
-GPUs the rendezvous waits for ranks never started). Not with `rank=` passed too (mp.spawn's
-one-node group, where the GPU count is the world).
+GPUs the rendezvous waits for ranks never started). With `rank=` passed too, only where that
+rank is read from the launcher (`args.local_rank`, LOCAL_RANK, RANK) and the program starts no
+process of its own: the launcher's process count is the world, not the GPUs the node shows
+(`torch.distributed.launch --nproc_per_node=2` on an 8-GPU machine waits for 6 ranks never
+started). Not where the program spawns (`mp.spawn(fn, nprocs=torch.cuda.device_count())`:
+there the GPU count may be the world).
 
 And `mp.spawn(fn, nprocs=gpus * nodes)` (directly or through the name it was assigned to):
 mp.spawn starts processes on its own node only, so every node starts the whole world; not a
@@ -76,11 +80,12 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
         if rec.last == "init_process_group":
             r = kwarg(rec.node, "rank")
             w = kwarg(rec.node, "world_size")
-            if r is None and w is not None and (node_count := _per_node(info, w, rec.func)):
+            by = "no `rank=`" if r is None else _launched(info, r, rec.func)
+            if w is not None and by and (node_count := _per_node(info, w, rec.func)):
                 yield w, "DDP025", (
                     f"init_process_group(world_size={ast.unparse(w)}) passes this node's "
-                    f"{node_count} as the size of the whole group, while each rank comes from "
-                    "the launcher (no `rank=`): on more than one node (or with fewer processes "
+                    f"{node_count} as the size of the whole group, while the launcher starts "
+                    f"the processes ({by}): on more than one node (or with fewer processes "
                     "than GPUs) some ranks are at or past that size and the rendezvous fails "
                     "or waits forever; leave world_size to the launcher (WORLD_SIZE)")
             if r is not None and (src := _source(info, r, LOCAL, rec.func)):
@@ -109,6 +114,19 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
 
 
 _NODES = re.compile(r"^(n|num_|n_|number_of_)?nodes$")
+
+
+def _launched(info: ModuleInfo, r: ast.expr, func: Func | None) -> str:
+    """`rank=` read from a launcher (`args.local_rank`, RANK) in a program that starts no
+    process of its own (mp.spawn's count may be the GPU count: both agree): the launcher's
+    --nproc_per_node, not the GPUs this node shows, is how many processes exist."""
+    src = _source(info, r, LOCAL, func) or _source(info, r, GLOBAL, func)
+    if not src or src.endswith("()") or any(
+            (i.qualify(rec.node.func) or "").startswith(("torch.multiprocessing", "multiproc"))
+            for i in getattr(info.file_set, "infos", None) or [info]
+            for rec in i.calls_named("spawn", "start_processes", "Process")):
+        return ""
+    return f"`rank=` is its {src}"
 
 
 def _spawned_world(info: ModuleInfo) -> Iterator[Hit]:
@@ -385,7 +403,6 @@ def _launcher_arm(info: ModuleInfo, func: Func | None, line: int) -> bool:
                        and any(isinstance(c, ast.UnaryOp | ast.Constant) and
                                ast.unparse(c) == "-1" for c in n.comparators) for n in parts)
     return False
-
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.

@@ -1,0 +1,219 @@
+"""DDP032 the processes of one group are told different places to meet.
+
+Every process of a group must name the same rendezvous: one address, one port. Two ways a
+program gives each process its own:
+
+```python
+def setup(rank, world_size, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    while s.connect_ex(("127.0.0.1", port)) == 0:   # taken: try the next one
+        port += 1
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+```
+
+- **A port each process finds for itself.** The port that `init_process_group` meets at
+  (through `MASTER_PORT`, or a `tcp://` init_method) is probed in the very function that forms
+  the group, so every rank probes on its own: a loop that moves the port while a socket's
+  `connect_ex`/`bind` says it is taken, or a helper of the file that binds a socket and reads
+  `getsockname()`. Rank 0's store starts listening on the port it found; a rank that probes
+  after that finds that port taken and moves on (a bound port 0 gives every rank another port
+  at once), so it waits at a port where nobody listens until the timeout. Not where the probe
+  sits under a test of the environment (a launcher's port wins) or of the rank. Fix: pick the
+  port once in the parent, before `mp.spawn`, and pass it to every process; under a launcher,
+  leave `MASTER_PORT` to it.
+- **The launcher's address overwritten.** `os.environ["MASTER_ADDR"] = "localhost"` (or an
+  option whose default is `localhost`/`127.0.0.1`, assigned whether or not the user gave it),
+  in a function that then takes its rank from torchrun (which exports the address): it reads
+  `RANK`, or calls `init_process_group` with neither `rank=` nor `init_method=`. torchrun
+  exported the first node's address; on every other node the group is looked for on the
+  node's own host and init waits until the timeout. Not under any other test (an arm of a
+  single-node launch), not `os.environ.setdefault`, and not in a file that sets `RANK` itself.
+  Fix: set it only where the launcher did not (`os.environ.setdefault("MASTER_ADDR", ...)`).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.enclosing import enclosing
+from ..analysis.provenance import dotted
+from ..registry import Hit, rule
+
+_PROBES = {"connect_ex", "bind", "connect"}
+_LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0"}
+
+
+@rule('DDP032', 'rendezvous-mismatch', 'error',
+      'each process probes its own rendezvous port, or the launcher\'s address is overwritten',
+      'pick the port once before spawning; set MASTER_ADDR only where the launcher did not')
+def ddp032(info: ModuleInfo) -> Iterator[Hit]:
+    yield from _own_ports(info)
+    yield from _overwritten_address(info)
+
+
+def _environ_key(node: ast.AST) -> object:
+    """`"MASTER_PORT"` of `os.environ["MASTER_PORT"]`; None for anything else."""
+    if isinstance(node, ast.Subscript) and dotted(node.value) in ("os.environ", "environ") \
+            and isinstance(node.slice, ast.Constant):
+        return node.slice.value
+    return None
+
+
+def _tests(chain: list[ast.AST]) -> list[ast.expr]:
+    return [n.test for n in chain if isinstance(n, ast.If | ast.While)]
+
+
+def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
+    for rec in info.calls_named("init_process_group"):
+        func = rec.func
+        ws = kwarg(rec.node, "world_size")
+        if func is None or (isinstance(ws, ast.Constant) and ws.value == 1):
+            continue
+        uses: list[tuple[ast.AST, set[str]]] = []
+        method = kwarg(rec.node, "init_method")
+        if method is not None:
+            uses.append((method, _names(method)))
+        for st in ast.walk(func):
+            if isinstance(st, ast.Assign) and st.lineno < rec.node.lineno and any(
+                    _environ_key(t) == "MASTER_PORT" for t in st.targets):
+                uses.append((st, _names(st.value)))
+        for where, names in uses:
+            chain = enclosing(func, info.tree, where)
+            if chain is None or any(_env_or_rank(info, t) for t in _tests(chain)):
+                continue
+            probe = next((p for n in sorted(names) if (p := _probe(info, func, n))), None)
+            if probe:
+                yield where, "DDP032", (
+                    f"every rank runs {func.name}(), which forms the group, and each probes the "
+                    f"rendezvous port for itself ({probe}): rank 0's store listens on the port "
+                    "it found, a rank that probes later finds it taken (or draws another free "
+                    "port) and waits at a port where nobody listens until the timeout; pick the "
+                    "port once before spawning and pass it to every process")
+                break
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _env_or_rank(info: ModuleInfo, test: ast.expr) -> bool:
+    return info.rank_level(test) > 0 or any(
+        dotted(n) in ("os.environ", "environ", "os.getenv") or
+        isinstance(n, ast.Constant) and n.value == "MASTER_PORT" for n in ast.walk(test))
+
+
+def _probe(info: ModuleInfo, func: Func, name: str) -> str:
+    """How `func` probes the port it assigns to `name`: a loop that moves it while a socket
+    call says it is taken, or a call of a helper of this file that binds a socket and reads
+    the port it got; "" for neither."""
+    for st in ast.walk(func):
+        if not (isinstance(st, ast.Assign | ast.AugAssign) and any(
+                isinstance(t, ast.Name) and t.id == name
+                for t in (st.targets if isinstance(st, ast.Assign) else [st.target]))):
+            continue
+        chain = enclosing(func, info.tree, st) or []
+        if any(_env_or_rank(info, t) for t in _tests(chain)):
+            continue
+        for loop in chain:
+            if isinstance(loop, ast.While | ast.For) and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                    and c.func.attr in _PROBES for c in ast.walk(loop)):
+                return f"a loop at line {loop.lineno} moves `{name}` while a socket finds it taken"
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
+            callee = info.callee_last(st.value)
+            for helper in info.funcs.get(callee, []):
+                calls = {c.func.attr for c in ast.walk(helper) if isinstance(c, ast.Call)
+                         and isinstance(c.func, ast.Attribute)}
+                if "getsockname" in calls and "bind" in calls:
+                    return f"{callee}() at line {st.lineno} binds a socket to find a free port"
+    return ""
+
+
+def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
+    if "MASTER_ADDR" not in info.spelled:
+        return
+    for node in ast.walk(info.tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and _environ_key(node.targets[0]) == "MASTER_ADDR"):
+            continue
+        value = _loopback(info, node.value)
+        if not value:
+            continue
+        func = next((f for fs in info.funcs.values() for f in fs
+                     if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)
+                     and enclosing(f, info.tree, node) is not None), None)
+        chain = enclosing(func, info.tree, node)
+        if chain is None or any(not _same_value(t, node.value) for t in _tests(chain)):
+            continue
+        launcher = _launcher_after(info, func, node.lineno)
+        if launcher:
+            yield node, "DDP032", (
+                f"os.environ['MASTER_ADDR'] = {ast.unparse(node.value)} ({value}) overwrites "
+                f"the address the launcher exported, while {launcher}: on every node but the "
+                "first, the group is looked for on the node's own host and init waits until "
+                "the timeout; set it only where the launcher did not (os.environ.setdefault)")
+
+
+def _loopback(info: ModuleInfo, node: ast.expr) -> str:
+    """`"localhost"`, or an option whose default is a loopback address (`args.master_addr`
+    with `add_argument("--master-addr", default="localhost")`)."""
+    if isinstance(node, ast.Constant):
+        return "the loopback address" if node.value in _LOOPBACK else ""
+    d = dotted(node)
+    if d is None or "." not in d:
+        return ""
+    opt = d.rsplit(".", 1)[-1]
+    for rec in info.calls_named("add_argument"):
+        flags = [a.value for a in rec.node.args if isinstance(a, ast.Constant)]
+        dest = kwarg(rec.node, "dest")
+        names = {str(f).lstrip("-").replace("-", "_") for f in flags}
+        if isinstance(dest, ast.Constant):
+            names = {str(dest.value)}
+        default = kwarg(rec.node, "default")
+        if opt in names and isinstance(default, ast.Constant) and default.value in _LOOPBACK:
+            return f"an option whose default is {default.value!r}, given or not"
+    return ""
+
+
+def _same_value(test: ast.expr, value: ast.expr) -> bool:
+    """`if args.master_addr:` tests the option that always has its default: no real test."""
+    return ast.dump(test) == ast.dump(value)
+
+
+def _launcher_after(info: ModuleInfo, func: Func | None, line: int) -> str:
+    """What in `func`, after `line`, takes the rank from torchrun (which exports
+    MASTER_ADDR): a read of RANK, or init_process_group with neither `rank=` nor
+    `init_method=` (env://, the rank from RANK); not in a file that writes RANK itself."""
+    if any(isinstance(n, ast.Assign) and any(_environ_key(t) == "RANK" for t in n.targets)
+           or isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+           and n.func.attr in ("setdefault", "update") and any(
+               isinstance(c, ast.Constant) and c.value == "RANK" or
+               isinstance(c, ast.keyword) and c.arg == "RANK" for c in ast.walk(n))
+           for n in ast.walk(info.tree)):
+        return ""
+    scope: ast.AST = func if func is not None else info.tree
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Constant) and n.value == "RANK" and n.lineno > line:
+            return f"it reads the launcher's RANK at line {n.lineno}"
+    for rec in info.calls_named("init_process_group"):
+        if rec.func is func and rec.node.lineno > line and len(rec.node.args) < 3 and not any(
+                k.arg in ("rank", "init_method", "store") for k in rec.node.keywords):
+            return (f"init_process_group() at line {rec.node.lineno} takes its rank from the "
+                    "launcher's RANK")
+    return ""
+
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+def setup(rank, world_size, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    while s.connect_ex(("127.0.0.1", port)) == 0:
+        port += 1
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+"""
+
+RULE = ddp032
