@@ -80,14 +80,15 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
         if rec.last == "init_process_group":
             r = kwarg(rec.node, "rank")
             w = kwarg(rec.node, "world_size")
-            by = "no `rank=`" if r is None else _launched(info, r, rec.func)
+            by = "each rank comes from the launcher (no `rank=`)" if r is None else \
+                _launched(info, r, rec.func)
             if w is not None and by and (node_count := _per_node(info, w, rec.func)):
                 yield w, "DDP025", (
                     f"init_process_group(world_size={ast.unparse(w)}) passes this node's "
-                    f"{node_count} as the size of the whole group, while the launcher starts "
-                    f"the processes ({by}): on more than one node (or with fewer processes "
-                    "than GPUs) some ranks are at or past that size and the rendezvous fails "
-                    "or waits forever; leave world_size to the launcher (WORLD_SIZE)")
+                    f"{node_count} as the size of the whole group, while {by}: on more than "
+                    "one node (or with fewer processes than GPUs) some ranks are at or past "
+                    "that size and the rendezvous fails or waits forever; leave world_size to "
+                    "the launcher (WORLD_SIZE)")
             if r is not None and (src := _source(info, r, LOCAL, rec.func)):
                 yield r, "DDP025", (
                     f"init_process_group(rank={ast.unparse(r)}) passes the local rank "
@@ -126,7 +127,7 @@ def _launched(info: ModuleInfo, r: ast.expr, func: Func | None) -> str:
             for i in getattr(info.file_set, "infos", None) or [info]
             for rec in i.calls_named("spawn", "start_processes", "Process")):
         return ""
-    return f"`rank=` is its {src}"
+    return f"the launcher starts the processes (`rank=` is its {src})"
 
 
 def _spawned_world(info: ModuleInfo) -> Iterator[Hit]:

@@ -84,7 +84,9 @@ def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
             chain = enclosing(func, info.tree, where)
             if chain is None or any(_env_or_rank(info, t) for t in _tests(chain)):
                 continue
-            probe = next((p for n in sorted(names) if (p := _probe(info, func, n))), None)
+            probe = next((p for n in sorted(names) if (p := _probe(info, func, n))), None) \
+                or next((p for c in ast.walk(where) if isinstance(c, ast.Call)
+                         and (p := _helper_probe(info, c, c.lineno))), None)
             if probe:
                 yield where, "DDP032", (
                     f"every rank runs {func.name}(), which forms the group, and each probes the "
@@ -122,13 +124,20 @@ def _probe(info: ModuleInfo, func: Func, name: str) -> str:
                     isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
                     and c.func.attr in _PROBES for c in ast.walk(loop)):
                 return f"a loop at line {loop.lineno} moves `{name}` while a socket finds it taken"
-        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
-            callee = info.callee_last(st.value)
-            for helper in info.funcs.get(callee, []):
-                calls = {c.func.attr for c in ast.walk(helper) if isinstance(c, ast.Call)
-                         and isinstance(c.func, ast.Attribute)}
-                if "getsockname" in calls and "bind" in calls:
-                    return f"{callee}() at line {st.lineno} binds a socket to find a free port"
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) \
+                and (hit := _helper_probe(info, st.value, st.lineno)):
+            return hit
+    return ""
+
+
+def _helper_probe(info: ModuleInfo, call: ast.Call, line: int) -> str:
+    """`call` calls a function of this file that binds a socket and reads the port it got."""
+    callee = info.callee_last(call)
+    for helper in info.funcs.get(callee, []):
+        calls = {c.func.attr for c in ast.walk(helper) if isinstance(c, ast.Call)
+                 and isinstance(c.func, ast.Attribute)}
+        if "getsockname" in calls and "bind" in calls:
+            return f"{callee}() at line {line} binds a socket to find a free port"
     return ""
 
 

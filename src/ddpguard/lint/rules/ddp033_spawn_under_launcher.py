@@ -16,7 +16,8 @@ torchrun started spawns a whole world of its own: several sets of ranks 0..n-1 m
 address and port (the children inherit torchrun's environment), the rendezvous takes the
 wrong members or waits, and the node's GPUs are shared by n times too many processes. Not
 where a test of the environment or of the launcher (`"RANK" in os.environ`,
-`args.local_rank == -1`, `args.launcher == "pytorch"`) keeps the spawn off the launcher's path.
+`args.local_rank == -1`, `args.launcher == "pytorch"`, an option naming the spawn,
+`args.multiprocessing_distributed`) keeps the spawn off the launcher's path.
 
 In preview: the file does not say that torchrun starts it on the spawning path; the finding
 assumes it (a launch script or README usually does). Fix: under a launcher, take its `RANK`
@@ -34,6 +35,9 @@ from ..analysis.provenance import dotted, name_level
 from ..registry import Hit, rule
 
 _LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
+# Options that pick how the processes start (`args.launcher`, ImageNet's
+# `--multiprocessing-distributed`, `args.multi_spawn`): the user chose to spawn.
+_LAUNCH_WORDS = ("launch", "dist_url", "torchrun", "elastic", "spawn", "multiprocessing")
 
 
 @rule('DDP033', 'spawn-under-launcher', 'warning',
@@ -88,7 +92,7 @@ def _picks_launcher(test: ast.AST) -> bool:
     for n in ast.walk(test):
         d = dotted(n) or ""
         if "environ" in d or "getenv" in d or name_level(d) or \
-                any(w in d.lower() for w in ("launch", "dist_url", "torchrun", "elastic")):
+                any(w in d.lower() for w in _LAUNCH_WORDS):
             return True
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isupper():
             return True
