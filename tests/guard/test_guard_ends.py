@@ -354,6 +354,16 @@ def test_launcher_composes_the_report_from_the_fault_logs(tmp_path):
         "ddpguard-fault-x-rank0-11.txt", "ddpguard-fault-y-rank0-13.txt"]
 
 
+def _ended_by_sigterm(src: Path) -> str:
+    """Rank 0's log when the launcher ended it with SIGTERM in an all_reduce at src:21."""
+    from ddpguard.guard.fault import HEADER
+
+    return (f"{HEADER} rank=0 world=2 pid=30 main=0x{MAIN:016x} launch=K\n"
+            f"Current thread 0x{MAIN:016x} (most recent call first):\n"
+            f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
+            f"  File \"{src}\", line 21 in <module>\n")
+
+
 def test_a_rank_killed_without_a_trace_is_composed_from_the_survivors_sigterm_dump(tmp_path):
     """corpus33g's tuning case: rank 1 SIGKILLed (the OOM killer's signal) while its loader
     worker kept its sockets open, so rank 0's collective never failed and the launcher's agent
@@ -366,10 +376,7 @@ def test_a_rank_killed_without_a_trace_is_composed_from_the_survivors_sigterm_du
     src = tmp_path / "train.py"
     src.write_text("x = 1\n" * 30)
     killed = f"{HEADER} rank=1 world=2 pid=31 main=0x{MAIN:016x} launch=K\n"
-    ended = (f"{HEADER} rank=0 world=2 pid=30 main=0x{MAIN:016x} launch=K\n"
-             f"Current thread 0x{MAIN:016x} (most recent call first):\n"
-             f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
-             f"  File \"{src}\", line 21 in <module>\n")
+    ended = _ended_by_sigterm(src)
     (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(killed)
     (tmp_path / "ddpguard-fault-k-rank0-30.txt").write_text(ended)
     rep = compose(read_logs(str(tmp_path), "K"), oom_words(0, 1))
@@ -613,7 +620,7 @@ def test_a_rank_killed_without_a_trace_is_shown_where_it_was_seen_last(tmp_path)
     it stood (corpus33i's tuning case said "died at ?")."""
     import faulthandler
 
-    from ddpguard.guard.fault import HEADER, FaultLog, fault_notes, fault_seen
+    from ddpguard.guard.fault import FaultLog, fault_notes, fault_seen
     from ddpguard.launch.postmortem import compose, read_logs
 
     src = tmp_path / "train.py"
@@ -638,10 +645,7 @@ def test_a_rank_killed_without_a_trace_is_shown_where_it_was_seen_last(tmp_path)
     assert fault_seen(killed) == {**hb, "t": 1.0}, killed[:800]
     assert fault_notes(killed) == [("thread-error", "a|b|c|d")]
     killed = killed.replace("# ddpguard thread-error: a|b|c|d\n", "")
-    ended = (f"{HEADER} rank=0 world=2 pid=30 main=0x{MAIN:016x} launch=K\n"
-             f"Current thread 0x{MAIN:016x} (most recent call first):\n"
-             f"  File \"{_C10D}/distributed_c10d.py\", line 3252 in all_reduce\n"
-             f"  File \"{src}\", line 21 in <module>\n")
+    ended = _ended_by_sigterm(src)
     (tmp_path / "ddpguard-fault-k-rank1-31.txt").write_text(killed)
     (tmp_path / "ddpguard-fault-k-rank0-30.txt").write_text(ended)
     rep = compose(read_logs(str(tmp_path), "K"))
