@@ -448,6 +448,7 @@ M = [
  ('tenth: DDP032 a file that sets RANK itself was launched by nobody', 'rules/ddp032_rendezvous_mismatch.py', '    if any(isinstance(n, ast.Assign) and any(_environ_key(t) == "RANK" for t in n.targets)', '    if False and any(isinstance(n, ast.Assign) and any(_environ_key(t) == "RANK" for t in n.targets)'),
  ('tenth: DDP032 setdefault of the address', 'rules/ddp032_rendezvous_mismatch.py', '               isinstance(c, ast.Constant) and c.value == "RANK" or', '               True or'),
  ("tenth: DDP033 a test of the environment keeps the spawn off the launcher's path", 'rules/ddp033_spawn_under_launcher.py', '    for n in ast.walk(test):\n        d = dotted(n) or ""', '    return False\n    for n in ast.walk(test):\n        d = dotted(n) or ""'),
+ ("tenth: DDP033 the launcher's variable read on a path of its own (not on every path)", 'rules/ddp033_spawn_under_launcher.py', '        reads = _on_another_path(scope, reads, rec.node)\n', ''),
  ("tenth: DDP033 the script reads the launcher's variables", 'rules/ddp033_spawn_under_launcher.py', '    if not reads:\n        return', '    if reads:\n        return'),
 ]
 

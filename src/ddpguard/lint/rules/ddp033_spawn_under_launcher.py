@@ -8,16 +8,18 @@ else:
     mp.spawn(train, args=(world_size,), nprocs=torch.cuda.device_count())
 ```
 
-The script reads the launcher's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`), so it is
-meant to run under torchrun (or torch.distributed.launch) at least on one path; but its
-`mp.spawn` sits on a path chosen by the script's own options, not by whether a launcher
-started it. Started by torchrun with those options (one node, the default), every process
-torchrun started spawns a whole world of its own: several sets of ranks 0..n-1 meet at one
-address and port (the children inherit torchrun's environment), the rendezvous takes the
-wrong members or waits, and the node's GPUs are shared by n times too many processes. Not
-where a test of the environment or of the launcher (`"RANK" in os.environ`,
-`args.local_rank == -1`, `args.launcher == "pytorch"`, an option naming the spawn,
-`args.multiprocessing_distributed`) keeps the spawn off the launcher's path.
+The script reads the launcher's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`) in an arm of an
+`if` that does not hold its `mp.spawn`, so it has a path for torchrun (or
+torch.distributed.launch) beside the spawning one; but the spawn sits on a path chosen by the
+script's own options, not by whether a launcher started it. Started by torchrun with those
+options (one node, the default), every process torchrun started spawns a whole world of its
+own: several sets of ranks 0..n-1 meet at one address and port (the children inherit torchrun's
+environment), the rendezvous takes the wrong members or waits, and the node's GPUs are shared
+by n times too many processes. Not where a test of the environment or of the launcher (`"RANK"
+in os.environ`, `args.local_rank == -1`, `args.launcher == "pytorch"`, an option naming the
+spawn, `args.multiprocessing_distributed`) keeps the spawn off the launcher's path, nor where
+the variable is read on every path (`args.nr = int(os.environ["RANK"])` before spawning: a
+node's rank from a launcher that starts one process per node).
 
 In preview: the file does not say that torchrun starts it on the spawning path; the finding
 assumes it (a launch script or README usually does). Fix: under a launcher, take its `RANK`
@@ -59,14 +61,35 @@ def ddp033(info: ModuleInfo) -> Iterator[Hit]:
         if chain is None or any(_picks_launcher(t) for t in _tests(chain)) \
                 or rec.func is not None and _picks_launcher_above(info, rec.func.name):
             continue
+        scope: ast.AST = rec.func if rec.func is not None else info.tree
+        reads = _on_another_path(scope, reads, rec.node)
+        if not reads:
+            continue
         yield rec.node, "DDP033", (
             f"mp.spawn() here sits on a path the script's own options pick, while the script "
-            f"reads the launcher's {reads[0].value!s} (line {reads[0].lineno}): assuming "
+            f"reads the launcher's {reads[0].value!s} on a path of its own (line "
+            f"{reads[0].lineno}): assuming "
             "torchrun also starts it this way (one node, the default options), every process "
             "torchrun started spawns a world of its own, several ranks 0..n-1 meet at one "
             "address and the rendezvous takes the wrong members or waits; under a launcher, "
             "use its RANK and do not spawn")
         return
+
+
+def _on_another_path(scope: ast.AST, reads: list[ast.Constant],
+                     spawn: ast.Call) -> list[ast.Constant]:
+    """The reads that sit in an arm of an `if` of the spawn's own function that does not hold the
+    spawn: the script has a launcher's path beside the spawning one. A read on every path
+    (`args.nr = int(os.environ["RANK"])` before spawning, a node's rank from a one-process-
+    per-node launcher) is not that."""
+    out: list[ast.Constant] = []
+    for n in ast.walk(scope):
+        if isinstance(n, ast.If):
+            for arm in (n.body, n.orelse):
+                held = {id(x) for st in arm for x in ast.walk(st)}
+                if id(spawn) not in held:
+                    out += [r for r in reads if id(r) in held and r not in out]
+    return sorted(out, key=lambda r: r.lineno)
 
 
 def _environ_read(tree: ast.Module, const: ast.Constant) -> bool:
