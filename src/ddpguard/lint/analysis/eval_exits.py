@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from .callgraph import resolve
 from .collective_reach import reaches_collective
 from .context import CallRec, Func, Loop, ModuleInfo
-from .local_metric import dist_loader, sharded
+from .local_metric import built_loaders, dist_loader, loop_source, sharded
 from .nonfinite import local_nonfinite
 from .rank_failures import clean_exit
 
@@ -65,17 +65,13 @@ def _data_at(m: ModuleInfo, rec: CallRec, info: ModuleInfo, fn: Func) -> str | N
     offset = 1 if params[:1] in (["self"], ["cls"]) and isinstance(rec.node.func,
                                                                    ast.Attribute) else 0
     for lp in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
-        it = lp.iter
-        while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
-                and it.func.id in ("enumerate", "tqdm", "iter"):
-            it = it.args[0]
+        it = loop_source(lp.iter)
         if not isinstance(it, ast.Name) or it.id not in params:
             continue
         k = params.index(it.id) - offset
         arg = next((kw.value for kw in rec.node.keywords if kw.arg == it.id), None) or (
             rec.node.args[k] if 0 <= k < len(rec.node.args) else None)
-        built = [v for v in m.values_of(arg) if isinstance(v, ast.Call)
-                 and m.callee_last(v) == "DataLoader"] if arg is not None else []
+        built = built_loaders(m, arg) if arg is not None else []
         if built:
             return "" if all(dist_loader(m, v) for v in built) else None
     return sharded(info, fn)

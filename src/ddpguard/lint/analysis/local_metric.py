@@ -202,12 +202,7 @@ def _trains_on_shard(info: ModuleInfo, inner: ast.For) -> str | None:
     this file, has a DistributedSampler; None where it has none; where the loader comes from
     elsewhere, what was assumed: the program's DistributedSampler (None where it builds
     none)."""
-    it = inner.iter
-    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
-            and it.func.id in ("enumerate", "tqdm", "iter"):
-        it = it.args[0]
-    built = [v for v in info.values_of(it) if isinstance(v, ast.Call)
-             and info.callee_last(v) == "DataLoader"]
+    built = built_loaders(info, loop_source(inner.iter))
     if built:
         return "" if all(dist_loader(info, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]
@@ -264,12 +259,7 @@ def sharded(m: ModuleInfo, fn: Func) -> str | None:
     validation loader built with one (None when the program builds none)."""
     loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
     for lp in loops:
-        it = lp.iter
-        while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
-                and it.func.id in ("enumerate", "tqdm", "iter"):
-            it = it.args[0]
-        built = [v for v in m.values_of(it) if isinstance(v, ast.Call)
-                 and m.callee_last(v) == "DataLoader"]
+        built = built_loaders(m, loop_source(lp.iter))
         if built:
             return "" if all(dist_loader(m, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
@@ -292,6 +282,20 @@ def _program_loader(infos: list[ModuleInfo]) -> str:
                         return (f" is the validation loader `{name}` built with a "
                                 f"DistributedSampler at {os.path.basename(i.path)}:{v.lineno})")
     return ""
+
+
+def loop_source(it: ast.expr) -> ast.expr:
+    """What a `for` iterates, under `enumerate(...)`, `tqdm(...)` and `iter(...)`."""
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+            and it.func.id in ("enumerate", "tqdm", "iter"):
+        it = it.args[0]
+    return it
+
+
+def built_loaders(m: ModuleInfo, node: ast.expr) -> list[ast.Call]:
+    """The `DataLoader(...)` calls `node` may hold, as this file builds them."""
+    return [v for v in m.values_of(node) if isinstance(v, ast.Call)
+            and m.callee_last(v) == "DataLoader"]
 
 
 def dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
