@@ -15,6 +15,7 @@ from typing import Any
 
 from .progress import LoaderState, Progress
 from .stacks import is_library_file
+from .workers import note_loader_sites
 
 __all__ = ["install_hooks", "uninstall_hooks", "caller_site"]
 
@@ -44,9 +45,8 @@ def caller_site(depth: int) -> str:
     return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
-def _user_chain(depth: int) -> tuple[str, str | None]:
-    """The user's frames (file:line, outermost first) that lead to this call, hashed short,
-    and the innermost of them (the line that made the call)."""
+def _user_chain(depth: int) -> str:
+    """The user's frames (file:line, outermost first) that lead to this call, hashed short."""
     import hashlib
 
     f = sys._getframe(depth)
@@ -56,7 +56,7 @@ def _user_chain(depth: int) -> tuple[str, str | None]:
             parts.append(f"{f.f_code.co_filename}:{f.f_lineno}")
         f = f.f_back  # type: ignore[assignment]
     text = ">".join(reversed(parts)) or "?"
-    return hashlib.sha1(text.encode()).hexdigest()[:12], (parts[0] if parts else None)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def _dropped(prog: Progress, st: LoaderState, key: str | None) -> Callable[[Any], None]:
@@ -72,6 +72,7 @@ def install_hooks(progress: Progress) -> None:
     import torch.optim.optimizer as optim_mod
     from torch.utils.data import dataloader as dl
 
+    note_loader_sites(dl)  # each loader's making line, which the pass states quote
     with _lock:
         _current = progress
         if _saved:
@@ -90,9 +91,8 @@ def install_hooks(progress: Progress) -> None:
             prog = _current
             if prog is not None and type(self).__init__ is not None:
                 with contextlib.suppress(Exception):
-                    chain, at = _user_chain(2)
-                    self._ddpguard_created = prog.loader_created(chain)
-                    self._ddpguard_created_at = at
+                    # Its making line is workers.note_loader_sites' (`_ddpguard_made_at`).
+                    self._ddpguard_created = prog.loader_created(_user_chain(2))
 
         @functools.wraps(orig_fwd)
         def guarded_forward(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -133,7 +133,7 @@ class Progress:
             with contextlib.suppress(AttributeError):
                 loader._ddpguard_passes = n + 1
             st.key = f"{created}/{n}"
-            st.at = getattr(loader, "_ddpguard_created_at", None)
+            st.at = getattr(loader, "_ddpguard_made_at", None)
         else:
             st.key = st.at = None
         _check_set_epoch(self, st, loader, site)
