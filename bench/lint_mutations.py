@@ -451,6 +451,10 @@ M = [
  ("tenth: DDP033 the launcher's variable read on a path of its own (not on every path)", 'rules/ddp033_spawn_under_launcher.py', '        reads = _on_another_path(scope, reads, rec.node)\n', ''),
  ("tenth: DDP033 the script reads the launcher's variables", 'rules/ddp033_spawn_under_launcher.py', '    if not reads:\n        return', '    if reads:\n        return'),
  ('eleventh: DDP025 a name the function assigns a cuda string', 'analysis/rank_kind.py', '    return named or [node]\n', '    return [node]\n'),
+ ("eleventh: DDP032 this process's own host as the address", 'rules/ddp032_rendezvous_mismatch.py', 'value = _loopback(info, node.value) or _own_host(info, node.value)', 'value = _loopback(info, node.value)'),
+ ('eleventh: DDP032 the set-up that takes its rank from SLURM', 'rules/ddp032_rendezvous_mismatch.py', 'if (slurm := _slurm_block(info, func, chain, node)):', 'if False and (slurm := _slurm_block(info, func, chain, node)):'),
+ ('eleventh: DDP032 a one-node arm of a SLURM set-up', 'rules/ddp032_rendezvous_mismatch.py', '        if any("node" in (dotted(n)', '        if False and any("node" in (dotted(n)'),
+ ('eleventh: DDP032 the block reads a SLURM task variable', 'rules/ddp032_rendezvous_mismatch.py', 'if isinstance(n, ast.Constant) and n.value in _SLURM_TASK:', 'if True:'),
 ]
 
 

@@ -1,6 +1,6 @@
 """DDP032 the processes of one group are told different places to meet.
 
-Every process of a group must name the same rendezvous: one address, one port. Two ways a
+Every process of a group must name the same rendezvous: one address, one port. Three ways a
 program gives each process its own:
 
 ```python
@@ -30,6 +30,13 @@ def setup(rank, world_size, port):
   node's own host and init waits until the timeout. Not under any other test (an arm of a
   single-node launch), not `os.environ.setdefault`, and not in a file that sets `RANK` itself.
   Fix: set it only where the launcher did not (`os.environ.setdefault("MASTER_ADDR", ...)`).
+- **Each task's own host under SLURM.** `os.environ["MASTER_ADDR"] = socket.gethostname()`
+  (or `getfqdn()`, `platform.node()`, or a loopback address) in the block that takes the rank
+  from SLURM (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS` read in that same block). srun
+  starts the tasks on every node of the job, and each node's tasks look for the group on their
+  own host: on more than one node init waits until the timeout. Not under a test of the node
+  count, and not a host one rank picks and sends to the others. Fix: the job's first node
+  (`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`) on every task.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from ..registry import Hit, rule
 
 _PROBES = {"connect_ex", "bind", "connect"}
 _LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0"}
+_OWN_HOST = {"socket.gethostname", "socket.getfqdn", "platform.node"}
+# What SLURM gives each task: set on every node of the job, one task per process.
+_SLURM_TASK = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"}
 
 
 @rule('DDP032', 'rendezvous-mismatch', 'error',
@@ -148,14 +158,24 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1
                 and _environ_key(node.targets[0]) == "MASTER_ADDR"):
             continue
-        value = _loopback(info, node.value)
+        value = _loopback(info, node.value) or _own_host(info, node.value)
         if not value:
             continue
         func = next((f for fs in info.funcs.values() for f in fs
                      if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)
                      and enclosing(f, info.tree, node) is not None), None)
         chain = enclosing(func, info.tree, node)
-        if chain is None or any(not _same_value(t, node.value) for t in _tests(chain)):
+        if chain is None:
+            continue
+        if (slurm := _slurm_block(info, func, chain, node)):
+            yield node, "DDP032", (
+                f"os.environ['MASTER_ADDR'] = {ast.unparse(node.value)} ({value}) in the set-up "
+                f"that takes the rank from SLURM ({slurm}), which starts a task on every node of "
+                "the job: each node's tasks look for the group on their own host, so on more "
+                "than one node init waits until the timeout; set it to the job's first node "
+                "(`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`) on every task")
+            continue
+        if any(not _same_value(t, node.value) for t in _tests(chain)):
             continue
         launcher = _launcher_after(info, func, node.lineno)
         if launcher:
@@ -184,6 +204,36 @@ def _loopback(info: ModuleInfo, node: ast.expr) -> str:
         default = kwarg(rec.node, "default")
         if opt in names and isinstance(default, ast.Constant) and default.value in _LOOPBACK:
             return f"an option whose default is {default.value!r}, given or not"
+    return ""
+
+
+def _own_host(info: ModuleInfo, node: ast.expr) -> str:
+    """`socket.gethostname()` (or `getfqdn()`, `platform.node()`, and `gethostbyname` of one):
+    the name of the host that runs this process, a different one on each node."""
+    if not isinstance(node, ast.Call):
+        return ""
+    q = info.qualify(node.func) or ""
+    if q == "socket.gethostbyname" and node.args:
+        return _own_host(info, node.args[0])
+    return "this process's own host" if q in _OWN_HOST else ""
+
+
+def _slurm_block(info: ModuleInfo, func: Func | None, chain: list[ast.AST],
+                 node: ast.Assign) -> str:
+    """The SLURM task variable that the block holding `node` reads (its rank's source: SLURM
+    starts a task on every node), when no test around it is of the node count (`if
+    int(os.environ["SLURM_NNODES"]) == 1:`); "" otherwise."""
+    for test in _tests(chain):
+        if any("node" in (dotted(n) or str(getattr(n, "value", ""))).lower()
+               for n in ast.walk(test)):
+            return ""
+    holder: ast.AST | None = chain[-1] if chain else (func or info.tree)
+    blocks = [getattr(holder, f, None) for f in ("body", "orelse", "handlers", "finalbody")]
+    block = next((b for b in blocks if isinstance(b, list) and node in b), None)
+    for st in block or []:
+        for n in ast.walk(st):
+            if isinstance(n, ast.Constant) and n.value in _SLURM_TASK:
+                return f"it reads {n.value} at line {n.lineno}"
     return ""
 
 
