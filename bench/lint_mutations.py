@@ -455,6 +455,9 @@ M = [
  ('eleventh: DDP032 the set-up that takes its rank from SLURM', 'rules/ddp032_rendezvous_mismatch.py', 'if (slurm := _slurm_block(info, func, chain, node)):', 'if False and (slurm := _slurm_block(info, func, chain, node)):'),
  ('eleventh: DDP032 a one-node arm of a SLURM set-up', 'rules/ddp032_rendezvous_mismatch.py', '        if any("node" in (dotted(n)', '        if False and any("node" in (dotted(n)'),
  ('eleventh: DDP032 the block reads a SLURM task variable', 'rules/ddp032_rendezvous_mismatch.py', 'if isinstance(n, ast.Constant) and n.value in _SLURM_TASK:', 'if True:'),
+ ('eleventh: DDP025 mp.spawn hands over only its index', 'analysis/param_flow.py', '            args = args[1:]\n', '            pass\n'),
+ ('eleventh: DDP025 a constant argument is the single-process path', 'analysis/param_flow.py', '            if not isinstance(arg := passed(func, rec.node, param), ast.Constant)]', '            for arg in [passed(func, rec.node, param)]]'),
+ ('eleventh: DDP025 the spawn index is the first parameter only', 'analysis/param_flow.py', '    sites = callers(info, func, spawned=bool(first) and first[0].arg == param)', '    sites = callers(info, func, spawned=True)'),
 ]
 
 

@@ -62,11 +62,16 @@ def test_the_global_rank_passed_through_the_same_calls_is_silent(tmp_path: Path)
     assert (name, code, line) == ("utils.py", "DDP025", 9) and "device index" in message
 
 
-def test_a_function_mp_spawn_calls_has_callers_out_of_sight(tmp_path: Path) -> None:
-    # mp.spawn passes its index (both ranks on one node) besides the call in sight
+def test_mp_spawns_index_tells_nothing_and_the_call_in_sight_answers(tmp_path: Path) -> None:
+    # mp.spawn passes its index (both ranks on one node) to the first parameter: the call in
+    # sight, on the launcher's path, still passes the local rank
     main = MAIN + ("    import torch.multiprocessing as mp\n"
                    "    mp.spawn(main, args=(2,), nprocs=2)\n")
-    assert _project(tmp_path, {"utils.py": SETUP, "main.py": main}) == []
+    [(name, code, line, message)] = _project(tmp_path, {"utils.py": SETUP, "main.py": main})
+    assert (name, code, line) == ("utils.py", "DDP025", 9) and "main() at main.py:15" in message
+    # with the spawn alone, nothing in sight says which rank it is
+    spawned = main.replace("    main(LOCAL_RANK, WORLD_SIZE)\n", "")
+    assert _project(tmp_path, {"utils.py": SETUP, "main.py": spawned}) == []
 
 
 def test_one_caller_passing_another_kind_leaves_the_parameter_unknown(tmp_path: Path) -> None:

@@ -55,28 +55,36 @@ def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> st
     """A parameter is what its callers pass: `source` of the argument when every call of
     `func` in the files given has one for it (`ddp_setup(local_rank, ...)` from `main(LOCAL_RANK,
     ...)`), naming where it was passed; None when a caller is out of sight or one has none."""
-    sites = callers(info, func)
+    args = func.args
+    first = [*args.posonlyargs, *args.args][:1]
+    sites = callers(info, func, spawned=bool(first) and first[0].arg == param)
     if not sites:
         return None
-    srcs = [source(caller, arg, rec.func)
-            if (arg := passed(func, rec.node, param)) is not None else None
-            for caller, rec in sites]
-    if not all(srcs):
+    # A constant is the single-process path (`main(0, 1)`), as it is where a name is assigned.
+    read = [(caller, rec, arg) for caller, rec in sites
+            if not isinstance(arg := passed(func, rec.node, param), ast.Constant)]
+    srcs = [source(caller, arg, rec.func) if arg is not None else None
+            for caller, rec, arg in read]
+    if not read or not all(srcs):
         return None
-    caller, rec = sites[0]
+    caller, rec, _ = read[0]
     then = "then" if ", passed as" in (srcs[0] or "") else "passed"
     return (f"{srcs[0]}, {then} as `{param}` to {func.name}() at "
             f"{os.path.basename(caller.path)}:{rec.node.lineno}")
 
 
-def callers(info: ModuleInfo, fn: Func) -> list[tuple[ModuleInfo, CallRec]] | None:
+def callers(info: ModuleInfo, fn: Func,
+            spawned: bool = False) -> list[tuple[ModuleInfo, CallRec]] | None:
     """Every call of the module-level function `fn` (defined in `info`) in the files given,
     with the module it sits in; None where a caller may be out of sight: `fn` is a method or
     a nested function, its name is read other than as a call's callee somewhere (handed to
-    `mp.spawn`, a callback), or nothing calls it."""
+    `mp.spawn`, a callback), or nothing calls it. `spawned`: the question is about the first
+    parameter, which torch.multiprocessing's `spawn(fn, ...)` fills with the process's index
+    on its own node (both ranks there): such a hand-off tells nothing and hides nothing, and
+    the calls in sight answer (`train(args.local_rank, ...)` on the launcher's path)."""
     if fn in info.func_class or id(fn) in info.parents:
         return None
-    key = ("callers", id(fn))
+    key = ("callers", id(fn), spawned)
     hit = info._memo.get(key)
     if hit is not None or key in info._memo:
         return hit  # type: ignore[return-value]
@@ -90,7 +98,7 @@ def callers(info: ModuleInfo, fn: Func) -> list[tuple[ModuleInfo, CallRec]] | No
         recs = other.calls_named(fn.name)
         out.extend((other, rec) for rec in recs   # type: ignore[union-attr]
                    if _resolves(other, rec, info, fn))
-    if not out or any(fn.name in _handed_on(other) for other in scanned):
+    if not out or any(fn.name in _handed_on(other, spawned) for other in scanned):
         out = None
     info._memo[key] = out
     return out
@@ -124,12 +132,13 @@ def _namers(infos: list[ModuleInfo]) -> dict[str, list[ModuleInfo]]:
     return hit  # type: ignore[return-value]
 
 
-def _handed_on(info: ModuleInfo) -> set[str]:
+def _handed_on(info: ModuleInfo, spawned: bool = False) -> set[str]:
     """The names `info` hands on rather than calls: an argument of a call (`mp.spawn(main,
     ...)`, `partial(main)`, `Process(target=main)`) or a value assigned (`hooks = [main]`),
-    alone or in a list, tuple or dict. Read once per module from the calls and assignments the
+    alone or in a list, tuple or dict; with `spawned`, not the function torch.multiprocessing's
+    `spawn`/`start_processes` is given. Read once per module from the calls and assignments the
     walk recorded (a walk of every tree per question costs more than the lint)."""
-    key = ("handed_on", 0)
+    key = ("handed_on", spawned)
     hit = info._memo.get(key)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -144,7 +153,11 @@ def _handed_on(info: ModuleInfo) -> set[str]:
                 out.add(n.attr)
 
     for rec in info.calls:
-        for a in (*rec.node.args, *(k.value for k in rec.node.keywords)):
+        args = rec.node.args
+        if spawned and args and rec.last in ("spawn", "start_processes") and \
+                (info.qualify(rec.node.func) or "").startswith("torch.multiprocessing"):
+            args = args[1:]
+        for a in (*args, *(k.value for k in rec.node.keywords)):
             add(a)
     for vals in info.assigns.values():
         for _, v in vals:
