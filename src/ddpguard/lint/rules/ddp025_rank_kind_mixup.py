@@ -44,18 +44,17 @@ for it when every call of its function in the files given passes the same kind (
 read in the entry file, passed as `main(local_rank, ...)` and on to a set-up helper of another
 module, `ddp_setup(rank, ...)`, that calls `init_process_group(rank=rank)`); not where the
 function is also named other than as a call's callee (a thread's target, a callback: callers
-out of sight), nor where one call passes another kind or unpacks `*args`. `mp.spawn(main,
-...)` fills only `main`'s first parameter, with the process's index on its own node (both
-ranks there), and a constant argument is the single-process path (`main(0, 1)`): neither tells
-anything, and the other calls answer (`main(args.local_rank, ...)` on the launcher's path).
-An attribute a class keeps (`self.opts.rank = int(os.environ["LOCAL_RANK"])` in `__init__`,
-then `init_process_group(rank=self.opts.rank)` in another method) is what the class's methods assign it, when every
-such assignment is of the same kind. A name assigned in several
-arms of an `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in
-os.environ`, `args.local_rank != -1`) assigns the wrong kind: each launcher runs on several
-nodes; not under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
-`LOCAL_RANK` for the device, `RANK` (or `dist.get_rank()`) for the process group.
-"""
+out of sight), nor where one call passes another kind or unpacks `*args`. `mp.spawn(main, ...)`
+fills only `main`'s first parameter, with the process's index on its own node (both ranks
+there), and a constant argument is the single-process path (`main(0, 1)`): neither tells
+anything, and the other calls answer (`main(args.local_rank, ...)` on the launcher's path). An
+attribute a class keeps (`self.opts.rank = int(os.environ["LOCAL_RANK"])` in `__init__`, then
+`init_process_group(rank=self.opts.rank)` in another method) is what the class's methods assign
+it, when every such assignment is of the same kind. A name assigned in several arms of an `if`
+is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
+`args.local_rank != -1`) assigns the wrong kind: each launcher runs on several nodes; not under
+a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix: `LOCAL_RANK` for
+the device, `RANK` (or `dist.get_rank()`) for the process group. """
 
 from __future__ import annotations
 
