@@ -175,6 +175,8 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
     out: list[Finding] = []
     infos: list[tuple[ModuleInfo, str]] = []
     floors: dict[Path, Version | None] = {}
+    # Only DDP010 asks which torch the project supports: no pyproject is read for the others.
+    floored = "DDP010" in (selection or Selection()).codes()
     for p in files:
         try:
             source = read(p)
@@ -185,9 +187,9 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
         if isinstance(info, Finding):
             out.append(info)
             continue
-        if p.parent not in floors:
+        if floored and p.parent not in floors:
             floors[p.parent] = project_torch_floor(p)
-        info.torch_floor = floors[p.parent]
+        info.torch_floor = floors.get(p.parent)
         infos.append((info, source))
     # A file that calls another's own rank predicate, or assigns the expression passed as
     # `init_process_group(rank=...)`, is walked again knowing it, so that its tests of it
