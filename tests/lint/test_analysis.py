@@ -113,7 +113,7 @@ def test_continue_in_an_inner_loop_is_no_exit() -> None:
     extra = src.replace(
         "                print(k, v)\n", "                print(k, v)\n            dist.barrier()\n"
     )
-    assert [c for c, _ in snippet_lines(extra)] == ["DDP005"]
+    assert [c for c, _ in snippet_lines(extra)] == ["DDP034"]
 
 
 def test_leader_first_as_two_plain_ifs() -> None:
@@ -185,7 +185,7 @@ def main(t, rank):
     got = inline_lines(src)
     # leader_first: only the extra all_reduce; share: only rank 0's assert before its
     # broadcast; main: only the last barrier. The matching pairs around them stay quiet.
-    assert got == [("DDP005", 12), ("DDP022", 17), ("DDP005", 31)]
+    assert got == [("DDP034", 12), ("DDP022", 17), ("DDP034", 31)]
 
 
 def test_an_nccl_variable_named_in_prose_is_no_setting() -> None:

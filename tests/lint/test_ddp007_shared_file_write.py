@@ -212,7 +212,7 @@ def test_a_constant_false_test_is_never_taken() -> None:
 def test_a_memoised_helper_is_unknown() -> None:
     # Without the cache rank 0 runs score(best) alone, and its all_gather waits for the others.
     got = fixture_lines_once(TOOL, "    @functools.cache\n", "")
-    assert [c for c, _ in got] == ["DDP005"]
+    assert [c for c, _ in got] == ["DDP034"]
 
 
 def test_a_flag_set_from_the_rank_in_another_file(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP030",
         "DDP031",
         "DDP032",
+        "DDP034",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -232,11 +233,9 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "DDP005": (
         """
-        rank = dist.get_rank()
-        is_master = rank == 0
-        if is_master:
-            dist.barrier()
         if dist.get_rank() == 0:
+            dist.broadcast(t, 0)
+        else:
             dist.all_reduce(t)
         """,
         """
@@ -506,6 +505,23 @@ CASES: dict[str, tuple[str, str]] = {
         '    main(int(os.environ["RANK"]))\nelse:\n    mp.spawn(main, nprocs=2)\n',
         'import torch.multiprocessing as mp\nif "RANK" in os.environ:\n'
         '    main(int(os.environ["RANK"]))\nelse:\n    mp.spawn(main, nprocs=2)\n',
+    ),
+    "DDP034": (
+        """
+        rank = dist.get_rank()
+        is_master = rank == 0
+        if is_master:
+            dist.barrier()
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)
+        """,
+        # a different collective on the other side: DDP005's (preview), not certain
+        """
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, 0)
+        """,
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',

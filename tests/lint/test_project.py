@@ -148,7 +148,7 @@ def main(model, loader, opt):
 def test_a_projects_own_rank_predicate_is_read_where_it_is_defined(tmp_path: Path) -> None:
     # `main_proc` says nothing by its name; comm.py defines it from the rank
     files = {"comm.py": COMM, "train.py": LEAD}
-    assert _project(tmp_path, files) == [("train.py", "DDP006", 12), ("train.py", "DDP005", 14)]
+    assert _project(tmp_path, files) == [("train.py", "DDP006", 12), ("train.py", "DDP034", 14)]
     # a function of that name in another module, not the imported one, tests nothing
     files["other.py"] = COMM
     files["comm.py"] = COMM.replace("dist.get_rank() == 0", "True")
@@ -200,7 +200,7 @@ def test_the_rank_passed_to_init_process_group_is_the_rank_where_it_is_assigned(
     # OpenNMT's shape: the launcher forms the group with `rank=opt.gpu_ranks[device_id]`, the
     # trainer keeps the same expression as `self.gpu_rank` and tests it
     files = {"launch.py": LAUNCH, "trainer.py": TRAINER}
-    assert _project(tmp_path, files) == [("trainer.py", "DDP005", 12)]
+    assert _project(tmp_path, files) == [("trainer.py", "DDP034", 12)]
     # another expression (the device's index, not the rank the group was formed with)
     files["trainer.py"] = TRAINER.replace("opt.gpu_ranks[device_id]", "opt.gpu_ids[device_id]")
     assert _project(tmp_path, files) == []

@@ -14,12 +14,13 @@ classes whose callee then differs is left to the callee's own comparison (report
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from .callgraph import handed_away_under_rank_tests, hands_work_away, has_split, message_loop
 from .consistent import marked, paths_agree
 from .context import Func, ModuleInfo, dotted
+from .leader_only import certain
 from .projection import Item, Seq, bind_root, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, RankClass
 from .sequences import (
@@ -55,6 +56,11 @@ class Divergence:
     # message with it); the first one the exit does not exclude is reported.
     partners: tuple[tuple[int, int, str], ...] = ()
     no_grad: bool = False   # DDP006: the forward runs under torch.no_grad()
+    # DDP005 in its certain form (DDP034): the leader alone reaches the collective, the
+    # others reach none in its place; what the path assumes (leader_only.certain), or None.
+    leader: str | None = None
+    # DDP005: the leader's stretch and the collective in it, for leader_only.certain
+    lead: tuple[Seq, Item, RankClass] | None = field(default=None, compare=False, repr=False)
 
 
 def divergences(info: ModuleInfo) -> list[Divergence]:
@@ -100,7 +106,8 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 found = [d for d in found if d.code in _EXIT_CODES]
             for d in found:
                 if d.code not in _EXIT_CODES:
-                    out.append(d)
+                    out.append(d if d.lead is None else
+                               replace(d, leader=certain(info, *d.lead), lead=None))
                     continue
                 # The first collective this exit does abandon (an exit under `not resume`
                 # does not abandon a broadcast under `if resume:`, but the wrap after it).
@@ -322,14 +329,31 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                                                                        then_b):
         # A forward under no_grad syncs the buffers once at most (the flag it clears skips
         # that class's next sync), and the other ranks' next forward makes the same
-        # broadcast: the counts meet. Only another collective on the other side hangs.
-        return
+        # broadcast: the counts meet. Only another collective on the other side hangs: the
+        # one this class reaches after that forward (an evaluation that all-reduces its
+        # metric, called on rank 0 alone).
+        later = _colls(a) if eb is None and not k else []
+        if not later:
+            return
+        (it, via), code = later[0], "DDP005"
+        ev = it.ev
+        assert ev is not None
+    lead: tuple[Seq, Item, RankClass] | None = None
     if eb is not None:
         other = f"{_who(cb, eb[0])} {_v(cb, 'reach')} {_what(*eb, here)} instead"
         other_line = _line(*eb)
+    elif code == "DDP005" and ev.text and ca is OTHERS:
+        # The ranks > 0 alone in a collective of a group of their own (`barrier(workers)`, a
+        # new_group without the parameter server): rank 0 need not be in that group.
+        return
     else:
         x = _early_exit(b) if not k else None
         nxt = _first(rest_b, _OPS)
+        if x is not None and x[0].ev is not None and code == "DDP005" and \
+                x[0].ev.op in ("raise", "assert"):
+            # The other class fails first (`if rank != server: raise RuntimeError(...)`, a
+            # role check): the launcher ends the job; no rank waits long (DDP022's part).
+            return
         if x is not None and x[0].ev is not None:
             ev = x[0].ev
             other = f"{_who(cb, x[0])} {_v(cb, 'leave')} at line {ev.line} ({ev.op}) first"
@@ -340,12 +364,15 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         else:
             other = f"{cb.name} never {'reach' if _v(cb, 'reach') == 'reach' else 'reaches'} it"
             other_line = 0
+        if code == "DDP005" and (x is None or x[0].ev is None) and ca in (RANK0, NODE_LEADERS):
+            lead = (a, it, ca)
     # DDP006's consequence depends on the model's buffers, which the rule weighs: it adds the tail.
     tail = "; the ranks reach different collective sequences and wait on each other" \
         if code == "DDP005" else ""
     out.append(Divergence(code, _line(it, via),
                           f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
-                          other_line, no_grad=code == "DDP006" and _no_grad(a, it)))
+                          other_line, no_grad=code == "DDP006" and _no_grad(a, it),
+                          lead=lead))
 
 
 def _pairs_with_a_forward(eb: tuple[Item, tuple[int, ...]] | None, b: Seq, rest_b: Seq,

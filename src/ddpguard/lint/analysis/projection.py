@@ -36,6 +36,7 @@ class Item:
     split: bool = False            # an alt whose test may differ between ranks (or an assert)
     fallback: bool = False         # an alt on a search's fallback (runtime_tests)
     received: bool = False         # an alt on what a collective delivered (runtime_tests)
+    test: ast.expr | None = None   # an alt's test (the message names it as an assumption)
 
 
 Seq = tuple[Item, ...]
@@ -125,8 +126,11 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
                     n2.id in consts for n2 in ast.walk(n.test) if isinstance(n2, ast.Name))
             else:
                 v = evaluate_test(info, n.test, cls) if split else n.fixed
-                if consts and v == UNKNOWN:
-                    v = _with_consts(info, n.test, cls, consts)
+                if consts and (v == UNKNOWN or _decided_by_consts(n.test, consts)):
+                    # `distributed=False` passed (or its default): the literal decides,
+                    # whatever the name says about the program
+                    w = _with_consts(info, n.test, cls, consts)
+                    v = w if w != UNKNOWN else v
             if v != UNKNOWN and not split:
                 seq, ex = _block(info, n.body if v == TRUE else n.orelse, cls, stack, writes,
                                  cond, consts)
@@ -157,7 +161,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
             else:
                 out.append(Item(("a", kb, ko), "alt", arms=(tuple(b), tuple(o)), site=n.line,
                                 cond=cond, split=split, fallback=n.fallback,
-                                received=n.received))
+                                received=n.received, test=n.test))
             if bx and ox:
                 return out, bx
         elif t is LoopN:
@@ -295,7 +299,7 @@ def _rebind(seq: Seq, n: CallN) -> Seq:
                 ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
             if any(arms):
                 out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via,
-                                it.args, it.no_grad, it.split))
+                                it.args, it.no_grad, it.split, test=it.test))
         else:
             out.append(it)
     return tuple(out)
@@ -317,7 +321,7 @@ def bind_root(seq: Seq, params: set[str]) -> Seq:
             key: tuple[object, ...] = ("a", *keys) if it.kind == "alt" else \
                 ("l", keys[0]) if it.kind == "loop" else ("i", it.site, it.name, keys[0])
             out.append(Item(key, it.kind, None, arms, it.site, it.name, it.cond, it.via,
-                            it.args, it.no_grad, it.split))
+                            it.args, it.no_grad, it.split, test=it.test))
         else:
             out.append(it)
     return tuple(out)

@@ -157,7 +157,11 @@ class Builder:
             out.append(Ev("yield", "yield", s.lineno))
 
     def calls(self, s: ast.stmt, out: list[object]) -> None:
-        for rec in self.by_stmt.get(id(s), ()):
+        recs = self.by_stmt.get(id(s), ())
+        later = _deferred(recs) if len(recs) > 1 else None
+        for rec in recs:
+            if later and id(rec.node) in later:
+                continue  # runs when the signal comes or the thread starts, not here
             node = self.event(rec)
             if node is not None:
                 out.append(node)
@@ -168,6 +172,9 @@ class Builder:
             group = next((ast.unparse(k.value) for k in rec.node.keywords if k.arg == "group"
                           and not (isinstance(k.value, ast.Constant) and k.value.value is None)),
                          "")
+            if not group and rec.last == "barrier" and rec.node.args and not (
+                    isinstance(a0 := rec.node.args[0], ast.Constant) and a0.value is None):
+                group = ast.unparse(a0)  # `dist.barrier(workers)`: its group, positional
             return Ev("coll", rec.last, line, group, path=info.path)
         f = rec.node.func
         target = dotted(f.value) if isinstance(f, ast.Attribute) and f.attr == "forward" \
@@ -334,6 +341,27 @@ class Builder:
                     isinstance(arg.operand, ast.Name) and arg.operand.id in self.params:
                 out[name] = CallerParam(arg.operand.id, negate=True)
         return out
+
+
+# Calls that keep a callable to run later (a signal, the interpreter's exit, a thread or
+# process of its own), not now: `signal.signal(SIGTERM, lambda s, f: save_and_exit())`.
+_REGISTERS = {"signal", "register", "Thread", "Timer", "Process", "start_new_thread",
+              "call_later", "call_soon"}
+
+
+def _deferred(recs: list[CallRec]) -> set[int] | None:
+    """The calls of one statement that sit in a lambda handed to a registering call: the
+    lambda's body runs when the handler fires, on whichever rank gets the signal."""
+    out: set[int] | None = None
+    for rec in recs:
+        if rec.last not in _REGISTERS:
+            continue
+        for arg in [*rec.node.args, *(k.value for k in rec.node.keywords)]:
+            if isinstance(arg, ast.Lambda):
+                if out is None:
+                    out = set()
+                out.update(id(n) for n in ast.walk(arg.body) if isinstance(n, ast.Call))
+    return out
 
 
 _LEADER_TEST = {GLOBAL: ast.Call(ast.Name("is_main_process", ast.Load()), [], []),
