@@ -442,6 +442,7 @@ M = [
  ("eleventh: ranks > 0 alone in a collective of their own group", 'analysis/divergence.py', '    elif code == "DDP005" and ev.text and ca is OTHERS:', '    elif False:'),
  ("eleventh: a literal default decides a helper's test over its name", 'analysis/projection.py', '                if consts and (v == UNKNOWN or _decided_by_consts(n.test, consts)):', '                if consts and v == UNKNOWN:'),
  ("eleventh: DDP034 a collective of a named group is not certain", 'analysis/leader_only.py', '    if target.ev is None or target.ev.text:', '    if target.ev is None:'),
+ ("eleventh: a class that fails first by raise is no DDP005", 'analysis/divergence.py', '                x[0].ev.op in ("raise", "assert"):', '                x[0].ev.op in ():'),
  ('tenth: DDP025 a program that spawns its own processes keeps the GPU count', 'rules/ddp025_rank_kind_mixup.py', '    if not src or src.endswith("()") or any(', '    if not src or src.endswith("()") or False and any('),
  ('tenth: DDP032 a loop that moves the port while a socket finds it taken', 'rules/ddp032_rendezvous_mismatch.py', '                    and c.func.attr in _PROBES for c in ast.walk(loop)):', '                    and False for c in ast.walk(loop)):'),
  ('tenth: DDP032 a helper of the file that binds a socket for a free port', 'rules/ddp032_rendezvous_mismatch.py', '        if "getsockname" in calls and "bind" in calls:', '        if False:'),
