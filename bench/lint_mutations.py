@@ -465,6 +465,20 @@ M = [
  ('eleventh: DDP025 mp.spawn hands over only its index', 'analysis/param_flow.py', '            args = args[1:]\n', '            pass\n'),
  ('eleventh: DDP025 a constant argument is the single-process path', 'analysis/param_flow.py', '            if not isinstance(arg := passed(func, rec.node, param), ast.Constant)]', '            for arg in [passed(func, rec.node, param)]]'),
  ('eleventh: DDP025 the spawn index is the first parameter only', 'analysis/param_flow.py', '    sites = callers(info, func, spawned=bool(first) and first[0].arg == param)', '    sites = callers(info, func, spawned=True)'),
+ ("twelfth: DDP030 a helper of another file makes the folder at the call", 'rules/ddp030_makedirs_race.py', '    yield from _helper_sites(info)\n', '    yield from ()\n'),
+ ("twelfth: DDP030 a helper called under a rank test", 'rules/ddp030_makedirs_race.py', '        if rec.last not in helpers or info.effective_guard(rec) != NONE:', '        if rec.last not in helpers:'),
+ ("twelfth: DDP030 a helper called with a per-rank folder", 'rules/ddp030_makedirs_race.py', '        if path is None or per_rank_path(info, path):\n            continue\n        chain = enclosing(rec.func, info.tree, rec.node)', '        if path is None:\n            continue\n        chain = enclosing(rec.func, info.tree, rec.node)'),
+ ("twelfth: DDP030 a helper's call in a try that catches", 'rules/ddp030_makedirs_race.py', '        if chain is None or dead(chain, rec.node) or _caught(chain) \\\n', '        if chain is None or dead(chain, rec.node) \\\n'),
+ ("twelfth: DDP030 rank 0 called the helper first", 'rules/ddp030_makedirs_race.py', '                or _made_by_rank0(info, rec, path, (rec.last,)):', '                or False:'),
+ ("twelfth: DDP030 the ranks meet after the helper's call", 'rules/ddp030_makedirs_race.py', '        follow = _follow(info, rec.func, rec.node.lineno)\n        if not follow:\n            continue\n        where', '        follow = _follow(info, rec.func, rec.node.lineno) or "x"\n        if not follow:\n            continue\n        where'),
+ ("twelfth: DDP030 a helper that rebinds its parameter", 'rules/ddp030_makedirs_race.py', '                    or _rebound(fn, path.id):', '                    or False:'),
+ ("twelfth: DDP030 a helper that catches the error itself", 'rules/ddp030_makedirs_race.py', '            if chain is None or dead(chain, rec.node) or not _tested_missing(chain, path) \\\n                    or _caught(chain):', '            if chain is None or dead(chain, rec.node) or not _tested_missing(chain, path):'),
+ ("twelfth: DDP027 a loop bound moved on some ranks", 'rules/ddp027_rank_only_binding.py', '    for b in moved_bounds(info):', '    for b in ():'),
+ ("twelfth: DDP027 the other arm moves the bound too", 'analysis/rank_bounds.py', '                if k not in other:', '                if True:'),
+ ("twelfth: DDP027 the bound bound again on every rank before the loop", 'analysis/rank_bounds.py', '        if same and _rebound_between(info, body, name, end, loop.lineno):', '        if False:'),
+ ("twelfth: DDP027 a collective handed the bound", 'analysis/rank_bounds.py', '        if _handed_to_collective(info, name):', '        if False:'),
+ ("twelfth: DDP027 each turn of the loop syncs", 'analysis/rank_bounds.py', '        sync = _turn_syncs(info, scope, loop)\n        if sync:', '        sync = _turn_syncs(info, scope, loop) or "x"\n        if sync:'),
+ ("twelfth: DDP027 an attribute moved in one method, looped from in another", 'analysis/rank_bounds.py', '            scopes = [func] if "." not in name else _class_methods(info, func, name)', '            scopes = [func]'),
 ]
 
 

@@ -48,6 +48,7 @@ class FileSet:
                     shared.setdefault(name, level)
         _constructor_flags(infos)
         self.infos = infos
+        self.memo: dict[str, object] = {}   # facts of the whole set a rule reads once
         self._grouped: set[int] | None = None
         self._handed: dict[int, list[ModuleInfo]] | None = None
         for info in infos:

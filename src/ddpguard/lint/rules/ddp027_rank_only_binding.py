@@ -21,8 +21,10 @@ every rank (`loss / cont`): the other ranks raise ZeroDivisionError while the ra
 go on to the next collective (later in the function, or in the next turn of the loop around
 it: the next epoch's backward). Not where a test of the count guards the division (`if cont:`,
 `x / cont if cont else 0`), the other arm advances it too, or the divisor is not the bare
-count (`max(cont, 1)`). Fix: bind the name on every rank (compute it everywhere, or broadcast
-it).
+count (`max(cont, 1)`). And a loop bound every rank binds but only the rank-tested arm binds
+again (`start_epoch` read from a checkpoint on rank 0 alone), when every rank's loop runs from
+it and each turn syncs (analysis/rank_bounds.py). Fix: bind the name on every rank (compute it
+everywhere, or broadcast it).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..analysis.context import (
     is_collective,
 )
 from ..analysis.enclosing import waits_after
+from ..analysis.rank_bounds import moved_bounds
 from ..registry import At, Hit, rule
 
 _SCOPE_STOP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -71,6 +74,12 @@ def ddp027(info: ModuleInfo) -> Iterator[Hit]:
     for func, ifs in scopes.values():
         yield from _scope(info, func, ifs)
     yield from _counters(info)
+    for b in moved_bounds(info):
+        yield b.read, "DDP027", (
+            f"`{b.name}` is set on every rank but set again only where "
+            f"`{ast.unparse(b.test.test)}` holds (line {b.moved}), and every rank's loop at "
+            f"line {b.loop.lineno} runs from it: the ranks run different numbers of turns, and "
+            f"those with turns left wait in {b.sync} for peers that have finished")
 
 
 def _counters(info: ModuleInfo) -> Iterator[Hit]:

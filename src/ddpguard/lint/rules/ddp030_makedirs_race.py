@@ -17,16 +17,20 @@ under a rank test, in a function not called only under one) of a module that run
 torch.distributed, when a collective, a DDP wrap or a backward follows in the same function or
 in the caller (the ranks must meet again after it for one death to hang the rest). Silent in a
 `try` that catches FileExistsError (or OSError), for a path that names the rank, and where
-rank 0 created the same path before. Fix: `os.makedirs(path, exist_ok=True)`, or create it on
-rank 0 and `dist.barrier()` before the others use it.
+rank 0 created the same path before. A project helper in another file that does the test and
+the `makedirs` on its parameter (`utils.mkdir(path)`) is the same race at each call site that
+every rank reaches, with the same silences read at the call. Fix: `os.makedirs(path,
+exist_ok=True)`, or create it on rank 0 and `dist.barrier()` before the others use it.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.callgraph import resolve
+from ..analysis.context import CallRec, Func, ModuleInfo, kwarg
 from ..analysis.enclosing import dead, enclosing, waits_after
 from ..analysis.paths import per_rank_path
 from ..analysis.provenance import NONE
@@ -59,6 +63,95 @@ def ddp030(info: ModuleInfo) -> Iterator[Hit]:
             f"every rank creates `{ast.unparse(path)}` after testing that it is missing: two "
             f"ranks pass the test together and the later {rec.last}() raises FileExistsError, "
             f"so that rank dies while the others go on to {follow} and wait for it")
+    yield from _helper_sites(info)
+
+
+def _helper_sites(info: ModuleInfo) -> Iterator[Hit]:
+    """Calls, on every rank, of another file's helper that makes its parameter's folder after
+    testing that it is missing (`utils.mkdir(args.out)`)."""
+    helpers = _racy_helpers(info)
+    if not helpers:
+        return
+    for rec in info.calls:
+        if rec.last not in helpers or info.effective_guard(rec) != NONE:
+            continue
+        target = resolve(info, rec)
+        if target is None or target[0] is info:
+            continue  # this file's own helpers are read at their makedirs (above)
+        made = next((m for m in helpers[rec.last]
+                     if m[0] is target[0] and m[1] is target[1]), None)
+        if made is None:
+            continue
+        path = _argument(rec.node, made[1], made[2])
+        if path is None or per_rank_path(info, path):
+            continue
+        chain = enclosing(rec.func, info.tree, rec.node)
+        if chain is None or dead(chain, rec.node) or _caught(chain) \
+                or _made_by_rank0(info, rec, path, (rec.last,)):
+            continue
+        follow = _follow(info, rec.func, rec.node.lineno)
+        if not follow:
+            continue
+        where = f"{os.path.basename(made[0].path)}:{made[3]}"
+        yield rec.node, "DDP030", (
+            f"every rank calls {rec.last}(`{ast.unparse(path)}`), which tests that the folder is "
+            f"missing and then creates it without exist_ok ({where}): two ranks pass the test "
+            f"together and the later one raises FileExistsError, so that rank dies while the "
+            f"others go on to {follow} and wait for it")
+
+
+def _racy_helpers(info: ModuleInfo) -> dict[str, list[tuple[ModuleInfo, Func, str, int]]]:
+    """Every plain function of the other files on the command line whose own makedirs makes
+    the folder one of its parameters names, after testing that it is missing, on every rank
+    of its own body: name -> (module, function, parameter, line). Read once per file set."""
+    file_set = info.file_set
+    if file_set is None or not getattr(file_set, "multi", False):
+        return {}
+    memo = file_set.memo.get("ddp030_helpers")  # type: ignore[attr-defined]
+    if memo is not None:
+        return memo
+    out: dict[str, list[tuple[ModuleInfo, Func, str, int]]] = {}
+    for other in file_set.infos:  # type: ignore[attr-defined]
+        for rec in other.calls_named("makedirs", "mkdir"):
+            fn = rec.func
+            path = _made_path(other, rec.node)
+            if fn is None or fn in other.func_class or not isinstance(path, ast.Name) \
+                    or rec.guard or path.id not in _positional(fn) and path.id not in {
+                        a.arg for a in fn.args.kwonlyargs} \
+                    or _rebound(fn, path.id):
+                continue
+            chain = enclosing(fn, other.tree, rec.node)
+            if chain is None or dead(chain, rec.node) or not _tested_missing(chain, path) \
+                    or _caught(chain):
+                continue
+            out.setdefault(fn.name, []).append((other, fn, path.id, rec.node.lineno))
+    file_set.memo["ddp030_helpers"] = out  # type: ignore[attr-defined]
+    return out
+
+
+def _rebound(fn: Func, name: str) -> bool:
+    """The function assigns the parameter before use (`path = os.path.join(path, sub)`): the
+    folder is no longer the caller's argument."""
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+               for st in fn.body for n in ast.walk(st))
+
+
+def _positional(fn: Func) -> list[str]:
+    return [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+
+
+def _argument(call: ast.Call, fn: Func, param: str) -> ast.expr | None:
+    """The expression a call passes for `param` of `fn` (None when a star hides it)."""
+    v = kwarg(call, param)
+    if v is not None:
+        return v
+    names = _positional(fn)
+    if param not in names:
+        return None
+    i = names.index(param)
+    if any(isinstance(a, ast.Starred) for a in call.args[:i + 1]) or i >= len(call.args):
+        return None
+    return call.args[i]
 
 
 def _made_path(info: ModuleInfo, call: ast.Call) -> ast.expr | None:
@@ -134,12 +227,13 @@ def _caught(chain: list[ast.AST]) -> bool:
     return False
 
 
-def _made_by_rank0(info: ModuleInfo, rec: object, path: ast.expr) -> bool:
+def _made_by_rank0(info: ModuleInfo, rec: CallRec, path: ast.expr,
+                   makers: tuple[str, ...] = ()) -> bool:
     """Rank 0 made the same folder earlier in the same scope (and, as the code's own order
     says, the others wait for it)."""
-    line = rec.node.lineno  # type: ignore[attr-defined]
-    func = rec.func  # type: ignore[attr-defined]
-    for other in info.calls_named("makedirs", "mkdir"):
+    line = rec.node.lineno
+    func = rec.func
+    for other in info.calls_named("makedirs", "mkdir", *makers):
         if other.func is func and other.node.lineno < line and other.guard \
                 and other.node.args and _same(other.node.args[0], path):
             return True
