@@ -174,3 +174,56 @@ def test_an_attribute_the_class_keeps_is_what_its_methods_assign(tmp_path: Path)
     # a class that also assigns the global rank to it: its kind is unknown, silent
     both = TRAINER_CLASS + "\n    def resume(self):\n        self.rank = dist.get_rank()\n"
     assert _project(tmp_path, {"train.py": both}) == []
+
+
+CONFIG_LAUNCH = """\
+import torch.distributed as dist
+
+from trainer import Trainer
+
+
+def main(params):
+    dist.init_process_group("nccl")
+    params['world_rank'] = dist.get_rank()
+    params['verb'] = params['world_rank'] == 0
+    Trainer(params).train()
+"""
+
+RESUMING_TRAINER = """\
+import torch
+
+
+class Trainer:
+    def __init__(self, params):
+        self.verb = params['verb']
+        self.model, self.loader, self.opt = params['model'], params['loader'], params['opt']
+        self.start_epoch = 0
+        if params['resuming'] and self.verb:
+            self.restore(params['checkpoint'])
+
+    def restore(self, path):
+        self.start_epoch = torch.load(path)['epoch']
+
+    def train(self):
+        for epoch in range(self.start_epoch, 10):
+            for x in self.loader:
+                self.model(x).sum().backward()
+                self.opt.step()
+"""
+
+
+def test_a_config_key_set_from_the_rank_is_that_flag_in_another_file(tmp_path: Path) -> None:
+    # `params['verb'] = rank == 0` in the launcher makes the trainer's `self.verb` rank 0's
+    # flag: the resume it guards moves the epoch loop's start on rank 0 alone (DDP027)
+    found = _project(tmp_path, {"launch.py": CONFIG_LAUNCH, "trainer.py": RESUMING_TRAINER})
+    assert [(n, c, line) for n, c, line, _ in found] == [("trainer.py", "DDP027", 16)]
+    assert "self.start_epoch" in found[0][3] and "line 10" in found[0][3]
+    # the key read straight from the config in the test
+    direct = RESUMING_TRAINER.replace("params['resuming'] and self.verb",
+                                      "params['resuming'] and params['verb']")
+    assert [(n, c, line) for n, c, line, _ in _project(
+        tmp_path, {"launch.py": CONFIG_LAUNCH, "trainer.py": direct})] == [
+        ("trainer.py", "DDP027", 16)]
+    # the same key set from something else is no rank test
+    other = CONFIG_LAUNCH.replace("params['world_rank'] == 0", "params['debug']")
+    assert _project(tmp_path, {"launch.py": other, "trainer.py": RESUMING_TRAINER}) == []

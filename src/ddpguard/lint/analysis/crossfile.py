@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .context import CallRec, Func, ModuleInfo, dotted, foreign_ddp, is_collective
 from .instances import method_rank_seeds
-from .provenance import GLOBAL, is_predicate
+from .provenance import GLOBAL, is_predicate, key_name
 
 # Packages that are never one of the files being linted (`torch.distributed.barrier` must
 # not resolve to a project file named distributed.py).
@@ -293,6 +293,22 @@ def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
                     type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs
                     for _, v in entries):
                 out.setdefault(id(info), {})[name] = GLOBAL
+    # A config key one file sets from the rank (`params['verb'] = params['world_rank'] == 0`)
+    # is that flag where another file reads it (`self.verb = params['verb']`).
+    keys = {k: v for i in infos for k, v in i.rank_names.items() if k.startswith("['")}
+    for info in infos if keys and len(infos) > 1 else ():
+        seed = {k: v for k, v in keys.items() if k not in info.rank_names}
+        if not seed:
+            continue
+        for name, entries in info.assigns.items():
+            if name in info.rank_names:
+                continue
+            for _, v in entries:
+                if type(v) is ast.Subscript and type(v.slice) is ast.Constant \
+                        and key_name(str(v.slice.value)) in seed:
+                    seed[name] = seed[key_name(str(v.slice.value))]
+                    break
+        out.setdefault(id(info), {}).update(seed)
     return out
 
 

@@ -120,6 +120,11 @@ def env_level(key: object) -> int:
     return _ENV.get(key, NONE) if isinstance(key, str) else NONE
 
 
+def key_name(key: str) -> str:
+    """How a config key set from the rank is kept among the rank names: `['verb']`."""
+    return f"['{key}']"
+
+
 def key_level(key: object) -> int:
     """`os.environ["RANK"]`, and a config read by key: `config["local_rank"]`."""
     if not isinstance(key, str):
@@ -160,6 +165,10 @@ def value_level(info: RankTable, node: ast.AST) -> int:
         return NONE
     if t is ast.Subscript:
         if isinstance(n.slice, ast.Constant):
+            if type(n.slice.value) is str:
+                hit = info.rank_names.get(key_name(n.slice.value))
+                if hit is not None:
+                    return hit
             return key_level(n.slice.value)
         return NONE
     if t is ast.BinOp:

@@ -44,7 +44,7 @@ def moved_bounds(info: ModuleInfo) -> Iterator[MovedBound]:
     if not info.rank_ifs:
         return
     for func, test in info.rank_ifs:
-        moved = _moved(test)
+        moved = _moved(info, func, test)
         if not moved:
             continue
         for name, line in sorted(moved.items()):
@@ -56,11 +56,13 @@ def moved_bounds(info: ModuleInfo) -> Iterator[MovedBound]:
                     break
 
 
-def _moved(test: ast.If) -> dict[str, int]:
+def _moved(info: ModuleInfo, func: Func | None, test: ast.If) -> dict[str, int]:
     """The names and `self.` attributes the test's arm binds (not its `else`), each with its
-    first line there."""
+    first line there; also the attributes a method of the same class binds when the arm calls
+    it (`if self.verb: self.restore_checkpoint(path)`), at the line of the call."""
     out: dict[str, int] = {}
     other = {k for st in test.orelse for n in ast.walk(st) for k in _bound(n)}
+    cls = info.func_class.get(func) if func is not None else None
     for st in test.body:
         for n in ast.walk(st):
             if isinstance(n, _SCOPES):
@@ -68,6 +70,14 @@ def _moved(test: ast.If) -> dict[str, int]:
             for k in _bound(n):
                 if k not in other:
                     out.setdefault(k, n.lineno)  # type: ignore[attr-defined]
+            if cls is not None and isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == "self":
+                for m in info.funcs.get(n.func.attr, []):
+                    if info.func_class.get(m) != cls or m is func:
+                        continue
+                    for k in {k for x in ast.walk(m) for k in _bound(x) if "." in k}:
+                        if k not in other:
+                            out.setdefault(k, n.lineno)
     return out
 
 

@@ -18,7 +18,7 @@ from .context import (
     foreign_ddp,
     mpi_qual,
 )
-from .provenance import GLOBAL, LOCAL, NONE, test_level
+from .provenance import GLOBAL, LOCAL, NONE, key_name, test_level
 from .rank_functions import _flags_set_in_arms, _guard_functions, _rank_functions_first
 
 _EXITS = (ast.Return, ast.Continue, ast.Raise, ast.Break)
@@ -127,6 +127,11 @@ class Walker:
                     if name.endswith(".require_backward_grad_sync"):
                         info.spelled.add("no_sync")  # nanoGPT's spelling of no_sync
                 else:
+                    if level and type(tgt) is ast.Subscript and type(tgt.slice) is _Constant \
+                            and type(tgt.slice.value) is str:
+                        # `params['verb'] = params['world_rank'] == 0`: the key is a rank
+                        # flag wherever the config travels (read by key in another file)
+                        info.rank_names[key_name(tgt.slice.value)] = level
                     self.expr(tgt)
         elif t is _Expr:
             if type(s.value) is not _Constant:  # docstrings mention variables freely

@@ -54,8 +54,24 @@ _FOLLOW_EXACT = {"backward", "DistributedDataParallel", *COLLECTIVE_EXACT, *MPI_
       'a name bound only under a rank test and read by every rank before a collective',
       'bind it on every rank (compute it everywhere, or broadcast it)')
 def ddp027(info: ModuleInfo) -> Iterator[Hit]:
-    if not info.distributed or not info.split_funcs:
+    if not info.split_funcs:
         return
+    if info.distributed:
+        yield from _bindings_and_counts(info)
+    # A trainer module the group's own set-up imports runs in the group too, whatever it
+    # imports itself (its resume and its epoch loop may not spell torch.distributed).
+    if info.distributed or (info.file_set is not None
+                            and info.file_set.in_group(info)):  # type: ignore[attr-defined]
+        for b in moved_bounds(info):
+            yield b.read, "DDP027", (
+                f"`{b.name}` is set on every rank but set again only where "
+                f"`{ast.unparse(b.test.test)}` holds (line {b.moved}), and every rank's loop "
+                f"at line {b.loop.lineno} runs from it: the ranks run different numbers of "
+                f"turns, and those with turns left wait in {b.sync} for peers that have "
+                f"finished")
+
+
+def _bindings_and_counts(info: ModuleInfo) -> Iterator[Hit]:
     # Only a scope with a rank test and, on every rank, a collective somewhere can hang
     # this way: one pass over the calls finds the last such call of each function.
     last: dict[int, int] = {}
@@ -74,12 +90,6 @@ def ddp027(info: ModuleInfo) -> Iterator[Hit]:
     for func, ifs in scopes.values():
         yield from _scope(info, func, ifs)
     yield from _counters(info)
-    for b in moved_bounds(info):
-        yield b.read, "DDP027", (
-            f"`{b.name}` is set on every rank but set again only where "
-            f"`{ast.unparse(b.test.test)}` holds (line {b.moved}), and every rank's loop at "
-            f"line {b.loop.lineno} runs from it: the ranks run different numbers of turns, and "
-            f"those with turns left wait in {b.sync} for peers that have finished")
 
 
 def _counters(info: ModuleInfo) -> Iterator[Hit]:
