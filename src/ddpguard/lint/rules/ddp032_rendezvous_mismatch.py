@@ -30,6 +30,12 @@ def setup(rank, world_size, port):
   node's own host and init waits until the timeout. Not under any other test (an arm of a
   single-node launch), not `os.environ.setdefault`, and not in a file that sets `RANK` itself.
   Fix: set it only where the launcher did not (`os.environ.setdefault("MASTER_ADDR", ...)`).
+- **The launcher's port overwritten.** `os.environ["MASTER_PORT"] = "12359"` (any value but
+  the launcher's own) in the function that forms the group, when it takes its rank from
+  torchrun as above. torchrun's agent holds the group's store at the port it exported, and
+  every process, rank 0 too, connects to it there as a client: at a port of the program's own
+  nobody listens, so init waits until the timeout, on one machine as well. Same silences as
+  for the address. Fix: `os.environ.setdefault("MASTER_PORT", ...)`.
 - **Each task's own host under SLURM.** `os.environ["MASTER_ADDR"] = socket.gethostname()`
   (or `getfqdn()`, `platform.node()`, or a loopback address) in the block that takes the rank
   from SLURM (`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS` read in that same block). srun
@@ -57,11 +63,15 @@ _SLURM_TASK = {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"}
 
 
 @rule('DDP032', 'rendezvous-mismatch', 'error',
-      'each process probes its own rendezvous port, or the launcher\'s address is overwritten',
-      'pick the port once before spawning; set MASTER_ADDR only where the launcher did not')
+      'each process probes its own rendezvous port, or the launcher\'s address or port is '
+      'overwritten',
+      'pick the port once before spawning; set MASTER_ADDR and MASTER_PORT only where the '
+      'launcher did not')
 def ddp032(info: ModuleInfo) -> Iterator[Hit]:
-    yield from _own_ports(info)
+    probed = list(_own_ports(info))
+    yield from probed
     yield from _overwritten_address(info)
+    yield from _overwritten_port(info, {id(h[0]) for h in probed})
 
 
 def _environ_key(node: ast.AST) -> object:
@@ -184,6 +194,40 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
                 f"the address the launcher exported, while {launcher}: on every node but the "
                 "first, the group is looked for on the node's own host and init waits until "
                 "the timeout; set it only where the launcher did not (os.environ.setdefault)")
+
+
+def _overwritten_port(info: ModuleInfo, probed: set[int]) -> Iterator[Hit]:
+    """`os.environ["MASTER_PORT"] = "12359"` under torchrun: the launcher's agent holds the
+    group's store at the port it exported, and every process (rank 0 too) connects to it as a
+    client; a port of the program's own is one nobody listens on, on one machine as well."""
+    for rec in info.calls_named("init_process_group"):
+        func = rec.func
+        if func is None:
+            continue
+        for st in ast.walk(func):
+            if not (isinstance(st, ast.Assign) and len(st.targets) == 1
+                    and _environ_key(st.targets[0]) == "MASTER_PORT"
+                    and st.lineno < rec.node.lineno) or id(st) in probed \
+                    or _from_environ(st.value):
+                continue
+            chain = enclosing(func, info.tree, st)
+            if chain is None or any(not _same_value(t, st.value) for t in _tests(chain)):
+                continue
+            launcher = _launcher_after(info, func, st.lineno)
+            if launcher:
+                yield st, "DDP032", (
+                    f"os.environ['MASTER_PORT'] = {ast.unparse(st.value)} overwrites the port "
+                    f"the launcher exported, while {launcher}: under torchrun (and "
+                    "torch.distributed.launch) the launcher's agent holds the group's store at "
+                    "the port it exported and every process connects to it there, so each "
+                    "waits at a port where nobody listens until the timeout, on one machine "
+                    "too; set it only where the launcher did not (os.environ.setdefault)")
+            break  # one finding per set-up
+
+
+def _from_environ(value: ast.expr) -> bool:
+    """The launcher's own value passed on (`os.environ.get("MASTER_PORT", "29500")`)."""
+    return any(isinstance(n, ast.Constant) and n.value == "MASTER_PORT" for n in ast.walk(value))
 
 
 def _loopback(info: ModuleInfo, node: ast.expr) -> str:
