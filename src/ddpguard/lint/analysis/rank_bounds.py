@@ -112,10 +112,15 @@ def _loop_on(info: ModuleInfo, scope: Func | None, func: Func | None, test: ast.
     end = test.end_lineno or test.lineno
     if same and "." not in name and not _bound_before(body, name, test.lineno, scope):
         return None  # bound nowhere else: DDP027's NameError form
+    # `epoch = self.start_epoch` then `while epoch < self.epochs:` reads the bound too
+    aliases = [name, *(t.id for st in body for n in ast.walk(st)
+                       if isinstance(n, ast.Assign) and dotted(n.value) == name
+                       and (not same or n.lineno > end)
+                       for t in n.targets if isinstance(t, ast.Name))]
     for loop in _loops(body):
         if same and loop.lineno <= end:
             continue
-        read = _bound_read(loop, name)
+        read = next((r for a in aliases if (r := _bound_read(loop, a)) is not None), None)
         if read is None:
             continue  # (a loop under a rank test of its own has no unguarded sync: see below)
         if same and _rebound_between(info, body, name, end, loop.lineno):
