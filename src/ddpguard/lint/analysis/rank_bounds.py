@@ -43,17 +43,45 @@ class MovedBound:
 def moved_bounds(info: ModuleInfo) -> Iterator[MovedBound]:
     if not info.rank_ifs:
         return
+    movable = _movable(info)
+    if not movable:
+        return  # no loop bound the module ever assigns: nothing to move (most files)
     for func, test in info.rank_ifs:
         moved = _moved(info, func, test)
-        if not moved:
-            continue
         for name, line in sorted(moved.items()):
+            if name not in movable:
+                continue
             scopes = [func] if "." not in name else _class_methods(info, func, name)
             for scope in scopes:
                 hit = _loop_on(info, scope, func, test, name, line)
                 if hit is not None:
                     yield hit
                     break
+
+
+def _movable(info: ModuleInfo) -> set[str]:
+    """The names read in a loop's bounds (`range(...)`'s arguments, a `while` test), and the
+    names those were assigned from (`epoch = self.start_epoch`), that the module assigns."""
+    read: set[str] = set()
+    for rec in info.loops:
+        loop = rec.node
+        if isinstance(loop, ast.For):
+            it = loop.iter
+            parts: list[ast.expr] = list(it.args) if isinstance(it, ast.Call) and isinstance(
+                it.func, ast.Name) and it.func.id == "range" else []
+        elif isinstance(loop, ast.While):
+            parts = [loop.test]
+        else:
+            continue
+        for part in parts:
+            for n in ast.walk(part):
+                if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n)) is not None:
+                    read.add(d)
+    for name in list(read):
+        for _, v in info.assigns.get(name, ()):
+            if (d := dotted(v)) is not None:
+                read.add(d)
+    return {n for n in read if n in info.assigns}
 
 
 def _moved(info: ModuleInfo, func: Func | None, test: ast.If) -> dict[str, int]:
