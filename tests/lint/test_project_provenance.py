@@ -227,3 +227,49 @@ def test_a_config_key_set_from_the_rank_is_that_flag_in_another_file(tmp_path: P
     # the same key set from something else is no rank test
     other = CONFIG_LAUNCH.replace("params['world_rank'] == 0", "params['debug']")
     assert _project(tmp_path, {"launch.py": other, "trainer.py": RESUMING_TRAINER}) == []
+
+
+KEPT_TRAINER = """\
+import os
+
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model, device):
+        self.model = model
+        self.device = device
+
+    def train(self, loader, out):
+        if self.device == 0:
+            if not os.path.exists(out):
+                os.makedirs(out)
+        for x in loader:
+            self.model(x).sum().backward()
+            dist.barrier()
+"""
+
+KEPT_MAIN = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import Trainer
+
+
+def main(net, loader, out, gpu):
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    Trainer(DDP(net), device=rank).train(loader, out)
+"""
+
+
+def test_a_rank_kept_by_a_constructor_guards_the_classs_own_tests(tmp_path: Path) -> None:
+    # `Trainer(..., device=rank)` then `self.device = device`: `if self.device == 0:` is rank
+    # 0's arm, so its folder is made once (no DDP030 race)
+    found = _project(tmp_path, {"trainer.py": KEPT_TRAINER, "main.py": KEPT_MAIN})
+    assert [c for _, c, _, _ in found if c == "DDP030"] == []
+    # a device every process shares is no rank: every process makes the folder
+    other = KEPT_MAIN.replace("device=rank", "device=0")
+    assert [(n, c, line) for n, c, line, _ in _project(
+        tmp_path, {"trainer.py": KEPT_TRAINER, "main.py": other}) if c == "DDP030"] == [
+        ("trainer.py", "DDP030", 14)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from .context import CallRec, Func, ModuleInfo, dotted, foreign_ddp, is_collective
@@ -293,6 +294,12 @@ def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
                     type(v) in (ast.Subscript, ast.Call, ast.BinOp) and ast.dump(v) in exprs
                     for _, v in entries):
                 out.setdefault(id(info), {})[name] = GLOBAL
+    # A rank passed to a project class's constructor and kept on `self` (`Trainer(...,
+    # device=rank)`, then `self.device = device` and `if self.device == 0:`) is the rank in
+    # the class's own tests, which the walk must know to guard what they hold.
+    for target, attr, level in _constructor_ranks(infos):
+        if attr not in target.rank_names:
+            out.setdefault(id(target), {}).setdefault(attr, level)
     # A config key one file sets from the rank (`params['verb'] = params['world_rank'] == 0`)
     # is that flag where another file reads it (`self.verb = params['verb']`).
     keys = {k: v for i in infos for k, v in i.rank_names.items() if k.startswith("['")}
@@ -310,6 +317,37 @@ def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
                     break
         out.setdefault(id(info), {}).update(seed)
     return out
+
+
+def _constructor_ranks(infos: list[ModuleInfo]) -> Iterator[tuple[ModuleInfo, str, int]]:
+    """(class's file, `self.x`, level) for each rank-derived value a call in the files passes
+    to a project class's constructor that keeps it as it came (`self.x = param`)."""
+    classes: dict[str, tuple[ModuleInfo, ast.FunctionDef]] = {}
+    for info in infos:
+        for name, cls in info.classes.items():
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                         and f.name == "__init__"), None)
+            if init is not None:
+                classes.setdefault(name, (info, init))
+    if not classes:
+        return
+    for info in infos:
+        for rec in info.calls_named(*(n for n in info.call_lasts() if n in classes)):
+            target, init = classes[rec.last]
+            names = [a.arg for a in init.args.args][1:]
+            passed = [*zip(names, rec.node.args, strict=False),
+                      *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
+            for param, value in passed:
+                level = info.rank_level(value)
+                if not level:
+                    continue
+                for st in init.body:
+                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) \
+                            and st.value.id == param:
+                        for tgt in st.targets:
+                            d = dotted(tgt)
+                            if d is not None and d.startswith("self."):
+                                yield target, d, level
 
 
 def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
