@@ -56,6 +56,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP031",
         "DDP032",
         "DDP034",
+        "DDP035",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -521,6 +522,27 @@ CASES: dict[str, tuple[str, str]] = {
             dist.all_reduce(t)
         else:
             dist.broadcast(t, 0)
+        """,
+    ),
+    "DDP035": (
+        """
+        import subprocess
+        procs = []
+        for rank in range(4):
+            procs.append(subprocess.Popen(["python", "train.py", f"--rank={rank}"]))
+        for p in procs:
+            p.wait()
+        """,
+        # the same launcher that ends the others at the first failure
+        """
+        import subprocess
+        procs = []
+        for rank in range(4):
+            procs.append(subprocess.Popen(["python", "train.py", f"--rank={rank}"]))
+        for p in procs:
+            if p.wait() != 0:
+                for q in procs:
+                    q.kill()
         """,
     ),
     "DDP018": (
