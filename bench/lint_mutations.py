@@ -486,6 +486,7 @@ M = [
  ("twelfth: DDP035 the command carries the index as the rank", 'rules/ddp035_launcher_without_teardown.py', '        if uses and any("rank" in w for w in words) or uses and "rank" in index.lower():', '        if uses:'),
  ("twelfth: DDP035 the rank in the environment's keywords", 'rules/ddp035_launcher_without_teardown.py', '} | {\n            str(n.arg).lower() for st in loop.body for n in ast.walk(st)\n            if isinstance(n, ast.keyword)}', '}'),
  ("twelfth: DDP035 a Process that forms a group", 'rules/ddp035_launcher_without_teardown.py', '        if any(isinstance(n, ast.Name) and n.id == index for n in ast.walk(args)) and \\\n                _forms_group(info, target):', '        if any(isinstance(n, ast.Name) and n.id == index for n in ast.walk(args)):'),
+ ("twelfth: DDP027 a subgroup's collective in the loop", 'analysis/rank_bounds.py', '        if _in_a_group(rec.node):\n            continue', '        if False:\n            continue'),
  ("twelfth: DDP027 a method the arm calls moves the attribute", 'analysis/rank_bounds.py', '                for m in info.funcs.get(n.func.attr, []):', '                for m in []:'),
  ("twelfth: a config key read where the rank set it", 'analysis/provenance.py', '                hit = info.rank_names.get(key_name(n.slice.value))', '                hit = None'),
  ("twelfth: a config key set from the rank is a rank name", 'analysis/walker.py', '                        info.rank_names[key_name(tgt.slice.value)] = level', '                        pass'),

@@ -237,6 +237,15 @@ def _handed_to_collective(info: ModuleInfo, name: str) -> bool:
     return False
 
 
+def _in_a_group(call: ast.Call) -> bool:
+    """`broadcast(t, src=q, group=col_groups[c])`, `start_time(col_groups[c], rank)`: a call
+    that names a process group of its own."""
+    return any(k.arg == "group" for k in call.keywords) or any(
+        "group" in (dotted(n) or "").lower() for a in [*call.args, *(k.value for k in
+                                                                    call.keywords)]
+        for n in ast.walk(a) if isinstance(n, ast.Name | ast.Attribute))
+
+
 def _turn_syncs(info: ModuleInfo, scope: Func | None, loop: ast.For | ast.While) -> str:
     """What each turn of the loop waits in, through the project's code: a backward or a
     collective under no rank test ("" for none)."""
@@ -244,6 +253,8 @@ def _turn_syncs(info: ModuleInfo, scope: Func | None, loop: ast.For | ast.While)
     for rec in info.calls:
         if rec.func is not scope or rec.guard or not loop.lineno < rec.node.lineno <= end:
             continue
+        if _in_a_group(rec.node):
+            continue  # ranks of one subgroup may share a count the others do not (a grid)
         if reaches_collective(info, rec, _SYNC):
             if rec.last == "backward":
                 return f"the backward's all-reduce at line {rec.node.lineno}"
