@@ -232,7 +232,8 @@ def test_sigkilled_writers_leave_at_most_one_temp_file(tmp_path: Path) -> None:
     folder, keep_last = tmp_path / "ck", 2
     rng = random.Random(14)
     litter: set[str] = set()
-    reported = 0
+    reported = silent = 0
+    before: set[str] = set()  # the temp files in the folder when the writer started
     kills = 14
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
@@ -263,8 +264,15 @@ def test_sigkilled_writers_leave_at_most_one_temp_file(tmp_path: Path) -> None:
             assert len(ckpts) + len(temps) <= keep_last + 1, names
             litter.update(temps)
             text = err.read_text()
-            reported += sum(int(m) for m in re.findall(r"removed (\d+) temporary checkpoint",
-                                                       text))
+            said = sum(int(m) for m in re.findall(r"removed (\d+) temporary checkpoint", text))
+            gone = len(before - set(temps))
+            # A writer removes a dead writer's file, then says so: one SIGKILLed between the
+            # two removed it without a word. Never more said than removed, and a writer that
+            # was not killed says all of it.
+            assert said <= gone and (said == gone or not final), (said, gone, text)
+            reported += said
+            silent += gone - said
+            before = set(temps)
             # The newest checkpoint always loads, and it is whole: every value is its step.
             model = _model()
             info = load_checkpoint(folder, World(), model=model)
@@ -276,7 +284,9 @@ def test_sigkilled_writers_leave_at_most_one_temp_file(tmp_path: Path) -> None:
         zygote.stdin.close()
         zygote.stdout.close()
     assert len(litter) >= 3, f"too few kills landed mid-write to test anything: {litter}"
-    assert reported == len(litter)  # each dead writer's file removed once, and said so
+    # Each dead writer's file removed once, and said so unless its remover was killed in
+    # between (a window of a few instructions: rare, seen once in a fresh-clone CI run).
+    assert reported + silent == len(litter) and silent <= kills // 2, (reported, silent)
 
 
 @pytest.mark.slow
