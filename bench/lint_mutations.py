@@ -142,7 +142,6 @@ M = [
  ("a negative literal is a literal", "analysis/schedule.py", "            elif lit is not None:\n                out[name] = lit", "            elif False:\n                out[name] = lit"),
  ("a literal in a list test", "analysis/projection.py", "        if isinstance(op, ast.In | ast.NotIn) and isinstance(items, tuple):", "        if False:"),
  ("a negative literal default", "analysis/schedule.py", "                elif (lit := _const(d)) is not None:  # `rank=-1`", "                elif False:  # `rank=-1`"),
- ("a rank flag passed to a constructor", "analysis/crossfile.py", "        _constructor_flags(infos)\n", "\n"),
  ("a module function is referenced by its bare name", "rules/ddp007_shared_file_write.py", "                names = used[0] if root in info.func_class else used[1]", "                names = used[0]"),
  ("a variable of that name is no reference", "rules/ddp007_shared_file_write.py", "                if isinstance(a, ast.Name) and a.id not in params and a.id not in info.assigns:", "                if isinstance(a, ast.Name):"),
  ("a rank flag set in another file", "analysis/crossfile.py", "                if \".\" in name and name not in info.armed_flags:\n                    shared.setdefault", "                if False:\n                    shared.setdefault"),

@@ -47,7 +47,6 @@ class FileSet:
             for name, level in info.rank_names.items():
                 if "." in name and name not in info.armed_flags:
                     shared.setdefault(name, level)
-        _constructor_flags(infos)
         self.infos = infos
         self.memo: dict[str, object] = {}   # facts of the whole set a rule reads once
         self._grouped: set[int] | None = None
@@ -297,7 +296,7 @@ def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
     # A rank passed to a project class's constructor and kept on `self` (`Trainer(...,
     # device=rank)`, then `self.device = device` and `if self.device == 0:`) is the rank in
     # the class's own tests, which the walk must know to guard what they hold.
-    for target, attr, level in _constructor_ranks(infos):
+    for target, attr, level, _, _ in _constructor_ranks(infos):
         if attr not in target.rank_names:
             out.setdefault(id(target), {}).setdefault(attr, level)
     # A config key one file sets from the rank (`params['verb'] = params['world_rank'] == 0`)
@@ -319,9 +318,13 @@ def rank_name_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
     return out
 
 
-def _constructor_ranks(infos: list[ModuleInfo]) -> Iterator[tuple[ModuleInfo, str, int]]:
-    """(class's file, `self.x`, level) for each rank-derived value a call in the files passes
-    to a project class's constructor that keeps it as it came (`self.x = param`)."""
+def _constructor_ranks(infos: list[ModuleInfo]
+                       ) -> Iterator[tuple[ModuleInfo, str, int, ast.Assign, ast.expr]]:
+    """(class's file, `self.x`, level, the `self.x = param` line, the caller's value) for each
+    rank-derived value a call in the files passes to a project class's constructor that keeps
+    it as it came: `Trainer(..., device=rank)`, or `Checkpointer(model,
+    save_to_disk=comm.is_main_process())` then `self.save_to_disk = save_to_disk` and `if not
+    self.save_to_disk: return`."""
     classes: dict[str, tuple[ModuleInfo, ast.FunctionDef]] = {}
     for info in infos:
         for name, cls in info.classes.items():
@@ -347,7 +350,7 @@ def _constructor_ranks(infos: list[ModuleInfo]) -> Iterator[tuple[ModuleInfo, st
                         for tgt in st.targets:
                             d = dotted(tgt)
                             if d is not None and d.startswith("self."):
-                                yield target, d, level
+                                yield target, d, level, st, value
 
 
 def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
@@ -384,38 +387,6 @@ def rank_function_seeds(infos: list[ModuleInfo]) -> dict[int, dict[str, int]]:
         for name, level in found.items():
             out.setdefault(k, {}).setdefault(name, level)
     return out
-
-
-def _constructor_flags(infos: list[ModuleInfo]) -> None:
-    """A rank-derived value passed to a constructor and kept on `self`
-    (`Checkpointer(model, save_to_disk=comm.is_main_process())`, then
-    `self.save_to_disk = save_to_disk` and `if not self.save_to_disk: return`): the
-    attribute gets the caller's expression as one of its values, in the class's file."""
-    classes: dict[str, tuple[ModuleInfo, ast.FunctionDef]] = {}
-    for info in infos:
-        for name, cls in info.classes.items():
-            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
-                         and f.name == "__init__"), None)
-            if init is not None:
-                classes.setdefault(name, (info, init))
-    if not classes:
-        return
-    for info in infos:
-        for rec in info.calls_named(*(n for n in info.call_lasts() if n in classes)):
-            target, init = classes[rec.last]
-            names = [a.arg for a in init.args.args][1:]
-            passed = [*zip(names, rec.node.args, strict=False),
-                      *((k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
-            for param, value in passed:
-                if not info.rank_level(value):
-                    continue
-                for st in init.body:
-                    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) \
-                            and st.value.id == param:
-                        for tgt in st.targets:
-                            d = dotted(tgt)
-                            if d is not None and d.startswith("self."):
-                                target.assigns.setdefault(d, []).append((st.lineno, value))
 
 
 def _constructor_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
