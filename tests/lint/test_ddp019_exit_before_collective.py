@@ -10,6 +10,7 @@ from helpers import (
     ALL_BUT_PRINT,
     HEAD_DIST,
     HEAD_SCHEDULE,
+    LINT_FIXTURES,
     ddp_source,
     inline_lines,
     lint_paths_with_defaults,
@@ -173,3 +174,12 @@ def test_an_exit_on_a_flag_one_class_computes_names_the_flag() -> None:
         "            break\n")
     [f] = lint_with_defaults(src, "t.py")
     assert f.code == "DDP019" and "`halt` is set only where `dist.get_rank() == 0`" in f.message
+
+
+def test_a_counter_handed_back_by_a_rank_0_validation_names_where_it_comes_from() -> None:
+    # corpus35i B166's shape: `best, stale = validate(..., best, stale)`, where validate moves
+    # `stale` only on rank 0, then `if stale > patience: break` on every rank
+    path = LINT_FIXTURES / "DDP019_counter_handed_back.py"
+    [f] = [f for f in lint_with_defaults(path.read_text(), str(path)) if f.line == 42]
+    assert f.code == "DDP019" and "`stale` comes back from validate() at line 40" in f.message
+    assert "`rank == 0 or rank == 'cpu'` holds (line 13)" in f.message

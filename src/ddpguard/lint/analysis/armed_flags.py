@@ -201,7 +201,7 @@ def _compares(stmt: ast.AST, name: str) -> bool:
         return False
     sides = (value.left, value.comparators[0])
     return any(dotted(a) == name for a in sides) and any(
-        type(b) is ast.Constant or (type(b) is ast.Attribute and dotted(b) != name)
+        type(b) is ast.Constant or (type(b) in (ast.Attribute, ast.Name) and dotted(b) != name)
         for b in sides)
 
 

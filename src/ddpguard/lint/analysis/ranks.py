@@ -156,6 +156,9 @@ def _compare(val: int, op: ast.cmpop, other: object) -> int:
         else:
             return UNKNOWN
         return TRUE if hit == isinstance(op, ast.In) else FALSE
+    if isinstance(other, str) and isinstance(op, ast.Eq | ast.NotEq):
+        # `rank == "cpu"` (a single process's stand-in): no rank of a group is a string
+        return FALSE if isinstance(op, ast.Eq) else TRUE
     fn = _CMP.get(type(op))
     if fn is None or not isinstance(other, int) or isinstance(other, bool):
         return UNKNOWN
@@ -245,11 +248,16 @@ def _counted(info: Table, left: ast.expr, op: ast.cmpop, right: ast.expr, cls: R
     """`self.bad >= 7` of a counter one class advances (armed_flags.py): on the ranks
     outside its arm it holds its first value, so the comparison is decided there."""
     counters = getattr(info, "armed_counters", None)
-    if not counters or type(right) is not ast.Constant:
+    if not counters:
         return UNKNOWN
     hit = counters.get(dotted(left) or "")
     if hit is None or evaluate(info, hit[0], cls, depth + 1) != FALSE:
         return UNKNOWN
+    if type(right) is not ast.Constant:
+        # `stale > patience`: a count that stayed at 0 does not pass a threshold (assumed
+        # not negative), whatever its value
+        return FALSE if hit[1] == 0 and type(op) is ast.Gt and \
+            isinstance(right, ast.Name | ast.Attribute) else UNKNOWN
     fn = _CMP.get(type(op))
     value = right.value
     if fn is None or not isinstance(value, int | float) or isinstance(value, bool):

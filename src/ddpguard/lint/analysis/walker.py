@@ -6,6 +6,7 @@ import ast
 from typing import Any
 
 from .armed_flags import armed_flags
+from .armed_returns import armed_returns
 from .context import (
     COLLECTIVE_PREFIXES,
     QUALIFIED,
@@ -405,6 +406,7 @@ def build(tree: ast.Module, path: str = "<string>",
     info._last.clear()
     walker.block(tree.body)
     learnt = armed_flags(info)
+    learnt.update(armed_returns(info))
     if learnt and not (seed is not None and learnt.keys() <= seed[1].keys()):
         # the flags' tests are rank tests: walk again knowing them (what guards what)
         names = {**(seed[1] if seed is not None else {}), **learnt}

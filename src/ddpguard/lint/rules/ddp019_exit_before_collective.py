@@ -74,7 +74,9 @@ def _flag_note(info: ModuleInfo, line: int) -> str:
     for n in ast.walk(info.tree):
         if isinstance(n, ast.If) and n.body and n.body[0].lineno <= line <= (
                 n.end_lineno or n.lineno):
-            for name in sorted(truth_reads(n.test)):
+            compared = {dotted(c.left) for c in ast.walk(n.test) if isinstance(c, ast.Compare)
+                        and dotted(c.left) in info.armed_counters}
+            for name in sorted(truth_reads(n.test) | {c for c in compared if c}):
                 note = info.armed_flags.get(name) or _method_note(info, name)
                 if note:
                     return f" ({note})"
