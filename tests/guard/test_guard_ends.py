@@ -131,8 +131,14 @@ def test_rank_aborted_by_gloo_gives_the_mismatch_with_both_lines(how, tmp_path):
     thread_line, ddp_line = line_of("dist.all_reduce(torch.ones(3))"), line_of("loss.backward()")
     assert (f"inside torch.distributed.all_reduce called from a second thread (not the "
             f"training thread) at tests/guard/scripts/{thread_line} in metrics_sync") in block
-    assert "rank 0 waited in all_reduce #" in block and f"issued at tests/guard/scripts/" \
-        f"{ddp_line}" in block
+    if "rank 0 was ended by the launcher a moment later" in block:
+        # The launcher's SIGTERM reached rank 0 before gloo's error did (seen once in a
+        # fresh-clone CI run under load): `ddpguard run` composed the report from the fault
+        # logs, with rank 0's stack at that moment (its position is checked below).
+        assert how == "ddpguard_run" and "from the fault logs" in block, block
+    else:
+        assert "rank 0 waited in all_reduce #" in block and f"issued at tests/guard/scripts/" \
+            f"{ddp_line}" in block, block
     # The dead rank is shown where its fault log says it was: in the thread's collective.
     pos = d["positions"]
     assert thread_line in pos["1"]["user"] and ddp_line in pos["0"]["user"], pos
