@@ -500,7 +500,7 @@ M = [
  ("twelfth: DDP027 the bound bound again on every rank before the loop", 'analysis/rank_bounds.py', '        if same and _rebound_between(info, body, name, end, loop.lineno):', '        if False:'),
  ("twelfth: DDP027 a collective handed the bound", 'analysis/rank_bounds.py', '        if _handed_to_collective(info, name):', '        if False:'),
  ("twelfth: DDP027 each turn of the loop syncs", 'analysis/rank_bounds.py', '        sync = _turn_syncs(info, scope, loop)\n        if sync:', '        sync = _turn_syncs(info, scope, loop) or "x"\n        if sync:'),
- ("twelfth: DDP027 an attribute moved in one method, looped from in another", 'analysis/rank_bounds.py', '            scopes = [func] if "." not in name else _class_methods(info, func, name)', '            scopes = [func]'),
+ ("twelfth: DDP027 an attribute moved in one method, looped from in another", 'analysis/rank_bounds.py', '            scopes = [func] if "." not in name else _class_methods(info, func)', '            scopes = [func]'),
 ]
 
 

@@ -23,6 +23,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .callgraph import calls_by_func
 from .collective_reach import reaches_collective
 from .context import Func, ModuleInfo, dotted, is_collective
 
@@ -51,7 +52,7 @@ def moved_bounds(info: ModuleInfo) -> Iterator[MovedBound]:
         for name, line in sorted(moved.items()):
             if name not in movable:
                 continue
-            scopes = [func] if "." not in name else _class_methods(info, func, name)
+            scopes = [func] if "." not in name else _class_methods(info, func)
             for scope in scopes:
                 hit = _loop_on(info, scope, func, test, name, line)
                 if hit is not None:
@@ -62,21 +63,8 @@ def moved_bounds(info: ModuleInfo) -> Iterator[MovedBound]:
 def _movable(info: ModuleInfo) -> set[str]:
     """The names read in a loop's bounds (`range(...)`'s arguments, a `while` test), and the
     names those were assigned from (`epoch = self.start_epoch`), that the module assigns."""
-    read: set[str] = set()
-    for rec in info.loops:
-        loop = rec.node
-        if isinstance(loop, ast.For):
-            it = loop.iter
-            parts: list[ast.expr] = list(it.args) if isinstance(it, ast.Call) and isinstance(
-                it.func, ast.Name) and it.func.id == "range" else []
-        elif isinstance(loop, ast.While):
-            parts = [loop.test]
-        else:
-            continue
-        for part in parts:
-            for n in ast.walk(part):
-                if isinstance(n, ast.Name | ast.Attribute) and (d := dotted(n)) is not None:
-                    read.add(d)
+    read = {d for rec in info.loops if isinstance(rec.node, ast.For | ast.While)
+            for n in _bound_names(rec.node) if (d := dotted(n)) is not None}
     for name in list(read):
         for _, v in info.assigns.get(name, ()):
             if (d := dotted(v)) is not None:
@@ -126,7 +114,7 @@ def _bound(n: ast.AST) -> list[str]:
     return out
 
 
-def _class_methods(info: ModuleInfo, func: Func | None, name: str) -> list[Func]:
+def _class_methods(info: ModuleInfo, func: Func | None) -> list[Func]:
     cls = info.func_class.get(func) if func is not None else None
     if cls is None:
         return []
@@ -174,22 +162,25 @@ def _loops(body: list[ast.stmt]) -> Iterator[ast.For | ast.While]:
         stack.extend(reversed(list(ast.iter_child_nodes(n))))
 
 
-def _bound_read(loop: ast.For | ast.While, name: str) -> ast.expr | None:
-    """`name` read in `range(...)` of a `for`, or in a `while` test."""
+def _bound_names(loop: ast.For | ast.While) -> Iterator[ast.Name | ast.Attribute]:
+    """The names a loop's bounds read: `range(...)`'s arguments of a `for`, a `while` test."""
     if isinstance(loop, ast.For):
         it = loop.iter
         if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
                 and it.func.id == "range"):
-            return None
+            return
         where: list[ast.expr] = list(it.args)
     else:
         where = [loop.test]
     for part in where:
         for n in ast.walk(part):
-            if isinstance(n, ast.Name | ast.Attribute) and isinstance(n.ctx, ast.Load) \
-                    and dotted(n) == name:
-                return n
-    return None
+            if isinstance(n, ast.Name | ast.Attribute) and isinstance(n.ctx, ast.Load):
+                yield n
+
+
+def _bound_read(loop: ast.For | ast.While, name: str) -> ast.expr | None:
+    """`name` read in `range(...)` of a `for`, or in a `while` test."""
+    return next((n for n in _bound_names(loop) if dotted(n) == name), None)
 
 
 def _bound_before(body: list[ast.stmt], name: str, line: int, scope: Func | None) -> bool:
@@ -250,8 +241,8 @@ def _turn_syncs(info: ModuleInfo, scope: Func | None, loop: ast.For | ast.While)
     """What each turn of the loop waits in, through the project's code: a backward or a
     collective under no rank test ("" for none)."""
     end = loop.end_lineno or loop.lineno
-    for rec in info.calls:
-        if rec.func is not scope or rec.guard or not loop.lineno < rec.node.lineno <= end:
+    for rec in calls_by_func(info).get(id(scope) if scope is not None else 0, ()):
+        if rec.guard or not loop.lineno < rec.node.lineno <= end:
             continue
         if _in_a_group(rec.node):
             continue  # ranks of one subgroup may share a count the others do not (a grid)
