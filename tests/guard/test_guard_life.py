@@ -140,13 +140,17 @@ def test_a_kernel_starved_of_cpu_is_life_a_wait_is_not(target):
     life = LifeSignals(t.ident, t.native_id)
     life.sample(progress=0, now=time.monotonic())
     kinds = [life.sample(progress=0, now=time.monotonic() + 1000.0 * (i + 1))
-             for i in range(3)]
+             for i in range(6)]
     stop.set()
     t.join(10)
     if target is _block:
-        assert kinds == [None, None, None], kinds
+        assert kinds == [None] * 6, kinds
     else:
-        assert kinds.count("cpu") >= 2, kinds
+        # The guard needs a kernel never quiet for long, not life at every look: on a loaded
+        # machine one sample may find the caller parked between kernels.
+        assert kinds.count("cpu") >= 4, kinds
+        quiet = "".join("." if k is None else "x" for k in kinds)
+        assert ".." not in quiet, kinds
 
 
 def test_progress_counts_as_life_and_quiet_time_grows():
@@ -185,10 +189,22 @@ def _subprocess(stop):
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, "-c", "import time, zlib, os\n"
-                    "end = time.monotonic() + 4\n"
-                    "while time.monotonic() < end: zlib.compress(os.urandom(1 << 20), 9)"],
-                   check=True, timeout=30)
+    # The child works until the test has sampled (its stdin closes), not for a fixed time: on
+    # a loaded machine the samples can outlast any fixed span, and a child done early is
+    # rightly no life.
+    child = subprocess.Popen([sys.executable, "-c", "import os, select, sys, time, zlib\n"
+                              "end = time.monotonic() + 60\n"
+                              "while time.monotonic() < end and not select.select("
+                              "[sys.stdin], [], [], 0)[0]:\n"
+                              "    zlib.compress(os.urandom(1 << 20), 9)"],
+                             stdin=subprocess.PIPE)
+    closer = threading.Thread(target=lambda: (stop.wait(), child.stdin.close()), daemon=True)
+    closer.start()
+    try:
+        child.wait(timeout=90)  # the training thread waits for its child, as subprocess.run
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _write_for(seconds):

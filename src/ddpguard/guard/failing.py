@@ -14,7 +14,7 @@ import time
 from . import channel, procs
 from .assemble import assemble
 from .ddpstate import ddp_training
-from .fault import fault_stacks
+from .fault import fault_stacks, parse_fault, read_fault
 from .handles import GuardHandle
 from .heartbeat import Heartbeat
 from .records import RankDump, Report, Trigger
@@ -103,8 +103,11 @@ class Failure:
                 mine = self._dump()
                 with contextlib.suppress(Exception):  # a report exists from here on, even if
                     # this rank dies while collecting: the launcher prints it (report.py)
+                    # A dead peer's fault log is a local read: its place goes in at once, or
+                    # the launcher's SIGTERM may leave a report that lacks it.
                     write_json(report_path(g.config.report_dir, g.run_id, me), {**self.build(
-                        decision, peers, {me: mine}), "partial": True})
+                        decision, peers, {me: mine, **self._last_words(peers, {me: mine})}),
+                        "partial": True})
                 if decision.cause == "peer_gone" and any(
                         (peers.get(c) or {}).get("state") != "exited" for c in decision.culprits):
                     # A peer died: the alignment may name a collective this rank has left
@@ -257,10 +260,15 @@ class Failure:
         g = self.g
         out: dict[int, RankDump] = {}
         for r, hb in peers.items():
-            if (r == g.rank or r in dumps or hb.get("host") != g.host or not hb.get("fault")
-                    or procs.pid_alive(int(hb.get("pid", 0) or 0))):
+            if r == g.rank or r in dumps or hb.get("host") != g.host or not hb.get("fault"):
                 continue
-            stacks = fault_stacks(hb.get("fault"), hb.get("main"))
+            text = read_fault(hb.get("fault"))
+            # A fatal signal's dump is final even while the process is still being torn down
+            # (an abort that writes a core file takes a while on a loaded machine); without
+            # one, a live rank's log says nothing yet.
+            if not parse_fault(text, None)[0] and procs.pid_alive(int(hb.get("pid", 0) or 0)):
+                continue
+            stacks = fault_stacks(hb.get("fault"), hb.get("main"), text=text)
             if stacks:
                 out[r] = {"stacks": stacks, "hb": hb}
         return out

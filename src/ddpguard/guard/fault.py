@@ -29,8 +29,8 @@ from typing import IO, Any
 from . import workers
 from .stacks import Frame, is_library_file
 
-__all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "fault_stacks", "fault_meta",
-           "fault_notes", "fault_seen", "side_collectives", "HEADER"]
+__all__ = ["FaultLog", "FaultThread", "last_words", "parse_fault", "read_fault", "fault_stacks",
+           "fault_meta", "fault_notes", "fault_seen", "side_collectives", "HEADER"]
 
 # Every line of ours starts so (faulthandler's never do). The first says who wrote the log, so
 # that `ddpguard run` can read a dead job's logs without any rank alive to tell it

@@ -117,7 +117,7 @@ class LifeSignals:
         # A few looks, a couple of milliseconds apart (the GIL is let go in between): a loop of
         # small tensor ops is caught inside one of them at least once in a while; a loop of
         # bare bytecode never is.
-        sigs, in_c = [], False
+        sigs, in_c, runnable = [], False, False
         for i in range(LOOKS):
             if i:
                 time.sleep(LOOK_GAP)
@@ -125,6 +125,11 @@ class LifeSignals:
             sig, c = stack_signature(frame) if frame is not None else ((), False)
             sigs.append(sig)
             in_c = in_c or c
+            # Read at every look, not once: a kernel split over intra-op threads leaves its
+            # caller asleep at the pool's barrier for a moment now and then, where a wait sleeps
+            # at every look.
+            if c and not runnable and self.native_id is not None:
+                runnable = vitals.task_runnable(self.native_id)
         sig = sigs[-1]
         cpu = _thread_cpu(self.native_id)
         moved = self._sig is not None and any(s != self._sig for s in sigs)
@@ -149,9 +154,7 @@ class LifeSignals:
                              and (polling or (not moved and not in_c)))
         if moved and not polling:
             kind = kind or "stack"
-        elif not polling and self._sig is not None and in_c and (
-                burning or (self.native_id is not None
-                            and vitals.task_runnable(self.native_id))):
+        elif not polling and self._sig is not None and in_c and (burning or runnable):
             # Still inside one call into C and burning CPU: a long kernel, not a wait. On a
             # machine with more runnable threads than cores the kernel may get less than a
             # fifth of one; runnable (state R) is still computing, where a wait sleeps.
