@@ -501,6 +501,14 @@ M = [
  ("twelfth: DDP027 a collective handed the bound", 'analysis/rank_bounds.py', '        if _handed_to_collective(info, name):', '        if False:'),
  ("twelfth: DDP027 each turn of the loop syncs", 'analysis/rank_bounds.py', '        sync = _turn_syncs(info, scope, loop)\n        if sync:', '        sync = _turn_syncs(info, scope, loop) or "x"\n        if sync:'),
  ("twelfth: DDP027 an attribute moved in one method, looped from in another", 'analysis/rank_bounds.py', '            scopes = [func] if "." not in name else _class_methods(info, func)', '            scopes = [func]'),
+ ("thirteenth: DDP036 a program under join", 'rules/ddp036_rank_sharded_stream.py', '    if not shares or any(uses_join(i) or agrees_on_a_count(i) for i in infos):', '    if not shares or any(agrees_on_a_count(i) for i in infos):'),
+ ("thirteenth: DDP036 a count agreed with MIN or MAX", 'rules/ddp036_rank_sharded_stream.py', '    if not shares or any(uses_join(i) or agrees_on_a_count(i) for i in infos):', '    if not shares or any(uses_join(i) for i in infos):'),
+ ("thirteenth: DDP036 a class derived from a project IterableDataset", 'analysis/streams.py', '        elif depth < 3 and last in info.classes and info.classes[last] is not cls:', '        elif False:'),
+ ("thirteenth: DDP036 islice by rank", 'analysis/streams.py', '    if isinstance(n, ast.Call) and info.callee_last(n) == "islice" and len(n.args) >= 4 \\', '    if False and isinstance(n, ast.Call) and len(n.args) >= 4 \\'),
+ ("thirteenth: DDP036 a slice from the rank by a stride", 'analysis/streams.py', '            n.slice.lower is not None and n.slice.step is not None and \\', '            n.slice.lower is not None and n.slice.step is None and \\'),
+ ("thirteenth: DDP036 the share's other side is the rank", 'analysis/streams.py', '            if isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod) and \\\n                    _rank(info, other):', '            if isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod):'),
+ ("thirteenth: DDP036 only generator methods and __iter__", 'analysis/streams.py', '            if fn.name != "__iter__" and not _yields(fn):', '            if fn.name != "__iter__":'),
+ ("thirteenth: a tuple's element from the rank is a rank name", 'analysis/walker.py', '                                if el_level:\n                                    info.rank_names[name] = el_level', '                                if False:\n                                    info.rank_names[name] = el_level'),
 ]
 
 

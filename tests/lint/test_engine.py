@@ -57,6 +57,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP032",
         "DDP034",
         "DDP035",
+        "DDP036",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -543,6 +544,25 @@ CASES: dict[str, tuple[str, str]] = {
             if p.wait() != 0:
                 for q in procs:
                     q.kill()
+        """,
+    ),
+    "DDP036": (
+        """
+        class Lines(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for i, line in enumerate(open(self.path)):
+                    if i % dist.get_world_size() == dist.get_rank():
+                        yield line
+        """,
+        # the same stream, every rank stopped at a count agreed with MIN
+        """
+        class Lines(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for i, line in enumerate(open(self.path)):
+                    if i % dist.get_world_size() == dist.get_rank():
+                        yield line
+        n = torch.tensor([count])
+        dist.all_reduce(n, op=dist.ReduceOp.MIN)
         """,
     ),
     "DDP018": (

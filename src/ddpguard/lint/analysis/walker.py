@@ -119,6 +119,11 @@ class Walker:
                             name = dotted(el)
                             if name is not None:
                                 info.assigns.setdefault(name, []).append((s.lineno, v))
+                                # `r, w = dist.get_rank(), dist.get_world_size()`
+                                el_level = (test_level(info, v) if type(v) is not _Constant
+                                            else NONE)
+                                if el_level:
+                                    info.rank_names[name] = el_level
             for tgt in targets:
                 name = dotted(tgt)
                 if name is not None:

@@ -27,6 +27,7 @@ from ..analysis.context import (
     ModuleInfo,
     dotted,
 )
+from ..analysis.streams import uses_join
 from ..registry import Hit, rule
 
 
@@ -45,7 +46,7 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
     (padded by the sampler's own arithmetic) or fed loops without collectives followed by a
     size-aware gather, 0 true in 11 findings over every corpus. `--extend-select DDP003`."""
     # Asked only of a module with a candidate slice (every file of the set is read).
-    if not info.subscripts or any(map(_uses_join, getattr(info.file_set, "infos", [info]))):
+    if not info.subscripts or any(map(uses_join, getattr(info.file_set, "infos", [info]))):
         return
     for node in info.subscripts:
         sl = node.slice
@@ -62,12 +63,6 @@ def ddp003(info: ModuleInfo) -> Iterator[Hit]:
 
 
 _SPLITS = {"array_split", "chunk", "split", "tensor_split"}
-
-
-def _uses_join(info: ModuleInfo) -> bool:
-    """DDP's `model.join()` or torch's generic `Join` context: ranks may run out of inputs at
-    different steps without a hang."""
-    return "join" in info.spelled or any(v.endswith("join.Join") for v in info.aliases.values())
 
 
 def _padded(info: ModuleInfo, seq: ast.expr) -> bool:
