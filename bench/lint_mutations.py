@@ -509,6 +509,9 @@ M = [
  ("thirteenth: DDP036 the share's other side is the rank", 'analysis/streams.py', '            if isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod) and \\\n                    _rank(info, other):', '            if isinstance(mod, ast.BinOp) and isinstance(mod.op, ast.Mod):'),
  ("thirteenth: DDP036 only generator methods and __iter__", 'analysis/streams.py', '            if fn.name != "__iter__" and not _yields(fn):', '            if fn.name != "__iter__":'),
  ("thirteenth: a tuple's element from the rank is a rank name", 'analysis/walker.py', '                                if el_level:\n                                    info.rank_names[name] = el_level', '                                if False:\n                                    info.rank_names[name] = el_level'),
+ ("thirteenth: DDP004 a validation loader a project helper builds", 'analysis/local_metric.py', '                            or _helper_builds_dist_loader(infos, i.callee_last(v))):', '                            or False):'),
+ ("thirteenth: DDP029 a wrapper's None read by no caller", 'rules/ddp029_collective_result_lost.py', '                not isinstance(rec.stmt, ast.Return) or _callers_read(info, rec.func)):', '                True):'),
+ ("thirteenth: DDP029 torch's own collective is no caller of the wrapper", 'rules/ddp029_collective_result_lost.py', '            if is_collective(r):\n                continue  # torch', '            if False:\n                continue  # torch'),
 ]
 
 

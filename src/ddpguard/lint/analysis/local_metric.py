@@ -277,11 +277,27 @@ def _program_loader(infos: list[ModuleInfo]) -> str:
         for name, vals in i.assigns.items():
             if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
                 for _, v in vals:
-                    if isinstance(v, ast.Call) and i.callee_last(v) == "DataLoader" \
-                            and dist_loader(i, v):
+                    if isinstance(v, ast.Call) and (
+                            i.callee_last(v) == "DataLoader" and dist_loader(i, v)
+                            or _helper_builds_dist_loader(infos, i.callee_last(v))):
                         return (f" is the validation loader `{name}` built with a "
                                 f"DistributedSampler at {os.path.basename(i.path)}:{v.lineno})")
     return ""
+
+
+def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str) -> bool:
+    """A function of the program named `name` returns a DataLoader it builds with a
+    DistributedSampler (`valid_dat = prepare_data(x, y)`, the helper's loader named
+    anything)."""
+    if name == "DataLoader":
+        return False
+    for m in infos:
+        for fn in m.funcs.get(name, []):
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Return) and n.value is not None and any(
+                        dist_loader(m, v) for v in built_loaders(m, n.value)):
+                    return True
+    return False
 
 
 def loop_source(it: ast.expr) -> ast.expr:

@@ -6,7 +6,9 @@ rank, with no error:
 
 - the tensor is a temporary (`dist.all_reduce(p.grad.detach().clone())`,
   `dist.all_reduce(torch.tensor(x))`): the reduced values land in an object nothing holds;
-- the call's value is used (`g = dist.all_reduce(t)`, a list of them): it is None.
+- the call's value is used (`g = dist.all_reduce(t)`, a list of them): it is None. A wrapper
+  that returns it (`return dist.all_reduce(t, op)`) is reported only where a caller in the
+  files linted together reads what the wrapper returns.
 
 The collective itself still runs on every rank, so nothing hangs: the program goes on with
 the local values (or with None) as if they had been averaged. Fix: reduce a tensor you keep
@@ -51,7 +53,8 @@ def ddp029(info: ModuleInfo) -> Iterator[Hit]:
             yield node, "DDP029", (
                 f"dist.{rec.last} writes its result into `{ast.unparse(target)}`, a "
                 "temporary nothing keeps: the reduced values are lost on every rank")
-        elif rec.stmt is not None and _value_used(rec.stmt, node):
+        elif rec.stmt is not None and _value_used(rec.stmt, node) and (
+                not isinstance(rec.stmt, ast.Return) or _callers_read(info, rec.func)):
             yield node, "DDP029", (
                 f"the value of dist.{rec.last}(...) is used, but a synchronous collective "
                 f"returns None: the result is in `{ast.unparse(target)}`")
@@ -76,6 +79,23 @@ def _value_used(stmt: ast.stmt, call: ast.Call) -> bool:
     """The call's value is assigned or returned (`g = dist.all_reduce(t)`, a list of them)."""
     if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.Return) and stmt.value is not None:
         return any(n is call for n in ast.walk(stmt.value))
+    return False
+
+
+def _callers_read(info: ModuleInfo, fn: ast.AST | None) -> bool:
+    """A wrapper that hands back the collective's None (`return dist.all_reduce(t, op)`,
+    mirroring torch's own signature) loses nothing unless a caller in the files given reads
+    what it returns."""
+    name = getattr(fn, "name", None)
+    if name is None:
+        return True
+    for m in getattr(info.file_set, "infos", None) or [info]:
+        for r in m.calls_named(name):
+            if is_collective(r):
+                continue  # torch's own of the same name, not the wrapper
+            if r.stmt is not None and not (isinstance(r.stmt, ast.Expr)
+                                           and r.stmt.value is r.node):
+                return True
     return False
 
 
