@@ -512,6 +512,7 @@ M = [
  ("thirteenth: DDP004 a validation loader a project helper builds", 'analysis/local_metric.py', '                            or _helper_builds_dist_loader(infos, i.callee_last(v))):', '                            or False):'),
  ("thirteenth: DDP029 a wrapper's None read by no caller", 'rules/ddp029_collective_result_lost.py', '                not isinstance(rec.stmt, ast.Return) or _callers_read(info, rec.func)):', '                True):'),
  ("thirteenth: DDP029 torch's own collective is no caller of the wrapper", 'rules/ddp029_collective_result_lost.py', '            if is_collective(r):\n                continue  # torch', '            if False:\n                continue  # torch'),
+ ("thirteenth: DDP030 names a wait inside a project helper", 'rules/ddp030_makedirs_race.py', '        return waits_after(info, func, line + 1, rendezvous=True, through=True)', '        return found'),
 ]
 
 

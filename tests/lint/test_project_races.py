@@ -97,3 +97,39 @@ def test_a_helper_that_cannot_race_is_silent_at_every_call(tmp_path: Path) -> No
         train = TRAIN.replace("import mkdir", f"import {name}").replace(
             "    mkdir(args.out)", f"    {name}(args.out)")
         assert _project(tmp_path, train) == [], name
+
+
+MODELS = """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def create_model(net, rank):
+    return DDP(net.cuda(rank), device_ids=[rank])
+"""
+
+TRAIN_HELPER_WRAP = """\
+import os
+
+import torch.distributed as dist
+from models import create_model
+
+
+def main(args, net, loader, opt):
+    dist.init_process_group("nccl")
+    if not os.path.exists(args.out):
+        os.makedirs(args.out)
+    model = create_model(net, args.local_rank)
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+"""
+
+
+def test_the_race_names_the_first_wait_inside_a_project_helper(tmp_path: Path) -> None:
+    # The others first wait in the DDP wrap inside create_model() (corpus35l's DeepFashion,
+    # where the message named the later backward): that is the line the message must give.
+    for name, text in {"models.py": MODELS, "train.py": TRAIN_HELPER_WRAP}.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    found = [f for f in lint_paths([tmp_path]) if f.code == "DDP030"]
+    assert [(Path(f.path).name, f.line) for f in found] == [("train.py", 10)]
+    assert "inside create_model() at line 11" in found[0].message, found[0].message

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import ast
 
+from .collective_reach import reaches_collective
 from .context import Func, ModuleInfo, is_collective
+
+# A DDP wrap in a helper counts as the collective it makes (its parameter broadcast).
+_WRAPS = frozenset(("DistributedDataParallel", "DDP", "backward"))
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -38,13 +42,20 @@ def dead(chain: list[ast.AST], node: ast.AST) -> bool:
 
 
 def waits_after(info: ModuleInfo, func: Func | None, start: int,
-                rendezvous: bool = False) -> str:
+                rendezvous: bool = False, through: bool = False) -> str:
     """The first call in `func`, at line `start` or later and under no rank test, that makes
     every rank wait for the others: a collective, a DDP wrap, a backward (and, with
-    `rendezvous`, init_process_group), said with its line; "" for none."""
+    `rendezvous`, init_process_group; with `through`, a call of the project's own code that
+    reaches one, such as a `create_model()` that wraps in DDP), said with its line; "" for
+    none."""
     for rec in info.calls:
         if rec.func is not func or rec.node.lineno < start or rec.guard:
             continue
+        if through and not is_collective(rec) and not info.is_ddp_call(rec.node) \
+                and rec.last not in ("backward", "init_process_group") \
+                and reaches_collective(info, rec, _WRAPS):
+            return (f"the collective (or DDP wrap) inside {rec.last}() at line "
+                    f"{rec.node.lineno}")
         if is_collective(rec):
             return f"{rec.last}() at line {rec.node.lineno}"
         if info.is_ddp_call(rec.node):

@@ -245,7 +245,9 @@ def _follow(info: ModuleInfo, func: Func | None, line: int, depth: int = 0) -> s
     the same file): a collective, a DDP wrap, a backward or a rendezvous ("" for none)."""
     found = waits_after(info, func, line + 1, rendezvous=True)
     if found:
-        return found
+        # Named as the first wait, which may be inside a project helper called before it
+        # (`create_model()` wrapping in DDP); the finding itself needs a wait of its own.
+        return waits_after(info, func, line + 1, rendezvous=True, through=True)
     if func is None or depth > 1:
         return ""
     for site in info.calls_named(func.name):
