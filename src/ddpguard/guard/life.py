@@ -117,7 +117,7 @@ class LifeSignals:
         # A few looks, a couple of milliseconds apart (the GIL is let go in between): a loop of
         # small tensor ops is caught inside one of them at least once in a while; a loop of
         # bare bytecode never is.
-        sigs, in_c, runnable = [], False, False
+        sigs, in_c, running = [], False, 0
         for i in range(LOOKS):
             if i:
                 time.sleep(LOOK_GAP)
@@ -126,10 +126,12 @@ class LifeSignals:
             sigs.append(sig)
             in_c = in_c or c
             # Read at every look, not once: a kernel split over intra-op threads leaves its
-            # caller asleep at the pool's barrier for a moment now and then, where a wait sleeps
-            # at every look.
-            if c and not runnable and self.native_id is not None:
-                runnable = vitals.task_runnable(self.native_id)
+            # caller asleep at the pool's barrier now and then. Two looks of five are asked
+            # for: a thread that sleeps in a poll (`Popen.wait(timeout=...)`, a sleep loop) is
+            # caught runnable at one look now and then, just as it wakes.
+            if c and running < 2 and self.native_id is not None:
+                running += vitals.task_runnable(self.native_id)
+        runnable = running >= 2
         sig = sigs[-1]
         cpu = _thread_cpu(self.native_id)
         moved = self._sig is not None and any(s != self._sig for s in sigs)
