@@ -513,6 +513,9 @@ M = [
  ("thirteenth: DDP029 a wrapper's None read by no caller", 'rules/ddp029_collective_result_lost.py', '                not isinstance(rec.stmt, ast.Return) or _callers_read(info, rec.func)):', '                True):'),
  ("thirteenth: DDP029 torch's own collective is no caller of the wrapper", 'rules/ddp029_collective_result_lost.py', '            if is_collective(r):\n                continue  # torch', '            if False:\n                continue  # torch'),
  ("thirteenth: DDP030 names a wait inside a project helper", 'rules/ddp030_makedirs_race.py', '        return waits_after(info, func, line + 1, rendezvous=True, through=True)', '        return found'),
+ ("thirteenth: DDP006/DDP037 split on buffers visible anywhere in the program", 'analysis/buffers.py', '    return any(m.batchnorm or any(r.last == "register_buffer" for r in m.calls)\n               for m in getattr(info.file_set, "infos", None) or [info])', '    return False'),
+ ("thirteenth: DDP006/DDP037 broadcast_buffers=False leaves the hang unproven", 'analysis/buffers.py', '        for k in r.node.keywords if k.arg == "broadcast_buffers")\n    return found, proven', '        for k in r.node.keywords if k.arg == "no_such_keyword")\n    return found, proven'),
+ ("thirteenth: DDP006 a buffer in another file linted with it", 'analysis/buffers.py', '               for m in getattr(info.file_set, "infos", None) or [info])', '               for m in [info])'),
 ]
 
 

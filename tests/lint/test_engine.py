@@ -64,8 +64,9 @@ def test_default_selection_excludes_info_rule() -> None:
     assert Selection(ignore=("DDP01", "DDP02", "DDP03"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
-    assert Selection().held_back() == ["DDP001", "DDP005", "DDP015", "DDP033"]
-    assert Selection(ignore=("DDP005",)).held_back() == ["DDP001", "DDP015", "DDP033"]
+    assert Selection().held_back() == ["DDP001", "DDP005", "DDP015", "DDP033", "DDP037"]
+    assert Selection(ignore=("DDP005",)).held_back() == ["DDP001", "DDP015", "DDP033",
+                                                         "DDP037"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
@@ -250,15 +251,28 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "DDP006": (
         """
-        model = DDP(net)
+        model = DDP(nn.Sequential(net, nn.BatchNorm1d(8)))
         if dist.get_rank() == 0:
             out = model(x)
         """,
         """
-        model = DDP(net)
+        model = DDP(nn.Sequential(net, nn.BatchNorm1d(8)))
         out = model(x)
         if dist.get_rank() == 0:
             out = model.module(x)
+        """,
+    ),
+    "DDP037": (
+        """
+        model = DDP(net)
+        if dist.get_rank() == 0:
+            out = model(x)
+        """,
+        # the same forward where a BatchNorm is visible is DDP006's
+        """
+        model = DDP(nn.Sequential(net, nn.BatchNorm1d(8)))
+        if dist.get_rank() == 0:
+            out = model(x)
         """,
     ),
     "DDP007": (

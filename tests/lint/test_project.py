@@ -99,16 +99,16 @@ def main(model, loader, opt, rank):
 
 def test_a_projects_own_name_for_torchs_ddp_class_wraps(tmp_path: Path) -> None:
     # `ext_dist.DDP` is torch's class under the project's name: the forward on rank 0 alone
-    # is a DDP forward (DDP006)
+    # is a DDP forward (DDP037: no buffer is visible in these files; DDP006 where one is)
     files = {"ext_dist.py": EXT_DIST, "own.py": OWN_DDP, "train.py": WRAP}
-    assert _project(tmp_path, files) == [("train.py", "DDP006", 11)]
+    assert _project(tmp_path, files) == [("train.py", "DDP037", 11)]
     # imported by name, and defined in the training module itself
     files["train.py"] = WRAP.replace("import ext_dist\n", "import ext_dist\nfrom ext_dist "
                                      "import DDP\n").replace("ext_dist.DDP(", "DDP(")
-    assert _project(tmp_path, files) == [("train.py", "DDP006", 12)]
+    assert _project(tmp_path, files) == [("train.py", "DDP037", 12)]
     files["train.py"] = EXT_DIST + "\n\n" + WRAP.replace("import ext_dist\n", "").replace(
         "ext_dist.", "")
-    assert [c for _, c, _ in _project(tmp_path, files)] == ["DDP006"]
+    assert [c for _, c, _ in _project(tmp_path, files)] == ["DDP037"]
     # a project class of that name, in another module, is not torch's wrapper
     files["train.py"] = WRAP.replace("import ext_dist\n", "import ext_dist\nimport own\n") \
         .replace("ext_dist.DDP(", "own.DDP(")
@@ -148,7 +148,7 @@ def main(model, loader, opt):
 def test_a_projects_own_rank_predicate_is_read_where_it_is_defined(tmp_path: Path) -> None:
     # `main_proc` says nothing by its name; comm.py defines it from the rank
     files = {"comm.py": COMM, "train.py": LEAD}
-    assert _project(tmp_path, files) == [("train.py", "DDP006", 12), ("train.py", "DDP034", 14)]
+    assert _project(tmp_path, files) == [("train.py", "DDP037", 12), ("train.py", "DDP034", 14)]
     # a function of that name in another module, not the imported one, tests nothing
     files["other.py"] = COMM
     files["comm.py"] = COMM.replace("dist.get_rank() == 0", "True")
@@ -455,3 +455,21 @@ def test_a_wrapper_every_caller_passes_is_the_parameters_ddp_model(tmp_path: Pat
     # a second call with the bare model: the parameter is not always the wrapper
     files["main.py"] = MAIN_FIT + "    fit(torch.nn.Linear(2, 1), loader, optimizer, 1)\n"
     assert _project(tmp_path, files) == []
+
+
+BN_MODEL = """\
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+"""
+
+
+def test_a_buffer_in_another_file_proves_the_rank_0_forward(tmp_path: Path) -> None:
+    # The BatchNorm lives in models.py; the rank-0 forward in train.py hangs on its broadcast
+    # (DDP006, on by default). Without it, the same forward is DDP037's (preview).
+    files = {"ext_dist.py": EXT_DIST, "models.py": BN_MODEL, "train.py": WRAP}
+    assert _project(tmp_path, files) == [("train.py", "DDP006", 11)]

@@ -15,6 +15,7 @@ import ast
 import builtins
 
 from .context import CallRec, ModuleInfo, dotted
+from .divergence import Divergence, divergences
 
 _MOVES = {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval",
           "to_empty", "requires_grad_"}
@@ -94,3 +95,50 @@ def batchnorm_wraps(info: ModuleInfo) -> list[tuple[CallRec, list[CallRec]]]:
         return []
     converts = [r for r in info.calls if r.last == "convert_sync_batchnorm"]
     return [(r, converts) for r in info.calls if r.last == "DistributedDataParallel"]
+
+
+def rank_forwards(info: ModuleInfo) -> tuple[list[Divergence], bool]:
+    """The forwards through the DDP wrapper on some rank classes only that can hang (DDP006
+    and DDP037 read them), and whether DDP's buffer broadcast visibly makes them hang: the
+    program visibly has buffers (a BatchNorm or `register_buffer` in any file linted with
+    this one) and no wrap passes `broadcast_buffers=False`."""
+    key = ("rank_forwards",)
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = _rank_forwards(info)
+    return hit  # type: ignore[return-value]
+
+
+def _rank_forwards(info: ModuleInfo) -> tuple[list[Divergence], bool]:
+    found = [d for d in divergences(info) if d.code == "DDP006"]
+    if found and _buffers_maybe_unsynced(info):
+        # Under no_grad a forward's only collective is the buffer broadcast; with
+        # `broadcast_buffers` set from a config (modulus: False by default) that is unproven.
+        found = [d for d in found if not d.no_grad]
+    if found and all(d.no_grad for d in found) and not visible_buffers(info) \
+            and wrapped_model_has_no_buffers(info):
+        # Under no_grad the buffer broadcast is the forward's one collective, and the model
+        # is built, visibly, from layers without buffers.
+        found = []
+    proven = bool(found) and visible_buffers(info) and not any(
+        isinstance(k.value, ast.Constant) and k.value.value is False
+        for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
+        for k in r.node.keywords if k.arg == "broadcast_buffers")
+    return found, proven
+
+
+def visible_buffers(info: ModuleInfo) -> bool:
+    """A BatchNorm layer or a `register_buffer` call in this file or any file linted with
+    it."""
+    return any(m.batchnorm or any(r.last == "register_buffer" for r in m.calls)
+               for m in getattr(info.file_set, "infos", None) or [info])
+
+
+def _buffers_maybe_unsynced(info: ModuleInfo) -> bool:
+    """Every DDP wrap of the module passes `broadcast_buffers=` something other than a
+    literal True."""
+    wraps = [r for r in info.calls if r.last == "DistributedDataParallel" or r.last == "DDP"]
+    return bool(wraps) and all(any(
+        k.arg == "broadcast_buffers" and not (isinstance(k.value, ast.Constant)
+                                              and k.value.value is True)
+        for k in r.node.keywords) for r in wraps)

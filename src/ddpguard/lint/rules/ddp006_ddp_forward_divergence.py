@@ -11,9 +11,11 @@ once and clears the flag that would make the class's own next training forward s
 pairs with the others' next forward and nothing hangs (run on two gloo ranks; nanoGPT's own
 `estimate_loss` is such a case): then a finding is made only where the others go on to another
 collective first (a barrier after rank 0's evaluation, seed 000's shape). Pitfall in
-[pitfalls.md](pitfalls.md). `error` when the module visibly has BatchNorm or `register_buffer`
-(and `broadcast_buffers` is not False), `warning` otherwise (it hangs as soon as the model gains
-a buffer). apex's `DistributedDataParallel` (no collective in its forward) is not torch's. Under
+[pitfalls.md](pitfalls.md). Reported where the program visibly has buffers (a BatchNorm or a
+`register_buffer` in any file linted with this one) and no wrap passes `broadcast_buffers=False`;
+the same forward without visible buffers is DDP037's, a preview rule (it hangs only if the
+model has a buffer; DDP006's three false first findings on unseen code were all that form).
+apex's `DistributedDataParallel` (no collective in its forward) is not torch's. Under
 `no_grad`, when every wrap passes `broadcast_buffers=` something other than a literal True (a
 config, physicsnemo's manager), the forward's one collective is unproven: no finding. Nor under
 `no_grad` when the wrapped model is built from a class of the file whose layers visibly keep no
@@ -25,63 +27,30 @@ all-reduce, or use `model.module(x)` on rank 0.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterator
 
-from ..analysis.buffers import wrapped_model_has_no_buffers
+from ..analysis.buffers import rank_forwards
 from ..analysis.context import (
     ModuleInfo,
 )
-from ..analysis.divergence import divergences
 from ..registry import At, Hit, rule
 
 
 @rule("DDP006", "ddp-forward-divergence", "error",
-      "forward of the DDP-wrapped model on some rank classes only (directly or in a helper); "
-      "error when the module visibly has buffers (BatchNorm)",
+      "forward of the DDP-wrapped model on some rank classes only (directly or in a helper), "
+      "in a program that visibly has buffers (BatchNorm, register_buffer)",
       "evaluate on every rank, or call model.module(...) on rank 0")
 def ddp006(info: ModuleInfo) -> Iterator[Hit]:
     """DDP broadcasts the module's buffers at the start of each forward and waits for every
-    rank: a forward on rank 0 alone hangs as soon as the model has a buffer (docs/pitfalls.md)."""
-    found = [d for d in divergences(info) if d.code == "DDP006"]
-    if found and _buffers_maybe_unsynced(info):
-        # Under no_grad a forward's only collective is the buffer broadcast; with
-        # `broadcast_buffers` set from a config (modulus: False by default) that is unproven.
-        found = [d for d in found if not d.no_grad]
-    if found and all(d.no_grad for d in found) and not _visible_buffers(info) \
-            and wrapped_model_has_no_buffers(info):
-        # Under no_grad the buffer broadcast is the forward's one collective, and the model
-        # is built, visibly, from layers without buffers.
-        found = []
-    if not found:
+    rank: a forward on rank 0 alone hangs when the model has a buffer (docs/pitfalls.md). The
+    same forward where no buffer is visible is DDP037's (preview)."""
+    found, proven = rank_forwards(info)
+    if not proven:
         return
-    sev = "error" if _visible_buffers(info) and not any(
-        isinstance(k.value, ast.Constant) and k.value.value is False
-        for r in info.calls if r.last == "DistributedDataParallel" or r.last.endswith("_DDP")
-        for k in r.node.keywords if k.arg == "broadcast_buffers") else "warning"
-    tail = ("; DDP broadcasts the module's buffers (visible in this file) before this "
-            "forward and waits for the other ranks, which make no matching broadcast: it hangs") \
-        if sev == "error" else (
-            "; if the model has buffers (e.g. BatchNorm) and broadcast_buffers is on, DDP "
-            "broadcasts them before this forward and waits for the other ranks, which make no "
-            "matching broadcast: it hangs")
     for d in found:
-        yield At(d.line), "DDP006", d.message + tail, sev
-
-
-
-def _visible_buffers(info: ModuleInfo) -> bool:
-    """The module visibly holds buffers: a BatchNorm layer, or a `register_buffer` call."""
-    return info.batchnorm or any(r.last == "register_buffer" for r in info.calls)
-
-def _buffers_maybe_unsynced(info: ModuleInfo) -> bool:
-    """Every DDP wrap of the module passes `broadcast_buffers=` something other than a
-    literal True."""
-    wraps = [r for r in info.calls if r.last == "DistributedDataParallel" or r.last == "DDP"]
-    return bool(wraps) and all(any(
-        k.arg == "broadcast_buffers" and not (isinstance(k.value, ast.Constant)
-                                              and k.value.value is True)
-        for k in r.node.keywords) for r in wraps)
+        yield At(d.line), "DDP006", d.message + (
+            "; DDP broadcasts the module's buffers (visible in the program) before this "
+            "forward and waits for the other ranks, which make no matching broadcast: it hangs")
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
