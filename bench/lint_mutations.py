@@ -516,6 +516,22 @@ M = [
  ("thirteenth: DDP006/DDP037 split on buffers visible anywhere in the program", 'analysis/buffers.py', '    return any(m.batchnorm or any(r.last == "register_buffer" for r in m.calls)\n               for m in getattr(info.file_set, "infos", None) or [info])', '    return False'),
  ("thirteenth: DDP006/DDP037 broadcast_buffers=False leaves the hang unproven", 'analysis/buffers.py', '        for k in r.node.keywords if k.arg == "broadcast_buffers")\n    return found, proven', '        for k in r.node.keywords if k.arg == "no_such_keyword")\n    return found, proven'),
  ("thirteenth: DDP006 a buffer in another file linted with it", 'analysis/buffers.py', '               for m in getattr(info.file_set, "infos", None) or [info])', '               for m in [info])'),
+ ('fourteenth: DDP038 a generator given keeps the split alike', 'analysis/splits.py', '        if not qual.startswith("torch.utils.data") or len(call.args) > 2 \\\n                or not _none(kwarg(call, "generator"), missing=True):', '        if not qual.startswith("torch.utils.data"):'),
+ ("fourteenth: DDP038 a split under a rank test is not every rank's", 'analysis/splits.py', '        if kind and info.effective_guard(rec) == NONE and _kept(rec):', '        if kind and _kept(rec):'),
+ ("fourteenth: DDP038 sklearn's random_state", 'analysis/splits.py', '    return NUMPY if _none(seed, missing=True) else ""', '    return NUMPY'),
+ ('fourteenth: DDP038 no shuffling, no draw', 'analysis/splits.py', '    if isinstance(shuffle, ast.Constant) and shuffle.value is False:\n        return ""', '    pass'),
+ ("fourteenth: DDP038 a datasets.Dataset's seed", 'analysis/splits.py', '        if kwarg(call, "generator") is not None:\n            return ""\n        seed = kwarg(call, "seed")', '        seed = None'),
+ ('fourteenth: DDP038 only a program that shards by rank', 'rules/ddp038_rank_divergent_split.py', '    if not shards_by_rank(infos):\n        return', '    pass'),
+ ('fourteenth: DDP038 one seed alike everywhere silences', 'rules/ddp038_rank_divergent_split.py', '        if seeds.same_everywhere:\n            continue', '        pass'),
+ ('fourteenth: DDP038 a seed from the rank is no common seed', 'analysis/splits.py', '        if level == NONE and info.effective_guard(rec) == NONE:\n            same = True', '        if True:\n            same = True'),
+ ("fourteenth: DDP038 NumPy's seed is not torch's", 'analysis/splits.py', '            return _level(info, rec, bound) if sets == kind else None\n', '            return _level(info, rec, bound)\n'),
+ ("fourteenth: DDP038 a Generator object's seed is not the global one", 'analysis/splits.py', '    if rec.last == "manual_seed" and isinstance(rec.node.func, ast.Attribute):\n        return None', '    pass'),
+ ("fourteenth: DDP038 a helper's seed, bound from its call", 'analysis/splits.py', '    if bound is not None and isinstance(node, ast.Name) and node.id in bound:\n        return bound[node.id]', '    pass'),
+ ('fourteenth: DDP038 a seed parameter is judged at the calls', 'analysis/splits.py', '            if _param_args(rec):\n                deferred', '            if False:\n                deferred'),
+ ('fourteenth: DDP038 a function nobody calls judges its own seed', 'analysis/splits.py', '              for name, recs in deferred.items() if name not in called for info, rec in recs]', '              for name, recs in deferred.items() if False for info, rec in recs]'),
+ ('fourteenth: DDP038 a permutation followed into the sampler', 'analysis/splits.py', '        if start and _reaches_a_sampler(info, rec.func, start):', '        if start:'),
+ ('fourteenth: DDP038 a permutation through assignments', 'analysis/splits.py', '        names |= grown', '        pass'),
+ ("fourteenth: DDP038 a generator object's permutation", 'analysis/splits.py', '        hit = _PERMUTES.get(_qual(info, rec))\n        if hit is None:\n            continue', '        hit = _PERMUTES.get(_qual(info, rec)) or (NUMPY, None)'),
 ]
 
 

@@ -58,6 +58,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP034",
         "DDP035",
         "DDP036",
+        "DDP038",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -577,6 +578,20 @@ CASES: dict[str, tuple[str, str]] = {
                         yield line
         n = torch.tensor([count])
         dist.all_reduce(n, op=dist.ReduceOp.MIN)
+        """,
+    ),
+    "DDP038": (
+        """
+        dist.init_process_group("gloo")
+        train_ds, val_ds = torch.utils.data.random_split(dataset, [0.9, 0.1])
+        sampler = torch.utils.data.DistributedSampler(train_ds)
+        """,
+        # the same split drawn from a generator seeded alike on every rank
+        """
+        dist.init_process_group("gloo")
+        gen = torch.Generator().manual_seed(0)
+        train_ds, val_ds = torch.utils.data.random_split(dataset, [0.9, 0.1], generator=gen)
+        sampler = torch.utils.data.DistributedSampler(train_ds)
         """,
     ),
     "DDP018": (
