@@ -112,8 +112,9 @@ def test_a_seed_passed_through_a_helper_not_named_for_it_is_judged_at_its_call(
 def test_a_seed_in_a_function_nothing_in_sight_calls_still_counts(tmp_path: Path) -> None:
     # `mp.spawn(worker, ...)` runs worker(rank, seed): no call of it in sight, so its own
     # `torch.manual_seed(seed)` (a parameter) is taken as it stands: seeded alike, silent
-    spawned = MAIN.replace("def main(args, config, dataset):", "def main(args, config, dataset, seed):"
-                           ).replace("misc.fix_random_seed(args, config)",
-                                     "torch.manual_seed(seed)").replace(
-        "import torch.distributed as dist", "import torch\nimport torch.distributed as dist")
+    spawned = MAIN.replace("def main(args, config, dataset):",
+                           "def main(args, config, dataset, seed):")
+    spawned = spawned.replace("misc.fix_random_seed(args, config)", "torch.manual_seed(seed)")
+    spawned = spawned.replace("import torch.distributed as dist",
+                              "import torch\nimport torch.distributed as dist")
     assert _project(tmp_path, spawned) == []
