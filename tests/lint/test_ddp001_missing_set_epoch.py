@@ -194,6 +194,12 @@ def test_an_evaluation_sampler_by_its_name_needs_no_set_epoch() -> None:
         """)
     assert lint_source(src) == []
     assert [f.code for f in lint_source(src.replace("eval_sampler", "sampler"))] == ["DDP001"]
+    # a development set is a validation set (Diffusion-BERT's `dev_sampler`, its loop nested
+    # in the batch loop); a name that merely holds the letters is not (`device_sampler`)
+    for name in ("dev_sampler", "sampler_dev", "devset_sampler"):
+        assert lint_source(src.replace("eval_sampler", name)) == [], name
+    assert [f.code for f in lint_source(src.replace("eval_sampler", "device_sampler"))] \
+        == ["DDP001"]
 
 
 def test_a_script_without_functions_follows_the_same_values() -> None:

@@ -41,6 +41,7 @@ def test_default_selection_excludes_info_rule() -> None:
         f.code for f in lint_with_defaults(src, "t.py", Selection(extend_select=("DDP012",)))
     ] == ["DDP012"]
     assert Selection(ignore=("DDP01",)).codes() == [
+        "DDP001",
         "DDP002",
         "DDP004",
         "DDP006",
@@ -65,9 +66,8 @@ def test_default_selection_excludes_info_rule() -> None:
     assert Selection(ignore=("DDP01", "DDP02", "DDP03"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
-    assert Selection().held_back() == ["DDP001", "DDP005", "DDP015", "DDP033", "DDP037"]
-    assert Selection(ignore=("DDP005",)).held_back() == ["DDP001", "DDP015", "DDP033",
-                                                         "DDP037"]
+    assert Selection().held_back() == ["DDP005", "DDP015", "DDP033", "DDP037"]
+    assert Selection(ignore=("DDP005",)).held_back() == ["DDP015", "DDP033", "DDP037"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
