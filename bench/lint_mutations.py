@@ -532,6 +532,12 @@ M = [
  ('fourteenth: DDP038 a permutation followed into the sampler', 'analysis/splits.py', '        if start and _reaches_a_sampler(info, rec.func, start):', '        if start:'),
  ('fourteenth: DDP038 a permutation through assignments', 'analysis/splits.py', '        names |= grown', '        pass'),
  ("fourteenth: DDP038 a generator object's permutation", 'analysis/splits.py', '        hit = _PERMUTES.get(_qual(info, rec))\n        if hit is None:\n            continue', '        hit = _PERMUTES.get(_qual(info, rec)) or (NUMPY, None)'),
+ ('fourteenth: DDP001 a dev set is an evaluation set', 'rules/ddp001_missing_set_epoch.py', '    return any(h in name for h in _EVAL) or _DEV.search(name) is not None', '    return any(h in name for h in _EVAL)'),
+ ("fourteenth: DDP025 a constructor's callers are the class's calls", 'analysis/param_flow.py', '    ctor = _constructor(info, fn)\n', '    ctor = ""\n'),
+ ("fourteenth: DDP025 a constructor's arguments skip self", 'analysis/param_flow.py', '        positional = positional[1:]   # `Trainer(net, rank)`', '        pass   # `Trainer(net, rank)`'),
+ ("fourteenth: DDP025 an attribute's value read in the method that assigns it", 'analysis/rank_kind.py', 'rank_source(info, v, kind, _method_at(cls, line), depth + 1)', 'rank_source(info, v, kind, None, depth + 1)'),
+ ('fourteenth: DDP025 device_ids through a name', 'rules/ddp025_rank_kind_mixup.py', '        values = [v for line, v in info.assigns.get(ids.id, []) if lo <= line <= hi]\n        ids = values[0] if len(values) == 1 else None', '        ids = None'),
+ ('fourteenth: DDP025 device_ids in the GPU arm of a conditional', 'rules/ddp025_rank_kind_mixup.py', '        ids = arms[0] if len(arms) == 1 else None', '        ids = None'),
 ]
 
 

@@ -26,3 +26,53 @@ def test_a_rank_read_in_another_function_is_not_this_ones() -> None:
 
 def test_on_by_default() -> None:
     assert RULES["DDP025"].default and not RULES["DDP025"].preview
+
+
+TRAINER = """\
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net, rank, world_size):
+        self.rank = rank
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local_rank)
+        device_ids = [rank] if torch.cuda.is_available() else None
+        self.model = DDP(net.cuda(local_rank), device_ids=device_ids)
+
+
+def main(net):
+    proc = int(os.environ["SLURM_PROCID"])
+    dist.init_process_group("nccl", rank=proc, world_size=int(os.environ["SLURM_NTASKS"]))
+    Trainer(net, proc, world_size=2)
+"""
+
+
+def test_a_global_rank_handed_to_a_constructor_is_the_device_index_there() -> None:
+    # aibalance's shape (corpus35n B125): SLURM_PROCID passed to the trainer's constructor,
+    # used as DDP's device through a name assigned under an "is there a GPU" test
+    [f] = lint_with_defaults(TRAINER, "t.py")
+    assert (f.code, f.line) == ("DDP025", 13)
+    assert "SLURM_PROCID" in f.message and "to Trainer() at t.py:20" in f.message
+    # the attribute it keeps is the same rank, in another method too
+    kept = TRAINER.replace(
+        "        self.model = DDP(net.cuda(local_rank), device_ids=device_ids)\n",
+        "\n    def wrap(self, net):\n        return DDP(net, device_ids=[self.rank])\n")
+    assert [(f.code, f.line) for f in lint_with_defaults(kept, "t.py")] == [("DDP025", 16)]
+
+
+def test_a_constructor_handed_the_local_rank_or_a_spawn_index_is_silent() -> None:
+    local = TRAINER.replace('os.environ["SLURM_PROCID"]', 'os.environ["SLURM_LOCALID"]')
+    assert [f.code for f in lint_with_defaults(local, "t.py") if f.code == "DDP025"] \
+        == ["DDP025"]   # only the group's rank=, the local rank: not the device index
+    assert all(f.line != 13 for f in lint_with_defaults(local, "t.py"))
+    # mp.spawn's index: the process's place on its own node, nothing to say
+    spawned = TRAINER.replace('    proc = int(os.environ["SLURM_PROCID"])\n', "").replace(
+        "def main(net):", "def main(proc, net):") + (
+        "\n\nif __name__ == '__main__':\n"
+        "    torch.multiprocessing.spawn(main, args=(None,), nprocs=2)\n")
+    assert [f for f in lint_with_defaults(spawned, "t.py") if f.code == "DDP025"] == []

@@ -38,6 +38,8 @@ def passed(fn: Func, call: ast.Call, name: str) -> ast.expr | None:
             return k.value
     a = fn.args
     positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+    if fn.name == "__init__" and positional[:1] == ["self"]:
+        positional = positional[1:]   # `Trainer(net, rank)` fills `__init__(self, net, rank)`
     if name in positional:
         i = positional.index(name)
         if i < len(call.args):
@@ -69,7 +71,7 @@ def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> st
         return None
     caller, rec, _ = read[0]
     then = "then" if ", passed as" in (srcs[0] or "") else "passed"
-    return (f"{srcs[0]}, {then} as `{param}` to {func.name}() at "
+    return (f"{srcs[0]}, {then} as `{param}` to {_constructor(info, func) or func.name}() at "
             f"{os.path.basename(caller.path)}:{rec.node.lineno}")
 
 
@@ -82,7 +84,8 @@ def callers(info: ModuleInfo, fn: Func,
     parameter, which torch.multiprocessing's `spawn(fn, ...)` fills with the process's index
     on its own node (both ranks there): such a hand-off tells nothing and hides nothing, and
     the calls in sight answer (`train(args.local_rank, ...)` on the launcher's path)."""
-    if fn in info.func_class or id(fn) in info.parents:
+    ctor = _constructor(info, fn)
+    if (fn in info.func_class and not ctor) or id(fn) in info.parents:
         return None
     key = ("callers", id(fn), spawned)
     hit = info._memo.get(key)
@@ -93,15 +96,40 @@ def callers(info: ModuleInfo, fn: Func,
     out: list[tuple[ModuleInfo, CallRec]] | None = []
     # Another file names `fn` only after importing it (`from utils import main`) or calling
     # it through its module: the others need no look (an index built once per program).
-    scanned = [info, *(o for o in _namers(infos).get(fn.name, ()) if o is not info)]
+    # A class's `__init__` runs where the class is called (`Trainer(net, rank)`).
+    name = ctor or fn.name
+    scanned = [info, *(o for o in _namers(infos).get(name, ()) if o is not info)]
     for other in scanned:
-        recs = other.calls_named(fn.name)
+        recs = other.calls_named(name)
         out.extend((other, rec) for rec in recs   # type: ignore[union-attr]
-                   if _resolves(other, rec, info, fn))
-    if not out or any(fn.name in _handed_on(other, spawned) for other in scanned):
+                   if (_builds(other, rec, info, ctor) if ctor
+                       else _resolves(other, rec, info, fn)))
+    if not out or any(name in _handed_on(other, spawned) for other in scanned):
         out = None
     info._memo[key] = out
     return out
+
+
+def _constructor(info: ModuleInfo, fn: Func) -> str:
+    """The class whose `__init__` `fn` is (one class of that name in its file), or ""."""
+    cls = info.func_class.get(fn) if fn.name == "__init__" else None
+    if cls is None or id(fn) in info.parents or info.classes.get(cls) is None:
+        return ""
+    return cls if fn in info.classes[cls].body else ""
+
+
+def _builds(caller: ModuleInfo, rec: CallRec, info: ModuleInfo, cls: str) -> bool:
+    """`rec` calls the class `cls` defined in `info`: by its plain name in that file, or
+    through an import of it from that file."""
+    f = rec.node.func
+    if caller is info:
+        return isinstance(f, ast.Name) and f.id == cls and f.id not in info.aliases
+    qual = caller.qualify(f)
+    modules = getattr(caller.file_set, "_modules", None)
+    if qual is None or "." not in qual or modules is None:
+        return False
+    module, _, last = qual.rpartition(".")
+    return last == cls and info in modules(module, caller)
 
 
 def _resolves(caller: ModuleInfo, rec: CallRec, info: ModuleInfo, fn: Func) -> bool:

@@ -189,7 +189,7 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
         cls = info.classes.get(info.func_class[func])
         if cls is not None:
             lo, hi = cls.lineno, cls.end_lineno or cls.lineno
-            found = [(line, rank_source(info, v, kind, None, depth + 1))
+            found = [(line, rank_source(info, v, kind, _method_at(cls, line), depth + 1))
                      for line, v in info.assigns.get(d, [])
                      if lo <= line <= hi and not isinstance(v, ast.Constant)]
     if not found and func is not None and "." not in d and is_parameter(func, d):
@@ -199,6 +199,13 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
         return found[0][1]
     return next((f"{src}, in the launcher's arm at line {line}" for line, src in found
                  if src and launcher_arm(info, func, line)), None)
+
+
+def _method_at(cls: ast.ClassDef, line: int) -> Func | None:
+    """The method of `cls` holding `line` (its parameters are what its callers pass:
+    `self.rank = rank` in `__init__`)."""
+    return next((m for m in cls.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)
+                 and m.lineno <= line <= (m.end_lineno or m.lineno)), None)
 
 
 def launcher_arm(info: ModuleInfo, func: Func | None, line: int) -> bool:

@@ -107,8 +107,8 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
                 continue
             dev: ast.expr | None = rec.node.args[0]
         else:
-            ids = kwarg(rec.node, "device_ids")
-            dev = ids.elts[0] if isinstance(ids, ast.List) and len(ids.elts) == 1 else None
+            ids = _device_list(info, kwarg(rec.node, "device_ids"), rec.func)
+            dev = ids.elts[0] if ids is not None and len(ids.elts) == 1 else None
         if dev is not None and (src := rank_source(info, dev, GLOBAL, rec.func)):
             reported.add(id(rec.func))
             yield dev, "DDP025", (
@@ -118,6 +118,19 @@ def ddp025(info: ModuleInfo) -> Iterator[Hit]:
     yield from _built_devices(info, reported)
     yield from _spawned_world(info)
     yield from _fixed_replicas(info)
+
+
+def _device_list(info: ModuleInfo, ids: ast.expr | None, func: Func | None) -> ast.List | None:
+    """`device_ids=[r]`, also through the one name the function assigns it (`device_ids =
+    [rank] if torch.cuda.is_available() else None`: the arm that uses a GPU)."""
+    if isinstance(ids, ast.Name) and func is not None:
+        lo, hi = func.lineno, func.end_lineno or func.lineno
+        values = [v for line, v in info.assigns.get(ids.id, []) if lo <= line <= hi]
+        ids = values[0] if len(values) == 1 else None
+    if isinstance(ids, ast.IfExp):
+        arms = [a for a in (ids.body, ids.orelse) if isinstance(a, ast.List)]
+        ids = arms[0] if len(arms) == 1 else None
+    return ids if isinstance(ids, ast.List) else None
 
 
 def _launched(info: ModuleInfo, r: ast.expr, func: Func | None) -> str:
