@@ -51,13 +51,13 @@ anything, and the other calls answer (`main(args.local_rank, ...)` on the launch
 attribute a class keeps (`self.opts.rank = int(os.environ["LOCAL_RANK"])` in `__init__`, then
 `init_process_group(rank=self.opts.rank)` in another method) is what the class's methods assign
 it, when every such assignment is of the same kind; a constructor's parameter is what the
-class's calls pass (`Trainer(net, rank)` with `rank` read from SLURM_PROCID, then
-`self.rank = rank`). `device_ids=` may be the one name the function assigns it (`device_ids =
-[rank] if torch.cuda.is_available() else None`: the list of the GPU arm). A name assigned
-in several arms of an `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in os.environ`,
-`args.local_rank != -1`) assigns the wrong kind: each launcher runs on several nodes; not under
-a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix: `LOCAL_RANK` for
-the device, `RANK` (or `dist.get_rank()`) for the process group. """
+class's calls pass (`Trainer(net, rank)` with `rank` read from SLURM_PROCID, then `self.rank =
+rank`). `device_ids=` may be the one name the function assigns it (`device_ids = [rank] if
+torch.cuda.is_available() else None`: the list of the GPU arm). A name assigned in several arms
+of an `if` is reported when an arm whose test picks the launcher (`"SLURM_PROCID" in
+os.environ`, `args.local_rank != -1`) assigns the wrong kind: each launcher runs on several
+nodes; not under a test of the node count (`args.nnodes == 1`), nor for `rank % ngpus`. Fix:
+`LOCAL_RANK` for the device, `RANK` (or `dist.get_rank()`) for the process group. """
 
 from __future__ import annotations
 
