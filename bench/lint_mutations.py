@@ -533,6 +533,8 @@ M = [
  ('fourteenth: DDP038 a permutation through assignments', 'analysis/splits.py', '        names |= grown', '        pass'),
  ("fourteenth: DDP038 a generator object's permutation", 'analysis/splits.py', '        hit = _PERMUTES.get(_qual(info, rec))\n        if hit is None:\n            continue', '        hit = _PERMUTES.get(_qual(info, rec)) or (NUMPY, None)'),
  ('fourteenth: DDP001 a dev set is an evaluation set', 'rules/ddp001_missing_set_epoch.py', '    return any(h in name for h in _EVAL) or _DEV.search(name) is not None', '    return any(h in name for h in _EVAL)'),
+ ('fourteenth: samplers of the distributed arm of a conditional', 'analysis/context.py', '        if isinstance(node, ast.IfExp):\n            # `sampler=DistributedSampler(ds) if ddp else None`: the distributed arm\n            return [', '        if False:\n            return ['),
+ ("fourteenth: a project's progress bar iterates its loader", 'analysis/context.py', '    return last in _UNWRAP or "progress" in low or low.endswith("bar")', '    return last in _UNWRAP'),
  ("fourteenth: DDP025 a constructor's callers are the class's calls", 'analysis/param_flow.py', '    ctor = _constructor(info, fn)\n', '    ctor = ""\n'),
  ("fourteenth: DDP025 a constructor's arguments skip self", 'analysis/param_flow.py', '        positional = positional[1:]   # `Trainer(net, rank)`', '        pass   # `Trainer(net, rank)`'),
  ("fourteenth: DDP025 an attribute's value read in the method that assigns it", 'analysis/rank_kind.py', 'rank_source(info, v, kind, _method_at(cls, line), depth + 1)', 'rank_source(info, v, kind, None, depth + 1)'),

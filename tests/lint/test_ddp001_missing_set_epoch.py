@@ -399,3 +399,33 @@ def test_an_epoch_loop_that_trains_is_reported() -> None:
         "            (encoder(imgs) - target).sum().backward()\n",
     )
     assert finding_lines(distils) == [("DDP001", 8)]
+
+
+def test_a_sampler_in_the_distributed_arm_and_a_progress_bar_are_followed() -> None:
+    # English_Hindi_Translation's `sampler=DistributedSampler(ds) if ddp else None` in the
+    # loader, and RoderickGu's `pbar = progress_bar(train_dataloader)` around it
+    text = """
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def train(model, loader):
+            for x in loader:
+                model(x).sum().backward()
+
+        def main(model, ds, config):
+            loader = DataLoader(ds, sampler=DistributedSampler(ds) if config.ddp else None,
+                                shuffle=not config.ddp)
+            for epoch in range(10):
+                train(model, loader)
+
+        def other(model, ds):
+            batches = DataLoader(ds, sampler=DistributedSampler(ds))
+            for epoch in range(10):
+                pbar = progress_bar(batches)
+                for x in pbar:
+                    model(x).sum().backward()
+        """
+    got = [(f.code, f.line) for f in lint_source(ddp_source(text))]
+    assert got == [("DDP001", 14), ("DDP001", 19)]
+    fixed = text.replace("    train(model, loader)",
+                         "    loader.sampler.set_epoch(epoch)\n                train(model, loader)")
+    assert [(f.code, f.line) for f in lint_source(ddp_source(fixed))] == [("DDP001", 20)]

@@ -16,6 +16,13 @@ Loop = ast.For | ast.AsyncFor | ast.While
 # global rank, LOCAL = inside a branch on the local rank only (every node's local rank 0).
 
 _UNWRAP = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
+
+
+def wraps_iterable(last: str) -> bool:
+    """A call that iterates what it is given: enumerate, tqdm, and a project's own progress
+    bar (`progress_bar(train_dataloader)`, `ProgressBar(loader)`)."""
+    low = last.lower()
+    return last in _UNWRAP or "progress" in low or low.endswith("bar")
 COLLECTIVE_PREFIXES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                        "gather", "scatter")
 COLLECTIVE_EXACT = {"barrier", "monitored_barrier", "reduce"}
@@ -228,11 +235,15 @@ class ModuleInfo:
 
     def _samplers_of(self, node: ast.AST, depth: int) -> list[ast.Call]:
         while isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in _UNWRAP and node.args:
+                and wraps_iterable(node.func.id) and node.args:
             node = node.args[0]
         found: list[ast.Call] = []
         if depth > 3:
             return found
+        if isinstance(node, ast.IfExp):
+            # `sampler=DistributedSampler(ds) if ddp else None`: the distributed arm
+            return [*self.samplers_of(node.body, depth + 1),
+                    *self.samplers_of(node.orelse, depth + 1)]
         if not isinstance(node, ast.Call):
             # then the samplers depend on the dotted name alone (see values_of)
             d = dotted(node)
@@ -254,7 +265,7 @@ class ModuleInfo:
             if last in ("DataLoader", "BatchSampler"):
                 for s in loader_samplers(v, first_arg=last == "BatchSampler"):
                     found.extend(self.samplers_of(s, depth + 1))
-            elif last in _UNWRAP and v.args:  # `bar = tqdm(train_loader)`
+            elif wraps_iterable(last) and v.args:  # `bar = tqdm(train_loader)`
                 found.extend(self.samplers_of(v.args[0], depth + 1))
             elif self.is_dist_sampler(v):
                 found.append(v)

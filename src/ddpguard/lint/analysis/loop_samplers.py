@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from .context import Func, LoopRec, ModuleInfo, loader_samplers
+from .context import Func, LoopRec, ModuleInfo, loader_samplers, wraps_iterable
 
 
 def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
@@ -25,7 +25,7 @@ def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
 
 
 def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.Call]:
-    while isinstance(node, ast.Call) and info.callee_last(node) in _UNWRAP_ITER and node.args:
+    while isinstance(node, ast.Call) and wraps_iterable(info.callee_last(node)) and node.args:
         node = node.args[0]
     if depth > 8:
         return []
@@ -46,5 +46,3 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
         return [node] if info.is_dist_sampler(node) else []
     return info.samplers_of(node)
 
-
-_UNWRAP_ITER = {"enumerate", "tqdm", "iter", "zip", "islice", "list"}
