@@ -426,6 +426,6 @@ def test_a_sampler_in_the_distributed_arm_and_a_progress_bar_are_followed() -> N
         """
     got = [(f.code, f.line) for f in lint_source(ddp_source(text))]
     assert got == [("DDP001", 14), ("DDP001", 19)]
-    fixed = text.replace("    train(model, loader)",
-                         "    loader.sampler.set_epoch(epoch)\n                train(model, loader)")
+    set_first = "    loader.sampler.set_epoch(epoch)\n                train(model, loader)"
+    fixed = text.replace("    train(model, loader)", set_first)
     assert [(f.code, f.line) for f in lint_source(ddp_source(fixed))] == [("DDP001", 20)]
