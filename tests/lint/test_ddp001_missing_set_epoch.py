@@ -429,3 +429,30 @@ def test_a_sampler_in_the_distributed_arm_and_a_progress_bar_are_followed() -> N
     set_first = "    loader.sampler.set_epoch(epoch)\n                train(model, loader)"
     fixed = text.replace("    train(model, loader)", set_first)
     assert [(f.code, f.line) for f in lint_source(ddp_source(fixed))] == [("DDP001", 20)]
+
+
+def test_an_endless_reiteration_of_the_loader_without_set_epoch_repeats_each_pass() -> None:
+    # lerobot_isl's and flowprogen's shape: `dl_iter = cycle(dataloader)`, `next(dl_iter)` per
+    # step, a shuffling DistributedSampler and no set_epoch anywhere
+    text = """
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        def cycle(dl):
+            while True:
+                for batch in dl:
+                    yield batch
+
+        def main(model, ds, steps):
+            sampler = DistributedSampler(ds)
+            it = cycle(DataLoader(ds, sampler=sampler))
+            for step in range(steps):
+                model(next(it)).sum().backward()
+        """
+    [f] = lint_source(ddp_source(text))
+    assert (f.code, f.line) == ("DDP001", 14) and "re-iterated endlessly by `cycle`" in f.message
+    # set_epoch somewhere (the project's cycle advancing it), or a sampler that never shuffles
+    advances = text.replace("            for batch in dl:",
+                            "            dl.sampler.set_epoch(0)\n            for batch in dl:")
+    assert lint_source(ddp_source(advances)) == []
+    fixed = text.replace("DistributedSampler(ds)", "DistributedSampler(ds, shuffle=False)")
+    assert lint_source(ddp_source(fixed)) == []

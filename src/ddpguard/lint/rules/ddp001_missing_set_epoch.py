@@ -12,8 +12,12 @@ datasets that makes a fresh sampler over its own item (`for subset in dsets:
 DistributedSampler(subset)`), a fresh sampler each epoch over data the same loop rebuilt with
 `shuffle=True`, a batch loop that only computes under no_grad and never steps (features for a
 linear probe: the order changes nothing), and a `__main__` script that calls nothing that could
-form a process group (its DistributedSampler raises before the first epoch). Pitfall in
-[pitfalls.md](pitfalls.md). Fix: `sampler.set_epoch(epoch)` first in each epoch.
+form a process group (its DistributedSampler raises before the first epoch). Also reported:
+a loader re-iterated endlessly (`dl_iter = cycle(dataloader)`, then `next(dl_iter)` per step)
+where nothing in the files linted with it calls set_epoch at all. A sampler named for
+evaluation (`val_`, `test_`, `eval_`, `dev_`) is left alone: the order of evaluation does not
+change a metric. Pitfall in [pitfalls.md](pitfalls.md). Fix: `sampler.set_epoch(epoch)` first
+in each epoch.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     """Every epoch repeats the first epoch's order. On by default again since issue 35's
     fourteenth round: since its false shapes were fixed (round 12), its first findings on
     unseen code were 5 of 5 true (docs/dev/lint_standings.md)."""
-    hits = list(_ddp001(info))
+    hits = [*_ddp001(info), *_cycled(info)]
     if hits and not never_forms_a_group(info):
         yield from hits
 
@@ -167,6 +171,32 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
                 break
+
+
+def _cycled(info: ModuleInfo) -> Iterator[Hit]:
+    """Style 4: `dl_iter = cycle(dataloader)` then `next(dl_iter)` in a step loop. An endless
+    re-iteration of the loader (a project's `cycle`, `itertools.cycle`, an `infinite_loader`)
+    goes over the sampler again and again at its epoch 0 when nothing anywhere in the program
+    calls set_epoch (itertools.cycle replays its first pass, with the same effect)."""
+    recs = [r for r in info.calls if r.node.args and _endless(r.last)]
+    if not recs:
+        return
+    infos = getattr(info.file_set, "infos", None) or [info]
+    if any(r.last == "set_epoch" for m in infos for r in m.calls):
+        return
+    for rec in recs:
+        samplers = _shuffling(info.samplers_of(rec.node.args[0]), info)
+        if samplers:
+            yield rec.node, "DDP001", (
+                f"the DistributedSampler created on line {samplers[0].lineno} is re-iterated "
+                f"endlessly by `{ast.unparse(rec.node.func)}` but set_epoch is never called: "
+                "every pass repeats the same order")
+
+
+def _endless(last: str) -> bool:
+    low = last.lower()
+    return low in ("cycle", "repeat_loader") or any(
+        w in low for w in ("infinite", "endless", "forever"))
 
 
 def _reseeded_in(loop: Loop, sampler: ast.Call) -> bool:
