@@ -118,3 +118,4 @@ def test_a_seed_in_a_function_nothing_in_sight_calls_still_counts(tmp_path: Path
     spawned = spawned.replace("import torch.distributed as dist",
                               "import torch\nimport torch.distributed as dist")
     assert _project(tmp_path, spawned) == []
+

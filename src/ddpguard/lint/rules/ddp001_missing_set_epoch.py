@@ -14,7 +14,9 @@ DistributedSampler(subset)`), a fresh sampler each epoch over data the same loop
 linear probe: the order changes nothing), and a `__main__` script that calls nothing that could
 form a process group (its DistributedSampler raises before the first epoch). Also reported:
 a loader re-iterated endlessly (`dl_iter = cycle(dataloader)`, then `next(dl_iter)` per step)
-where nothing in the files linted with it calls set_epoch at all. A sampler named for
+where nothing in the files linted with it calls set_epoch at all, and an epoch loop over a loader
+a project function of any file returns, built with a shuffling DistributedSampler
+(`dataset = data_loader.load_data()`), on the same condition. A sampler named for
 evaluation (`val_`, `test_`, `eval_`, `dev_`) is left alone: the order of evaluation does not
 change a metric. Pitfall in [pitfalls.md](pitfalls.md). Fix: `sampler.set_epoch(epoch)` first
 in each epoch.
@@ -23,6 +25,7 @@ in each epoch.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 
@@ -36,8 +39,10 @@ from ..analysis.context import (
     dotted,
     is_true,
     kwarg,
+    loader_samplers,
 )
 from ..analysis.group_setup import never_forms_a_group
+from ..analysis.local_metric import built_loaders, loop_source
 from ..analysis.loop_samplers import loop_samplers
 from ..registry import Hit, rule
 
@@ -102,6 +107,8 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
     fourteenth round: since its false shapes were fixed (round 12), its first findings on
     unseen code were 5 of 5 true (docs/dev/lint_standings.md)."""
     hits = [*_ddp001(info), *_cycled(info)]
+    if not hits:
+        hits = list(_helper_built(info))
     if hits and not never_forms_a_group(info):
         yield from hits
 
@@ -191,6 +198,57 @@ def _cycled(info: ModuleInfo) -> Iterator[Hit]:
                 f"the DistributedSampler created on line {samplers[0].lineno} is re-iterated "
                 f"endlessly by `{ast.unparse(rec.node.func)}` but set_epoch is never called: "
                 "every pass repeats the same order")
+
+
+def _helper_built(info: ModuleInfo) -> Iterator[Hit]:
+    """Style 5: `train_dat = prepare_data(x, y)`, a project function (of any file linted with
+    this one) that returns a DataLoader it builds with a shuffling DistributedSampler, iterated
+    in an epoch loop, where nothing in the program calls set_epoch at all."""
+    infos = getattr(info.file_set, "infos", None) or [info]
+    for lrec in info.loops:
+        if isinstance(lrec.node, ast.While) or not lrec.loops or lrec.func is None:
+            continue
+        src = loop_source(lrec.node.iter)
+        if not isinstance(src, ast.Name) or _evaluation(src.id):
+            continue
+        lo, hi = lrec.func.lineno, lrec.func.end_lineno or lrec.func.lineno
+        values = [v for line, v in info.assigns.get(src.id, []) if lo <= line <= hi]
+        if len(values) != 1 or not isinstance(values[0], ast.Call):
+            continue
+        found = _returned_samplers(infos, info.callee_last(values[0]))
+        if not found:
+            continue
+        if any(r.last == "set_epoch" for m in infos for r in m.calls):
+            return
+        m, sampler = found[0]
+        yield lrec.loops[-1], "DDP001", (
+            f"the DistributedSampler created at {os.path.basename(m.path)}:{sampler.lineno} "
+            f"(in {info.callee_last(values[0])}(), which builds `{src.id}`) drives this epoch "
+            "loop but set_epoch is never called: every epoch repeats the same order")
+        return
+
+
+def _returned_samplers(infos: list[ModuleInfo], name: str) -> list[tuple[ModuleInfo, ast.Call]]:
+    """The shuffling DistributedSamplers of the DataLoaders a project function named `name`
+    builds and returns (one function of that name in the program)."""
+    if name in ("DataLoader", "") or name in _WRAPS:
+        return []
+    fns = [(m, fn) for m in infos for fn in m.funcs.get(name, [])]
+    if len(fns) != 1:
+        return []
+    m, fn = fns[0]
+    out = []
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Return) and n.value is not None:
+            for loader in built_loaders(m, n.value):
+                for s in loader_samplers(loader):
+                    out += [(m, v) for v in (m.values_of(s) or [s])
+                            if isinstance(v, ast.Call) and m.is_dist_sampler(v)
+                            and _shuffles(v, m)]
+    return out
+
+
+_WRAPS = {"enumerate", "tqdm", "iter", "zip", "islice", "list", "cycle"}
 
 
 def _endless(last: str) -> bool:
