@@ -8,7 +8,6 @@ from pathlib import Path
 
 from helpers import lint_paths
 
-
 LOADERS = """\
 from torch.utils.data import DataLoader, DistributedSampler
 
