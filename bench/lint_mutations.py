@@ -533,6 +533,8 @@ M = [
  ('fourteenth: DDP038 a permutation through assignments', 'analysis/splits.py', '        names |= grown', '        pass'),
  ("fourteenth: DDP038 a generator object's permutation", 'analysis/splits.py', '        hit = _PERMUTES.get(_qual(info, rec))\n        if hit is None:\n            continue', '        hit = _PERMUTES.get(_qual(info, rec)) or (NUMPY, None)'),
  ('fourteenth: DDP001 a dev set is an evaluation set', 'rules/ddp001_missing_set_epoch.py', '    return any(h in name for h in _EVAL) or _DEV.search(name) is not None', '    return any(h in name for h in _EVAL)'),
+ ("fourteenth: DDP027 a read waits in the loop's next turn", 'rules/ddp027_rank_only_binding.py', '            follow = _next_wait(info, func, stmts, read)', '            follow = waits_after(info, func, read.lineno)'),
+ ('fourteenth: DDP027 past a rank-tested continue of its turn', 'rules/ddp027_rank_only_binding.py', '        if isinstance(last, ast.Continue | ast.Break) and inner is not None \\\n', '        if False and inner is not None \\\n'),
  ('fourteenth: DDP001 a loader a project helper builds and returns', 'rules/ddp001_missing_set_epoch.py', '    if not hits:\n        hits = list(_helper_built(info))', '    pass'),
  ('fourteenth: DDP001 a helper-built loader under set_epoch anywhere', 'rules/ddp001_missing_set_epoch.py', '        if any(r.last == "set_epoch" for m in infos for r in m.calls):\n            return\n        m, sampler = found[0]', '        m, sampler = found[0]'),
  ('fourteenth: DDP001 a helper-built evaluation loader', 'rules/ddp001_missing_set_epoch.py', '        if not isinstance(src, ast.Name) or _evaluation(src.id):', '        if not isinstance(src, ast.Name):'),

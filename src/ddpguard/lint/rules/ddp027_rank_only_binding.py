@@ -13,7 +13,9 @@ UnboundLocalError) where every rank reads it, while the ranks that have it go on
 next collective (here the DDP constructor's broadcast) and wait there for peers that are gone.
 Reported where the name is read outside any rank test, when nothing bound it on the other
 ranks before (in the branch's `else`, earlier in the function, as a parameter) and a
-collective, a DDP wrap or a training step follows the read in the same function. A read
+collective, a DDP wrap or a training step follows the read in the same function (or in the
+next turn of a loop around it: a writer made on rank 0 and used by every rank at the end of each
+step). Not past a rank-tested `continue` of the read's own turn (`if rank > 0: continue`). A read
 guarded again by the rank (`pbar if is_main else loader`, `if rank == 0: writer.add(...)`) is
 fine. The same for a count every rank sets to 0 but only the rank-tested arm advances by a
 constant (`cont = 0; if rank == 0: for b in val_loader: ...; cont += 1`), then divides by on
@@ -176,9 +178,9 @@ def _tests(stmts: list[ast.stmt], st: ast.stmt, name: str) -> bool:
 
 
 def _next_wait(info: ModuleInfo, func: Func | None, stmts: list[ast.stmt],
-               div: ast.BinOp) -> str:
-    """What every rank waits in after the division: later in the function, or in the next
-    turn of a loop around it (the next epoch's backward)."""
+               div: ast.expr) -> str:
+    """What every rank waits in after the division (or the read): later in the function, or
+    in the next turn of a loop around it (the next epoch's backward, the next step's)."""
     follow = waits_after(info, func, div.lineno)
     if follow:
         return follow
@@ -209,7 +211,7 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
             read = _first_open_read(info, stmts, name, end)
             if read is None or any(end < line < read.lineno for line in bound.get(name, [])):
                 continue
-            follow = waits_after(info, func, read.lineno)
+            follow = _next_wait(info, func, stmts, read)
             if follow:
                 yield At(read.lineno, read.col_offset), "DDP027", (
                     f"`{name}` is bound only where `{ast.unparse(st.test)}` holds (line "
@@ -304,7 +306,10 @@ def _first_open_read(info: ModuleInfo, stmts: list[ast.stmt], name: str,
 
 
 def _guarded(info: ModuleInfo, st: ast.stmt, stmts: list[ast.stmt]) -> bool:
-    """`st` sits in an arm of an `if` on the rank, or in a `try` that may swallow the error."""
+    """`st` sits in an arm of an `if` on the rank, or in a `try` that may swallow the error,
+    or past a rank-tested exit of its own loop turn or function (`if rank > 0: continue`)."""
+    if _past_rank_exit(info, st, stmts):
+        return True
     for outer in stmts:
         if outer is st or not (outer.lineno <= st.lineno <= (outer.end_lineno or 0)):
             continue
@@ -312,6 +317,27 @@ def _guarded(info: ModuleInfo, st: ast.stmt, stmts: list[ast.stmt]) -> bool:
             return True
         if isinstance(outer, ast.Try) and outer.handlers and any(
                 s is st or any(x is st for x in ast.walk(s)) for s in outer.body):
+            return True
+    return False
+
+
+def _past_rank_exit(info: ModuleInfo, st: ast.stmt, stmts: list[ast.stmt]) -> bool:
+    """An `if` on the rank that ends in `continue`/`break` in the loop that holds `st` comes
+    before `st`: past it, only some ranks run this turn (which ones is not asked, so that
+    this stays silent rather than guess). A rank-tested `return` the walk already reads as a
+    rank test around what follows."""
+    loops = [o for o in stmts if isinstance(o, ast.For | ast.AsyncFor | ast.While)
+             and o.lineno < st.lineno <= (o.end_lineno or 0)]
+    inner = max(loops, key=lambda o: o.lineno) if loops else None
+    for o in stmts:
+        if o.lineno >= st.lineno or not isinstance(o, ast.If) or not o.body \
+                or (o.end_lineno or 0) >= st.lineno or not info.rank_level(o.test):
+            continue
+        last = o.body[-1]
+        if isinstance(last, ast.Continue | ast.Break) and inner is not None \
+                and inner.lineno < o.lineno and max(
+                    (x for x in loops if x.lineno < o.lineno <= (x.end_lineno or 0)),
+                    key=lambda x: x.lineno, default=None) is inner:
             return True
     return False
 
