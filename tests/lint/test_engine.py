@@ -60,6 +60,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP035",
         "DDP036",
         "DDP038",
+        "DDP039",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -592,6 +593,17 @@ CASES: dict[str, tuple[str, str]] = {
         gen = torch.Generator().manual_seed(0)
         train_ds, val_ds = torch.utils.data.random_split(dataset, [0.9, 0.1], generator=gen)
         sampler = torch.utils.data.DistributedSampler(train_ds)
+        """,
+    ),
+    "DDP039": (
+        """
+        dist.init_process_group("gloo")
+        DDP(net)
+        """,
+        # the wrapper kept
+        """
+        dist.init_process_group("gloo")
+        model = DDP(net)
         """,
     ),
     "DDP018": (

@@ -86,6 +86,7 @@ import os
 from collections.abc import Iterator
 
 from ..analysis.callgraph import is_collective
+from ..analysis.clock_exits import clock_exits
 from ..analysis.collective_reach import reaches_collective
 from ..analysis.context import (
     CallRec,
@@ -176,6 +177,13 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "clean-up")
     for stop, message in own_metric_stops(info, _BACKWARD):
         yield stop, "DDP004", message
+    for stop, test in clock_exits(info, _SYNCS):
+        yield stop, "DDP004", (
+            f"this loop stops on the rank's own clock (`{test}`): each rank reads its clock at "
+            "its own moment and crosses the limit at its own step, so the first to leave is "
+            "missing from the next step's all-reduce or collective, where the others wait for "
+            "it; decide on one value (all_reduce the elapsed time with MAX, or broadcast rank "
+            "0's decision)")
     for rec in info.calls:
         if rec.last != "DataLoader":
             continue
