@@ -76,3 +76,25 @@ def test_a_constructor_handed_the_local_rank_or_a_spawn_index_is_silent() -> Non
         "\n\nif __name__ == '__main__':\n"
         "    torch.multiprocessing.spawn(main, args=(None,), nprocs=2)\n")
     assert [f for f in lint_with_defaults(spawned, "t.py") if f.code == "DDP025"] == []
+
+
+def test_a_name_holds_what_was_assigned_before_the_read() -> None:
+    # HyCTAS's shape (corpus35p tuning): the device is set from the launcher's --local_rank,
+    # and only then is the attribute reassigned the global rank (read later for device_ids)
+    src = HEAD_DIST + (
+        "import argparse\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+        "def main(net):\n"
+        "    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--local_rank', type=int, default=0)\n"
+        "    args = parser.parse_args()\n"
+        "    torch.cuda.set_device(args.local_rank)\n"
+        "    dist.init_process_group('nccl')\n"
+        "    args.local_rank = dist.get_rank()\n"
+        "    return DDP(net, device_ids=[args.local_rank])\n")
+    lines = [f.line for f in lint_with_defaults(src, "t.py") if f.code == "DDP025"]
+    assert lines == [15]
+    # inside a loop the later assignment reaches the read on the next turn
+    looped = src.replace("    torch.cuda.set_device(args.local_rank)\n",
+                         "    for _ in range(2):\n        torch.cuda.set_device(args.local_rank)\n"
+                         "        args.local_rank = dist.get_rank()\n")
+    assert 13 in [f.line for f in lint_with_defaults(looped, "t.py") if f.code == "DDP025"]

@@ -180,9 +180,13 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
     if kind == LOCAL and d.rsplit(".", 1)[-1] == "local_rank" and d.startswith(("args.", "opt")):
         return f"{d}, the launcher's --local_rank"
     lo, hi = (func.lineno, func.end_lineno or func.lineno) if func else (0, 1 << 30)
+    # what the name holds where it is read: the function's assignments before that line
+    # (`set_device(args.local_rank)` and only then `args.local_rank = dist.get_rank()`)
+    at = getattr(node, "lineno", hi)
     found = [(line, rank_source(info, v, kind, func, depth + 1))
              for line, v in info.assigns.get(d, [])
-             if lo <= line <= hi and not isinstance(v, ast.Constant)]
+             if lo <= line <= hi and not isinstance(v, ast.Constant)
+             and (func is None or line <= at or not _straight(func, node, line))]
     if not found and func is not None and d.startswith("self.") and func in info.func_class:
         # an attribute the class keeps: what its methods assign it (`self.opts.rank =
         # int(os.environ["LOCAL_RANK"])` in `__init__`, read in another method)
@@ -199,6 +203,15 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
         return found[0][1]
     return next((f"{src}, in the launcher's arm at line {line}" for line, src in found
                  if src and launcher_arm(info, func, line)), None)
+
+
+def _straight(func: Func, node: ast.expr, line: int) -> bool:
+    """The assignment at `line` comes after `node` with no loop holding both (so it cannot
+    reach it on a later turn)."""
+    at = getattr(node, "lineno", 0)
+    return not any(isinstance(n, ast.For | ast.While | ast.AsyncFor)
+                   and n.lineno <= min(at, line) and max(at, line) <= (n.end_lineno or 0)
+                   for n in ast.walk(func))
 
 
 def _method_at(cls: ast.ClassDef, line: int) -> Func | None:
