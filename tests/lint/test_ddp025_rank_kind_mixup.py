@@ -98,3 +98,19 @@ def test_a_name_holds_what_was_assigned_before_the_read() -> None:
                          "    for _ in range(2):\n        torch.cuda.set_device(args.local_rank)\n"
                          "        args.local_rank = dist.get_rank()\n")
     assert 13 in [f.line for f in lint_with_defaults(looped, "t.py") if f.code == "DDP025"]
+
+
+def test_a_rank_passed_only_where_one_rank_is_let_through_is_that_rank() -> None:
+    # so-vits-svc's evaluate() (corpus35o F9, false at first contact): called under `rank ==
+    # 0 and ...`, its `rank` is 0, a device every node has
+    src = HEAD_DIST + (
+        "def evaluate(model, batch, rank):\n"
+        "    return model(batch.cuda(rank))\n\n"
+        "def train(model, loader, epochs):\n"
+        "    rank = dist.get_rank()\n"
+        "    for epoch in range(epochs):\n"
+        "        if rank == 0 and epoch % 5 == 0:\n"
+        "            evaluate(model, next(iter(loader)), rank)\n")
+    assert [f for f in lint_with_defaults(src, "t.py") if f.code == "DDP025"] == []
+    every = src.replace("        if rank == 0 and epoch % 5 == 0:\n    ", "")
+    assert [f.line for f in lint_with_defaults(every, "t.py") if f.code == "DDP025"] == [6]

@@ -63,8 +63,11 @@ def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> st
     if not sites:
         return None
     # A constant is the single-process path (`main(0, 1)`), as it is where a name is assigned.
+    # A call under a rank test passes the rank that passed it (`if rank == 0: evaluate(...,
+    # rank)`: rank 0, on every node a device that exists): no reading of the kind either.
     read = [(caller, rec, arg) for caller, rec in sites
-            if not isinstance(arg := passed(func, rec.node, param), ast.Constant)]
+            if not isinstance(arg := passed(func, rec.node, param), ast.Constant)
+            and not _one_rank(caller, rec)]
     srcs = [source(caller, arg, rec.func) if arg is not None else None
             for caller, rec, arg in read]
     if not read or not all(srcs):
@@ -73,6 +76,32 @@ def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> st
     then = "then" if ", passed as" in (srcs[0] or "") else "passed"
     return (f"{srcs[0]}, {then} as `{param}` to {_constructor(info, func) or func.name}() at "
             f"{os.path.basename(caller.path)}:{rec.node.lineno}")
+
+
+def _one_rank(info: ModuleInfo, rec: CallRec) -> bool:
+    """`rec` runs under a test that lets one rank through (`if rank == 0:`, `if
+    is_main_process():`), not one that only tells distributed from not (`LOCAL_RANK >= 0`)."""
+    if not rec.guard:
+        return False
+    ifs = {id(t): t for _, t in info.rank_ifs}
+    for key, arm in rec.branch:
+        t = ifs.get(key)
+        if t is None or not info.rank_level(t.test):
+            continue
+        parts = [t.test]
+        if isinstance(t.test, ast.BoolOp) and isinstance(t.test.op, ast.And) and arm == 0:
+            parts = [v for v in t.test.values if info.rank_level(v)]   # `rank == 0 and ...`
+        if any(_pins(p, arm) for p in parts):
+            return True
+    return False
+
+
+def _pins(test: ast.expr, arm: int) -> bool:
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op = test.ops[0]
+        return (arm == 0 and isinstance(op, ast.Eq)) or (arm == 1 and isinstance(op, ast.NotEq))
+    # a rank predicate or flag: `is_main_process()`, `master_process`
+    return isinstance(test, ast.Name | ast.Attribute | ast.Call) and arm == 0
 
 
 def callers(info: ModuleInfo, fn: Func,
