@@ -533,6 +533,7 @@ M = [
  ('fourteenth: DDP038 a permutation through assignments', 'analysis/splits.py', '        names |= grown', '        pass'),
  ("fourteenth: DDP038 a generator object's permutation", 'analysis/splits.py', '        hit = _PERMUTES.get(_qual(info, rec))\n        if hit is None:\n            continue', '        hit = _PERMUTES.get(_qual(info, rec)) or (NUMPY, None)'),
  ('fourteenth: DDP001 a dev set is an evaluation set', 'rules/ddp001_missing_set_epoch.py', '    return any(h in name for h in _EVAL) or _DEV.search(name) is not None', '    return any(h in name for h in _EVAL)'),
+ ('fourteenth: DDP004 a reduce to one rank shares nothing', 'analysis/local_metric.py', '        return rec.last not in _ONE_RANK', '        return True'),
  ('fourteenth: DDP025 a call under a one-rank test passes that rank', 'analysis/param_flow.py', '            and not _one_rank(caller, rec)]', '            ]'),
  ('fourteenth: DDP025 one rank let through the first part of an and', 'analysis/param_flow.py', '            parts = [v for v in t.test.values if info.rank_level(v)]   # `rank == 0 and ...`', '            pass'),
  ('fourteenth: DDP025 a name holds what was assigned before the read', 'analysis/rank_kind.py', '             and (func is None or line <= at or not _straight(func, node, line))]', '             ]'),

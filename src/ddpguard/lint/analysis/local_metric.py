@@ -25,7 +25,16 @@ from collections.abc import Iterator
 
 from .callgraph import calls_by_func
 from .collective_reach import _callees, reaches_collective
-from .context import EVAL_HINTS, CallRec, Func, Loop, ModuleInfo, dotted, loader_samplers
+from .context import (
+    EVAL_HINTS,
+    CallRec,
+    Func,
+    Loop,
+    ModuleInfo,
+    dotted,
+    is_collective,
+    loader_samplers,
+)
 from .provenance import NONE, test_level
 
 _OWN = (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef,
@@ -390,4 +399,28 @@ def _shares(info: ModuleInfo, rec: CallRec, tainted: set[str]) -> bool:
         isinstance(rec.stmt, ast.Assign) and rec.stmt.value is rec.node)
     if not given:
         return False
-    return any(w in rec.last.lower() for w in _SHARES) or reaches_collective(info, rec)
+    return any(w in rec.last.lower() for w in _SHARES) or _reaches_sharing(info, rec, 0)
+
+
+# Collectives that leave the result on one rank (or share nothing): the others keep their own
+# value (`dist.reduce(loss, dst=0)` then `loss.item() / world_size` on every rank).
+_ONE_RANK = {"reduce", "gather", "barrier", "monitored_barrier"}
+
+
+def _reaches_sharing(info: ModuleInfo, rec: CallRec, depth: int) -> bool:
+    """`rec` reaches a collective that hands every rank the same result (not a reduce or a
+    gather to one rank, not a barrier)."""
+    if is_collective(rec):
+        return rec.last not in _ONE_RANK
+    if depth > 4 or not reaches_collective(info, rec):
+        return False
+    for m, fn in _callees(info, rec):
+        key = ("reaches_sharing", id(fn))
+        hit = m._memo.get(key)
+        if hit is None:
+            m._memo[key] = False   # a recursive call finds nothing by itself
+            hit = m._memo[key] = any(_reaches_sharing(m, r, depth + 1)
+                                     for r in calls_by_func(m).get(id(fn), ()))
+        if hit:
+            return True
+    return False

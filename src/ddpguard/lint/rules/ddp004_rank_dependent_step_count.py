@@ -51,7 +51,9 @@ validation result, in a loop that reaches a backward or a collective: the stop's
 (by assignment, by an assignment under a test of it: `else: bad += 1`, or as the
 state of an object fed it: `stopper(val_loss)`, then `if stopper.early_stop: break`) what a project
 function returned that evaluates (a loop under `no_grad`/`inference_mode` or after `.eval()`)
-over sharded data and reaches no collective: each rank's loss is its shard's, so one rank
+over sharded data and reaches no collective that hands every rank the result (a
+`dist.reduce(loss, dst=0)` leaves the others their own value): each rank's loss is its shard's,
+so one rank
 leaves while the others wait in the next epoch's all-reduce. The data is sharded where the
 loader the evaluation reads is built in its file with a DistributedSampler; where it arrives
 from elsewhere (a constructor's `self.val_data`), the message says what was assumed: that it is
@@ -77,6 +79,10 @@ group imports it (a single-process script may skip what it likes). Pitfall in
 [pitfalls.md](pitfalls.md). Fix: resample inside the Dataset; never skip a batch on one rank;
 for a non-finite loss or a caught error, all-reduce a flag so that every rank skips or stops
 alike.
+And a loop that stops on the rank's own clock (`if time.time() - start > budget: break`,
+directly or through a name assigned from a clock reading) while each turn reaches a collective
+or a backward through a DDP wrapper the program keeps: each rank crosses the budget at its own
+step (not where the elapsed time goes through a collective first).
 """
 
 from __future__ import annotations
