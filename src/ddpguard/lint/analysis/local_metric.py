@@ -283,7 +283,7 @@ def _program_loader(infos: list[ModuleInfo]) -> str:
     """The first validation loader the program builds with a DistributedSampler, as the
     message names it ("" for none); asked once per program."""
     for i in infos:
-        for name, vals in i.assigns.items():
+        for name, vals in [*i.assigns.items(), *_unpacked(i)]:
             if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
                 for _, v in vals:
                     if isinstance(v, ast.Call) and (
@@ -294,19 +294,47 @@ def _program_loader(infos: list[ModuleInfo]) -> str:
     return ""
 
 
-def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str) -> bool:
+def _unpacked(i: ModuleInfo) -> list[tuple[str, list[tuple[int, ast.expr]]]]:
+    """Names unpacked from a call (`vali_data, vali_loader = self._get_data(flag='val')`),
+    with that call: the walk's table keeps plain assignments only."""
+    return [(e.id, [(a.lineno, a.value)]) for a in ast.walk(i.tree)
+            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+            for t in a.targets if isinstance(t, ast.Tuple) for e in t.elts
+            if isinstance(e, ast.Name)]
+
+
+def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str, depth: int = 0) -> bool:
     """A function of the program named `name` returns a DataLoader it builds with a
     DistributedSampler (`valid_dat = prepare_data(x, y)`, the helper's loader named
-    anything)."""
-    if name == "DataLoader":
+    anything), alone or in a tuple (`return data_set, data_loader`), or returns what another
+    such function returns (`self._get_data(flag)` returning `data_provider(args, flag)`)."""
+    if name == "DataLoader" or depth > 2:
         return False
     for m in infos:
         for fn in m.funcs.get(name, []):
             for n in ast.walk(fn):
-                if isinstance(n, ast.Return) and n.value is not None and any(
-                        dist_loader(m, v) for v in built_loaders(m, n.value)):
-                    return True
+                if not isinstance(n, ast.Return) or n.value is None:
+                    continue
+                parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
+                for part in parts:
+                    if any(dist_loader(m, v) for v in built_loaders(m, part)):
+                        return True
+                    call = part if isinstance(part, ast.Call) else _unpacked_from(fn, part)
+                    if call is not None and m.callee_last(call) != name and \
+                            _helper_builds_dist_loader(infos, m.callee_last(call), depth + 1):
+                        return True
     return False
+
+
+def _unpacked_from(fn: Func, node: ast.expr) -> ast.Call | None:
+    """The call a name of `fn` was unpacked from (`data_set, data_loader = data_provider(args,
+    flag)`), when that is its one binding there."""
+    if not isinstance(node, ast.Name):
+        return None
+    found = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
+             and any(isinstance(t, ast.Tuple | ast.List) and any(
+                 isinstance(e, ast.Name) and e.id == node.id for e in t.elts) for t in a.targets)]
+    return found[0] if len(found) == 1 and isinstance(found[0], ast.Call) else None
 
 
 def loop_source(it: ast.expr) -> ast.expr:

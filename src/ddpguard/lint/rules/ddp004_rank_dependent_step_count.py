@@ -57,7 +57,10 @@ so one rank
 leaves while the others wait in the next epoch's all-reduce. The data is sharded where the
 loader the evaluation reads is built in its file with a DistributedSampler; where it arrives
 from elsewhere (a constructor's `self.val_data`), the message says what was assumed: that it is
-the program's validation loader built with one (none such: silent). Not once a collective, a
+the program's validation loader built with one (a loader named for validation, built by a
+DataLoader with a DistributedSampler or returned by a project function that builds one, also
+in a tuple and through a second such function: `vali_data, vali_loader =
+self._get_data(flag="val")`; none such: silent). Not once a collective, a
 helper named for one (`reduce_mean(val_loss)`) or a call that reaches one is given (or assigns)
 what the test follows, not under a rank test (DDP019's), and not a loop that only counts
 batches. The same for a stop on the rank's own running sum of its training loss (`total_loss
