@@ -114,3 +114,15 @@ def test_a_rank_passed_only_where_one_rank_is_let_through_is_that_rank() -> None
     assert [f for f in lint_with_defaults(src, "t.py") if f.code == "DDP025"] == []
     every = src.replace("        if rank == 0 and epoch % 5 == 0:\n    ", "")
     assert [f.line for f in lint_with_defaults(every, "t.py") if f.code == "DDP025"] == [6]
+
+
+def test_a_constant_argument_is_the_single_process_path_and_tells_nothing() -> None:
+    # `setup(0, 1)` (a debugging entry, no test around it) beside the launcher's call: the
+    # launcher's call decides the kind
+    src = HEAD_DIST + (
+        "import os\n\n"
+        "def setup(rank, world):\n"
+        "    dist.init_process_group('nccl', rank=rank, world_size=world)\n\n"
+        "def debug():\n    setup(0, 1)\n\n"
+        "def launch():\n    setup(int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE']))\n")
+    assert [f.line for f in lint_with_defaults(src, "t.py") if f.code == "DDP025"] == [8]

@@ -22,14 +22,20 @@ import ast
 from collections.abc import Iterator
 
 from .collective_reach import reaches_collective
-from .context import Func, Loop, ModuleInfo, is_collective
+from .context import Func, Loop, ModuleInfo, dotted, is_collective
 
 _CLOCKS = {"time.time", "time.perf_counter", "time.monotonic", "time.time_ns",
            "datetime.datetime.now", "datetime.now"}
 
 
+_CLOCK_LASTS = {q.rsplit(".", 1)[-1] for q in _CLOCKS}
+
+
 def clock_exits(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[ast.If, str]]:
     """(the `if`, its test as written) for each exit of a syncing loop on the rank's clock."""
+    if not _CLOCK_LASTS.intersection(info.call_lasts()):
+        return   # no clock read in the module: the common case, one set lookup
+    tables: dict[int, set[str]] = {}
     for lrec in info.loops:
         loop, fn = lrec.node, lrec.func
         if lrec.guard or fn is None:
@@ -38,7 +44,9 @@ def clock_exits(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[ast.I
             isinstance(b, ast.Break | ast.Return) for b in s.body)]
         if not exits:
             continue
-        timed = _clock_names(info, fn)
+        timed = tables.get(id(fn))
+        if timed is None:
+            timed = tables[id(fn)] = _clock_names(info, fn)
         hits = [s for s in exits if _reads_clock(info, s.test, timed)]
         # a backward syncs only through a DDP wrapper the program keeps
         if not hits or not _syncs(info, loop, syncs if kept_wrapper(info) else frozenset()):
@@ -54,9 +62,9 @@ def _clock_names(info: ModuleInfo, fn: Func) -> set[str]:
     for _ in range(2):   # `t = time.time()`, then `used = t - start`
         for n in ast.walk(fn):
             if isinstance(n, ast.Assign) and _reads_clock(info, n.value, out):
-                out |= {d for t in n.targets if (d := _dotted(t)) is not None}
+                out |= {d for t in n.targets if (d := dotted(t)) is not None}
     shared = {d for r in info.calls if r.func is fn and is_collective(r)
-              for a in r.node.args for x in ast.walk(a) if (d := _dotted(x)) in out}
+              for a in r.node.args for x in ast.walk(a) if (d := dotted(x)) in out}
     return out - shared
 
 
@@ -64,17 +72,9 @@ def _reads_clock(info: ModuleInfo, node: ast.AST, names: set[str]) -> bool:
     for n in ast.walk(node):
         if isinstance(n, ast.Call) and (info.qualify(n.func) or "") in _CLOCKS:
             return True
-        if isinstance(n, ast.Name | ast.Attribute) and _dotted(n) in names:
+        if isinstance(n, ast.Name | ast.Attribute) and dotted(n) in names:
             return True
     return False
-
-
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return f"{node.value.id}.{node.attr}"
-    return None
 
 
 def kept_wrapper(info: ModuleInfo) -> bool:

@@ -303,13 +303,20 @@ def _unpacked(i: ModuleInfo) -> list[tuple[str, list[tuple[int, ast.expr]]]]:
             if isinstance(e, ast.Name)]
 
 
-def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str, depth: int = 0) -> bool:
-    """A function of the program named `name` returns a DataLoader it builds with a
-    DistributedSampler (`valid_dat = prepare_data(x, y)`, the helper's loader named
-    anything), alone or in a tuple (`return data_set, data_loader`), or returns what another
-    such function returns (`self._get_data(flag)` returning `data_provider(args, flag)`)."""
+def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str) -> bool:
+    return bool(returned_samplers(infos, name))
+
+
+def returned_samplers(infos: list[ModuleInfo], name: str, depth: int = 0
+                      ) -> list[tuple[ModuleInfo, ast.Call]]:
+    """The DistributedSamplers (with their modules) of the DataLoaders a function of the
+    program named `name` builds and returns (`valid_dat = prepare_data(x, y)`, the helper's
+    loader named anything), alone or in a tuple (`return data_set, data_loader`), or that it
+    returns from another such function (`self._get_data(flag)` returning
+    `data_provider(args, flag)`)."""
     if name == "DataLoader" or depth > 2:
-        return False
+        return []
+    out: list[tuple[ModuleInfo, ast.Call]] = []
     for m in infos:
         for fn in m.funcs.get(name, []):
             for n in ast.walk(fn):
@@ -317,13 +324,13 @@ def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str, depth: int = 
                     continue
                 parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
                 for part in parts:
-                    if any(dist_loader(m, v) for v in built_loaders(m, part)):
-                        return True
+                    out += [(m, v) for loader in built_loaders(m, part)
+                            for s in loader_samplers(loader) for v in (m.values_of(s) or [s])
+                            if isinstance(v, ast.Call) and m.is_dist_sampler(v)]
                     call = part if isinstance(part, ast.Call) else _unpacked_from(fn, part)
-                    if call is not None and m.callee_last(call) != name and \
-                            _helper_builds_dist_loader(infos, m.callee_last(call), depth + 1):
-                        return True
-    return False
+                    if call is not None and m.callee_last(call) != name:
+                        out += returned_samplers(infos, m.callee_last(call), depth + 1)
+    return out
 
 
 def _unpacked_from(fn: Func, node: ast.expr) -> ast.Call | None:

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 
 from .context import CallRec, Func, ModuleInfo
+from .ranks import FALSE, NODE_LEADERS, OTHERS, TRUE, evaluate_test
 
 # What a caller passes, read in the caller's module and function: its source, or None.
 Source = Callable[[ModuleInfo, ast.expr, Func | None], str | None]
@@ -79,29 +80,19 @@ def from_callers(info: ModuleInfo, func: Func, param: str, source: Source) -> st
 
 
 def _one_rank(info: ModuleInfo, rec: CallRec) -> bool:
-    """`rec` runs under a test that lets one rank through (`if rank == 0:`, `if
-    is_main_process():`), not one that only tells distributed from not (`LOCAL_RANK >= 0`)."""
+    """`rec` runs in an arm that no rank > 0 takes (`if rank == 0 and ...:`, `if
+    is_main_process():`), as the rank classes read it; not under a test that only tells
+    distributed from not (`LOCAL_RANK >= 0`)."""
     if not rec.guard:
         return False
     ifs = {id(t): t for _, t in info.rank_ifs}
     for key, arm in rec.branch:
         t = ifs.get(key)
-        if t is None or not info.rank_level(t.test):
-            continue
-        parts = [t.test]
-        if isinstance(t.test, ast.BoolOp) and isinstance(t.test.op, ast.And) and arm == 0:
-            parts = [v for v in t.test.values if info.rank_level(v)]   # `rank == 0 and ...`
-        if any(_pins(p, arm) for p in parts):
+        closed = FALSE if arm == 0 else TRUE   # the value that keeps a class out of this arm
+        if t is not None and all(evaluate_test(info, t.test, c) == closed
+                                 for c in (OTHERS, NODE_LEADERS)):
             return True
     return False
-
-
-def _pins(test: ast.expr, arm: int) -> bool:
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        op = test.ops[0]
-        return (arm == 0 and isinstance(op, ast.Eq)) or (arm == 1 and isinstance(op, ast.NotEq))
-    # a rank predicate or flag: `is_main_process()`, `master_process`
-    return isinstance(test, ast.Name | ast.Attribute | ast.Call) and arm == 0
 
 
 def callers(info: ModuleInfo, fn: Func,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .callgraph import resolve
+from .callgraph import params_of, resolve
 from .context import CallRec, Func, ModuleInfo, kwarg
 from .provenance import NONE, combine, value_level
 
@@ -191,7 +191,7 @@ def _param_args(rec: CallRec) -> bool:
     fn = rec.func
     if fn is None:
         return False
-    params = {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs]}
+    params = params_of(fn)
     return any(isinstance(a, ast.Name) and a.id in params
                for a in [*rec.node.args, *(k.value for k in rec.node.keywords)])
 

@@ -39,10 +39,10 @@ from ..analysis.context import (
     dotted,
     is_true,
     kwarg,
-    loader_samplers,
+    wraps_iterable,
 )
 from ..analysis.group_setup import never_forms_a_group
-from ..analysis.local_metric import built_loaders, loop_source
+from ..analysis.local_metric import loop_source, returned_samplers
 from ..analysis.loop_samplers import loop_samplers
 from ..registry import Hit, rule
 
@@ -229,26 +229,12 @@ def _helper_built(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def _returned_samplers(infos: list[ModuleInfo], name: str) -> list[tuple[ModuleInfo, ast.Call]]:
-    """The shuffling DistributedSamplers of the DataLoaders a project function named `name`
-    builds and returns (one function of that name in the program)."""
-    if name in ("DataLoader", "") or name in _WRAPS:
+    """The shuffling DistributedSamplers of the loaders the one project function named `name`
+    returns (not a wrapper that iterates what it is given)."""
+    if wraps_iterable(name) or name == "cycle" or \
+            sum(len(m.funcs.get(name, [])) for m in infos) != 1:
         return []
-    fns = [(m, fn) for m in infos for fn in m.funcs.get(name, [])]
-    if len(fns) != 1:
-        return []
-    m, fn = fns[0]
-    out = []
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Return) and n.value is not None:
-            for loader in built_loaders(m, n.value):
-                for s in loader_samplers(loader):
-                    out += [(m, v) for v in (m.values_of(s) or [s])
-                            if isinstance(v, ast.Call) and m.is_dist_sampler(v)
-                            and _shuffles(v, m)]
-    return out
-
-
-_WRAPS = {"enumerate", "tqdm", "iter", "zip", "islice", "list", "cycle"}
+    return [(m, v) for m, v in returned_samplers(infos, name) if _shuffles(v, m)]
 
 
 def _endless(last: str) -> bool:

@@ -32,6 +32,7 @@ from ..analysis.splits import (
     NUMPY,
     PYTHON,
     TORCH,
+    Seeding,
     seeding,
     shards_by_rank,
     shuffled_splits,
@@ -55,10 +56,18 @@ def ddp038(info: ModuleInfo) -> Iterator[Hit]:
         return
     fs = info.file_set
     infos = fs.infos if fs is not None else [info]  # type: ignore[attr-defined]
-    if not shards_by_rank(infos):
+    # facts of the program, asked once whichever of its files holds a split
+    memo: dict[object, object] = fs.memo if fs is not None else {}  # type: ignore[attr-defined]
+    sharded = memo.get("ddp038_shards")
+    if sharded is None:
+        sharded = memo["ddp038_shards"] = shards_by_rank(infos)
+    if not sharded:
         return
     for split in splits:
-        seeds = seeding(infos, split.kind)
+        seeds = memo.get(("ddp038_seeding", split.kind))
+        if seeds is None:
+            seeds = memo[("ddp038_seeding", split.kind)] = seeding(infos, split.kind)
+        assert isinstance(seeds, Seeding)
         if seeds.same_everywhere:
             continue
         gen = _GENERATOR[split.kind]
