@@ -454,6 +454,10 @@ def _function_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
                 continue
             mine = [d for d in defs[rec.last]
                     if d[0] is info or file_set._same_tree(d[0], info)]
+            if isinstance(f, ast.Name) and any(d[0] is info for d in mine):
+                # a plain name calls this file's own definition (so-vits-svc's train.py and
+                # train_diff.py each define and call their own `train_and_evaluate`)
+                mine = [d for d in mine if d[0] is info]
             if len(mine) != 1:
                 continue
             target, fn = mine[0]

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from .callgraph import resolve
 from .collective_reach import reaches_collective
 from .context import CallRec, Func, Loop, ModuleInfo
-from .local_metric import built_loaders, dist_loader, loop_source, sharded
 from .nonfinite import local_nonfinite
 from .rank_failures import clean_exit
+from .sharded_loaders import built_loaders, dist_loader, loop_source, sharded
 
 
 def between_training(info: ModuleInfo, fn: Func, syncs: frozenset[str]

@@ -20,22 +20,15 @@ it. Not under a rank test (DDP019's).
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 from collections.abc import Iterator
 
 from .callgraph import calls_by_func
 from .collective_reach import _callees, reaches_collective
-from .context import (
-    EVAL_HINTS,
-    CallRec,
-    Func,
-    Loop,
-    ModuleInfo,
-    dotted,
-    is_collective,
-    loader_samplers,
-)
+from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective
 from .provenance import NONE, test_level
+from .sharded_loaders import built_loaders, dist_loader, loop_source, sharded
 
 _OWN = (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef,
         ast.Lambda, ast.ClassDef)
@@ -56,11 +49,15 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
         sums = _sum_seeds(info, loop)
         if not seeds and not sums:
             continue
-        tainted = _spread(loop, set(seeds) | set(sums))
+        mods = frozenset(info.aliases)   # `np.mean(val_loss)` feeds no object of the loop
+        tainted = _spread(mods, loop, set(seeds) | set(sums))
         loop_calls = [r for r in info.calls if loop in r.loops]
-        if any(_shares(info, r, tainted) for r in loop_calls):
+        # a training function's call is itself the step the others wait in (its backward);
+        # that it shares nothing of the sum it returns was read in it (_trained_sum)
+        trains = {id(c) for _, c, _, _, what in seeds.values() if what == TRAINS}
+        if any(_shares(info, r, tainted) for r in loop_calls if id(r.node) not in trains):
             continue
-        seed_calls = {id(c) for _, c, _, _ in seeds.values()}
+        seed_calls = {id(c) for _, c, _, _, what in seeds.values() if what == EVALUATES}
         exit_lines = {(s.lineno, s.end_lineno or s.lineno) for s in exits}
         sync = next((r for r in loop_calls if id(r.node) not in seed_calls
                      and not any(lo <= r.node.lineno <= hi for lo, hi in exit_lines)
@@ -71,16 +68,16 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
             read = _reads(s.test) & tainted
             if not read:
                 continue
-            if not (_reads(s.test) & _spread(loop, set(seeds))) and sums:
+            if not (_reads(s.test) & _spread(mods, loop, set(seeds))) and sums:
                 # the running sum: followed only through the arms this exit can share an
                 # iteration with (a stop in the `if monitor_bleu:` arm does not follow a
                 # sum tested in its `else` arm)
-                own = _spread(loop, set(sums), _exclusive(loop, s))
+                own = _spread(mods, loop, set(sums), _exclusive(loop, s))
                 read = _reads(s.test) & own
                 if not read:
                     continue
                 name = sorted(read)[0]
-                seed = next(k for k in sorted(sums) if name in _spread(loop, {k},
+                seed = next(k for k in sorted(sums) if name in _spread(mods, loop, {k},
                                                                           _exclusive(loop, s)))
                 src, st, inner, assumed = sums[seed]
                 via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
@@ -94,11 +91,12 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
                     "broadcast the decision) before the test")
                 continue
             name = sorted(read)[0]
-            src, call, fn, assumed = next(v for k, v in seeds.items()
-                                          if name in _spread(loop, {k}))
+            seed = next(k for k in sorted(seeds) if name in _spread(mods, loop, {k}))
+            src, call, fn, assumed, what = seeds[seed]
+            via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
             yield s, (
-                f"this stop follows `{name}`, which comes from {fn}() at line {call.lineno} "
-                f"(`{src}`): each rank evaluates its own shard of the validation data and no "
+                f"this stop follows {via}, which comes from {fn}() at line {call.lineno} "
+                f"(`{src}`): each rank {what} and no "
                 f"collective shares the result, so one rank can leave the loop while the others "
                 f"go on to `{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
                 f"all-reduce then waits for it forever{assumed}; all_reduce the metric (or "
@@ -122,10 +120,11 @@ def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
 
 
 def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
-           ) -> dict[str, tuple[str, ast.Call, str, str]]:
-    """Names the loop assigns from an evaluation of the rank's own shard: name -> (the
-    assigned text, the call, the function's name, what was assumed of its data)."""
-    out: dict[str, tuple[str, ast.Call, str, str]] = {}
+           ) -> dict[str, tuple[str, ast.Call, str, str, str]]:
+    """Names the loop assigns from an evaluation of the rank's own shard, or from a training
+    function's sum of its own loss: name -> (the assigned text, the call, the function's
+    name, what was assumed of its data, what the function does)."""
+    out: dict[str, tuple[str, ast.Call, str, str, str]] = {}
     for st in _statements(loop.body):
         if not isinstance(st, ast.Assign) or not isinstance(st.value, ast.Call):
             continue
@@ -136,15 +135,45 @@ def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]
         if len(fns) != 1:
             continue   # (one that reaches a collective shares what it returns: _shares)
         m, fn = fns[0]
-        assumed = sharded(m, fn) if _evaluates(m, fn) else None
+        evaluates = _evaluates(m, fn)
+        assumed = sharded(m, fn) if evaluates else _trained_sum(m, fn)
         if assumed is None:
             continue
+        what = EVALUATES if evaluates else TRAINS
         for t in st.targets:
             for n in ast.walk(t):
                 d = dotted(n) if isinstance(n, ast.Name | ast.Attribute) else None
                 if d is not None and isinstance(getattr(n, "ctx", None), ast.Store):
-                    out[d] = (ast.unparse(st), st.value, fn.name, assumed)
+                    out[d] = (ast.unparse(st), st.value, fn.name, assumed, what)
     return out
+
+
+EVALUATES = "evaluates its own shard of the validation data"
+TRAINS = "averages its own training loss over its own shard of the data"
+
+
+def _trained_sum(m: ModuleInfo, fn: Func) -> str | None:
+    """`fn` trains over this rank's shard (a loop that calls `.backward()`) and returns what
+    it summed of its own loss (`total_loss += loss.item()`, then `return {"average_loss":
+    total_loss / total_steps}`; ECG-Bench's `train()`, fed to the checkpoint manager's early
+    stop): what was assumed of its data, None where it returns no such sum."""
+    for inner in _statements(fn.body):
+        if not isinstance(inner, ast.For):
+            continue
+        for st, assumed in _loop_sums(m, inner):
+            names = {dotted(st.target) or ""}
+            for _ in range(3):
+                for a in _statements(fn.body):
+                    if isinstance(a, ast.Assign | ast.AugAssign) and a is not st \
+                            and _reads(a.value) & names:
+                        names |= _targets(a)
+            if any(_shares(m, r, names) for r in calls_by_func(m).get(id(fn), ())
+                   if inner not in r.loops):
+                continue   # `dist.all_reduce(avg)` before the return
+            if any(isinstance(r, ast.Return) and r.value is not None and _reads(r.value) & names
+                   for r in _statements(fn.body)):
+                return assumed
+    return None
 
 
 def _sum_seeds(info: ModuleInfo, loop: Loop
@@ -156,29 +185,37 @@ def _sum_seeds(info: ModuleInfo, loop: Loop
     nor where the loop's loader, built in this file, has no DistributedSampler."""
     out: dict[str, tuple[str, ast.AugAssign, ast.For, str]] = {}
     for inner in _statements(loop.body):
-        if not isinstance(inner, ast.For):
-            continue
-        nodes = [n for st in inner.body for n in _own_nodes(st)]
-        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr == "backward" for n in nodes):
-            continue
-        sums = [n for n in nodes if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)]
-        losses = {id(st): {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)
-                           and "loss" in n.id.lower()} for st in sums}
-        sums = [st for st in sums if losses[id(st)] and dotted(st.target) is not None
-                and dotted(st.target) not in losses[id(st)]]
-        if not sums:
-            continue
-        assumed = _trains_on_shard(info, inner)
-        if assumed is None:
-            continue
-        calls = [r for r in info.calls if inner in r.loops]
-        for st in sums:
-            chain = _inner_chain(nodes, losses[id(st)])
-            if any(_shares(info, r, chain) for r in calls):
-                continue
-            out[dotted(st.target) or ""] = (ast.unparse(st), st, inner, assumed)
+        if isinstance(inner, ast.For):
+            for st, assumed in _loop_sums(info, inner):
+                out[dotted(st.target) or ""] = (ast.unparse(st), st, inner, assumed)
     return out
+
+
+def _loop_sums(info: ModuleInfo, inner: ast.For) -> list[tuple[ast.AugAssign, str]]:
+    """The sums of this rank's own loss in a training loop (one that calls `.backward()`) over
+    its shard, each with what was assumed of the data; not one a collective or a reducing
+    helper in the loop is given."""
+    nodes = [n for st in inner.body for n in _own_nodes(st)]
+    if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "backward" for n in nodes):
+        return []
+    sums = [n for n in nodes if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)]
+    losses = {id(st): {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)
+                       and "loss" in n.id.lower()} for st in sums}
+    sums = [st for st in sums if losses[id(st)] and dotted(st.target) is not None
+            and dotted(st.target) not in losses[id(st)]]
+    if not sums:
+        return []
+    assumed = _trains_on_shard(info, inner)
+    if assumed is None:
+        return []
+    # a helper whose value is only tested shares a decision, not the loss it was given
+    # (ECG-Bench's `if train_dev_break(dev, batch, loss.item()): break` broadcasts its flag)
+    calls = [r for r in info.calls if inner in r.loops
+             and not (isinstance(r.stmt, ast.If | ast.While) and not is_collective(r)
+                      and any(n is r.node for n in ast.walk(r.stmt.test)))]
+    return [(st, assumed) for st in sums
+            if not any(_shares(info, r, _inner_chain(nodes, losses[id(st)])) for r in calls)]
 
 
 def _own_nodes(st: ast.stmt) -> Iterator[ast.AST]:
@@ -261,108 +298,6 @@ def _evaluates(m: ModuleInfo, fn: Func) -> bool:
     return evaluating and looping and returns
 
 
-def sharded(m: ModuleInfo, fn: Func) -> str | None:
-    """The data `fn` loops over is sharded across the ranks: "" where the loader its loop
-    reads is built in the file with a DistributedSampler; where it comes from elsewhere (a
-    parameter, an attribute a constructor keeps), what was assumed: that it is the program's
-    validation loader built with one (None when the program builds none)."""
-    loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
-    for lp in loops:
-        built = built_loaders(m, loop_source(lp.iter))
-        if built:
-            return "" if all(dist_loader(m, v) for v in built) else None
-    infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]
-    key = ("sharded_validation", 0)
-    hit = infos[0]._memo.get(key)
-    if hit is None:
-        hit = infos[0]._memo[key] = _program_loader(infos)
-    return f" (assumed: the data {fn.name}() reads{hit}" if hit else None
-
-
-def _program_loader(infos: list[ModuleInfo]) -> str:
-    """The first validation loader the program builds with a DistributedSampler, as the
-    message names it ("" for none); asked once per program."""
-    for i in infos:
-        for name, vals in [*i.assigns.items(), *_unpacked(i)]:
-            if any(h in name.rsplit(".", 1)[-1].lower() for h in EVAL_HINTS):
-                for _, v in vals:
-                    if isinstance(v, ast.Call) and (
-                            i.callee_last(v) == "DataLoader" and dist_loader(i, v)
-                            or _helper_builds_dist_loader(infos, i.callee_last(v))):
-                        return (f" is the validation loader `{name}` built with a "
-                                f"DistributedSampler at {os.path.basename(i.path)}:{v.lineno})")
-    return ""
-
-
-def _unpacked(i: ModuleInfo) -> list[tuple[str, list[tuple[int, ast.expr]]]]:
-    """Names unpacked from a call (`vali_data, vali_loader = self._get_data(flag='val')`),
-    with that call: the walk's table keeps plain assignments only."""
-    return [(e.id, [(a.lineno, a.value)]) for a in ast.walk(i.tree)
-            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-            for t in a.targets if isinstance(t, ast.Tuple) for e in t.elts
-            if isinstance(e, ast.Name)]
-
-
-def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str) -> bool:
-    return bool(returned_samplers(infos, name))
-
-
-def returned_samplers(infos: list[ModuleInfo], name: str, depth: int = 0
-                      ) -> list[tuple[ModuleInfo, ast.Call]]:
-    """The DistributedSamplers (with their modules) of the DataLoaders a function of the
-    program named `name` builds and returns (`valid_dat = prepare_data(x, y)`, the helper's
-    loader named anything), alone or in a tuple (`return data_set, data_loader`), or that it
-    returns from another such function (`self._get_data(flag)` returning
-    `data_provider(args, flag)`)."""
-    if name == "DataLoader" or depth > 2:
-        return []
-    out: list[tuple[ModuleInfo, ast.Call]] = []
-    for m in infos:
-        for fn in m.funcs.get(name, []):
-            for n in ast.walk(fn):
-                if not isinstance(n, ast.Return) or n.value is None:
-                    continue
-                parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
-                for part in parts:
-                    out += [(m, v) for loader in built_loaders(m, part)
-                            for s in loader_samplers(loader) for v in (m.values_of(s) or [s])
-                            if isinstance(v, ast.Call) and m.is_dist_sampler(v)]
-                    call = part if isinstance(part, ast.Call) else _unpacked_from(fn, part)
-                    if call is not None and m.callee_last(call) != name:
-                        out += returned_samplers(infos, m.callee_last(call), depth + 1)
-    return out
-
-
-def _unpacked_from(fn: Func, node: ast.expr) -> ast.Call | None:
-    """The call a name of `fn` was unpacked from (`data_set, data_loader = data_provider(args,
-    flag)`), when that is its one binding there."""
-    if not isinstance(node, ast.Name):
-        return None
-    found = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign)
-             and any(isinstance(t, ast.Tuple | ast.List) and any(
-                 isinstance(e, ast.Name) and e.id == node.id for e in t.elts) for t in a.targets)]
-    return found[0] if len(found) == 1 and isinstance(found[0], ast.Call) else None
-
-
-def loop_source(it: ast.expr) -> ast.expr:
-    """What a `for` iterates, under `enumerate(...)`, `tqdm(...)` and `iter(...)`."""
-    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
-            and it.func.id in ("enumerate", "tqdm", "iter"):
-        it = it.args[0]
-    return it
-
-
-def built_loaders(m: ModuleInfo, node: ast.expr) -> list[ast.Call]:
-    """The `DataLoader(...)` calls `node` may hold, as this file builds them."""
-    return [v for v in m.values_of(node) if isinstance(v, ast.Call)
-            and m.callee_last(v) == "DataLoader"]
-
-
-def dist_loader(m: ModuleInfo, loader: ast.Call) -> bool:
-    return any(m.is_dist_sampler(v) for s in loader_samplers(loader)
-               for v in (m.values_of(s) or [s]))
-
-
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     """The loop's own statements, nested arms included, not inner loops or functions."""
     todo = list(body)
@@ -387,19 +322,20 @@ def _targets(st: ast.stmt) -> set[str]:
             and isinstance(n.ctx, ast.Store) and (d := dotted(n)) is not None}
 
 
-def _spread(loop: Loop, tainted: set[str], skip: set[int] | None = None) -> set[str]:
+def _spread(mods: frozenset[str], loop: Loop, tainted: set[str],
+            skip: set[int] | None = None) -> set[str]:
     """What follows the seeds in the loop: names assigned from them, or under a test of them
     (`if val_loss > best: bad += 1`), to a fixed point (a counter kept across iterations);
     not through the statements in `skip`."""
     for _ in range(5):
         before = len(tainted)
-        _spread_body(loop.body, tainted, False, skip or set())
+        _spread_body(mods, loop.body, tainted, False, skip or set())
         if len(tainted) == before:
             break
     return tainted
 
 
-def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool,
+def _spread_body(mods: frozenset[str], body: list[ast.stmt], tainted: set[str], ruled: bool,
                  skip: set[int]) -> None:
     for st in body:
         if isinstance(st, _OWN) or id(st) in skip:
@@ -408,21 +344,36 @@ def _spread_body(body: list[ast.stmt], tainted: set[str], ruled: bool,
             value = st.value
             if ruled or (value is not None and _reads(value) & tainted):
                 tainted |= _targets(st)
+            if value is not None:
+                tainted |= _fed(value, tainted, mods)
         elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
-            # `stopper(val_loss)`, `monitor.update(val_loss)`: the object fed the value
-            # holds this rank's state (`if stopper.early_stop: break`)
-            call = st.value
-            owner = call.func.value if isinstance(call.func, ast.Attribute) else call.func
-            if isinstance(owner, ast.Name) and owner.id != "self" and any(
-                    _reads(a) & tainted for a in (*call.args, *(k.value for k in
-                                                                 call.keywords))):
-                tainted.add(owner.id)
+            tainted |= _fed(st.value, tainted, mods)
         elif isinstance(st, ast.If):
+            tainted |= _fed(st.test, tainted, mods)
             inner = ruled or bool(_reads(st.test) & tainted)
-            _spread_body(st.body, tainted, inner, skip)
-            _spread_body(st.orelse, tainted, inner, skip)
+            _spread_body(mods, st.body, tainted, inner, skip)
+            _spread_body(mods, st.orelse, tainted, inner, skip)
         elif isinstance(st, ast.With | ast.Try):
-            _spread_body(st.body, tainted, ruled, skip)
+            _spread_body(mods, st.body, tainted, ruled, skip)
+
+
+_NOT_OWNERS = frozenset(("self", *dir(builtins)))   # `max(best, val_acc)` keeps no state
+
+
+def _fed(node: ast.expr, tainted: set[str], mods: frozenset[str]) -> set[str]:
+    """The objects a call in `node` feeds a followed value (`stopper(val_loss)`,
+    `monitor.update(val_loss)`, `if manager.save_epoch(loss):`): each holds this rank's state
+    (`if stopper.early_stop: break`, `if manager.stop_early(): break`)."""
+    out: set[str] = set()
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        owner = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+        given = [*call.args, *(k.value for k in call.keywords)]
+        if isinstance(owner, ast.Name) and owner.id not in _NOT_OWNERS \
+                and owner.id not in mods and any(_reads(a) & tainted for a in given):
+            out.add(owner.id)
+    return out
 
 
 def _shares(info: ModuleInfo, rec: CallRec, tainted: set[str]) -> bool:

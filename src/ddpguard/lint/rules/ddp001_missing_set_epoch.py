@@ -42,8 +42,8 @@ from ..analysis.context import (
     wraps_iterable,
 )
 from ..analysis.group_setup import never_forms_a_group
-from ..analysis.local_metric import loop_source, returned_samplers
 from ..analysis.loop_samplers import loop_samplers
+from ..analysis.sharded_loaders import loop_source, returned_samplers
 from ..registry import Hit, rule
 
 

@@ -159,9 +159,10 @@ def _empty_test(test: ast.expr, names: set[str]) -> bool:
 
 
 @rule('DDP004', 'rank-dependent-step-count', 'error',
-      'a collate_fn can return None, or a training loop skips empty/None batches, on one '
-      'rank only',
-      'never return None from collate_fn; resample in the Dataset instead')
+      'one rank leaves the common sequence of steps on its own: a skipped batch, a '
+      'swallowed error, a stop on its own loss, metric or clock',
+      'decide together: all_reduce the value the skip or stop tests (or broadcast rank 0\'s '
+      'decision) before acting on it, re-raise errors, and never return None from collate_fn')
 def ddp004(info: ModuleInfo) -> Iterator[Hit]:
     """A step one rank skips pairs every later all-reduce with the wrong step and ends in a
     hang. Only where the module runs with other ranks: it uses torch.distributed, or a file
