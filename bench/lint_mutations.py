@@ -573,6 +573,10 @@ M = [
  ('fifteenth: DDP004 a builtin holds no state', 'analysis/local_metric.py', '_NOT_OWNERS = frozenset(("self", *dir(builtins)))', '_NOT_OWNERS = frozenset(("self",))'),
  ('fifteenth: DDP004 a module holds no state', 'analysis/local_metric.py', '                and owner.id not in mods and any(', '                and any('),
  ("fifteenth: a plain name calls the caller's own definition", 'analysis/crossfile.py', '            if isinstance(f, ast.Name) and any(d[0] is info for d in mine):', '            if False:'),
+ ('fifteenth: DDP032 a loopback address in a program that spans nodes by itself', 'rules/ddp032_rendezvous_mismatch.py', '        elif value != "this process\'s own host" and (nodes := _spans_nodes(info, func)):', '        elif False and (nodes := _spans_nodes(info, func)):'),
+ ('fifteenth: DDP032 the main guard decides nothing about the launch', 'rules/ddp032_rendezvous_mismatch.py', '        if any(not _same_value(t, node.value) and not _main_guard(t) for t in _tests(chain)):', '        if any(not _same_value(t, node.value) for t in _tests(chain)):'),
+ ('fifteenth: DDP032 a world size counted from nodes', 'rules/ddp032_rendezvous_mismatch.py', '        if here(line) and node_product(info, v, func):', '        if here(line):'),
+ ('fifteenth: DDP032 the world size of the same function', 'rules/ddp032_rendezvous_mismatch.py', '        if here(line) and node_product(info, v, func):', '        if node_product(info, v, func):'),
 ]
 
 

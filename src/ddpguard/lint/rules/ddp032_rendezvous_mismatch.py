@@ -53,6 +53,7 @@ from collections.abc import Iterator
 from ..analysis.context import Func, ModuleInfo, kwarg
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
+from ..analysis.rank_kind import node_product
 from ..registry import Hit, rule
 
 _PROBES = {"connect_ex", "bind", "connect"}
@@ -185,7 +186,7 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
                 "than one node init waits until the timeout; set it to the job's first node "
                 "(`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`) on every task")
             continue
-        if any(not _same_value(t, node.value) for t in _tests(chain)):
+        if any(not _same_value(t, node.value) and not _main_guard(t) for t in _tests(chain)):
             continue
         launcher = _launcher_after(info, func, node.lineno)
         if launcher:
@@ -194,6 +195,13 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
                 f"the address the launcher exported, while {launcher}: on every node but the "
                 "first, the group is looked for on the node's own host and init waits until "
                 "the timeout; set it only where the launcher did not (os.environ.setdefault)")
+        elif value != "this process's own host" and (nodes := _spans_nodes(info, func)):
+            yield node, "DDP032", (
+                f"os.environ['MASTER_ADDR'] = {ast.unparse(node.value)} ({value}) in a "
+                f"program that spans nodes by itself ({nodes}): on every node but the first, "
+                "the processes look for the group on their own host and init waits until the "
+                "timeout; pass the first node's address (an option without a loopback "
+                "default, or the launcher's MASTER_ADDR through os.environ.setdefault)")
 
 
 def _overwritten_port(info: ModuleInfo, probed: set[int]) -> Iterator[Hit]:
@@ -278,6 +286,32 @@ def _slurm_block(info: ModuleInfo, func: Func | None, chain: list[ast.AST],
         for n in ast.walk(st):
             if isinstance(n, ast.Constant) and n.value in _SLURM_TASK:
                 return f"it reads {n.value} at line {n.lineno}"
+    return ""
+
+
+def _main_guard(test: ast.expr) -> bool:
+    """`if __name__ == "__main__":` decides nothing about the launch."""
+    return isinstance(test, ast.Compare) and dotted(test.left) == "__name__"
+
+
+def _spans_nodes(info: ModuleInfo, func: Func | None) -> str:
+    """The world size that `func` (or the module's own statements) computes from a node count
+    (`args.world_size = args.gpus * args.nodes`, or passes so to `init_process_group`), as the
+    message names it: the program starts its processes on several nodes by itself; "" for
+    none."""
+    def here(line: int) -> bool:
+        if func is not None:
+            return func.lineno <= line <= (func.end_lineno or func.lineno)
+        return not any(f.lineno <= line <= (f.end_lineno or f.lineno)
+                       for fs in info.funcs.values() for f in fs)
+
+    values = [(line, v) for d, vs in info.assigns.items()
+              if d.rsplit(".", 1)[-1].lower() in ("world_size", "world") for line, v in vs]
+    values += [(r.node.lineno, ws) for r in info.calls_named("init_process_group")
+               if (ws := kwarg(r.node, "world_size")) is not None]
+    for line, v in values:
+        if here(line) and node_product(info, v, func):
+            return f"the world size `{ast.unparse(v)}` at line {line} counts its nodes"
     return ""
 
 
