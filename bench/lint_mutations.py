@@ -577,6 +577,11 @@ M = [
  ('fifteenth: DDP032 the main guard decides nothing about the launch', 'rules/ddp032_rendezvous_mismatch.py', '        if any(not _same_value(t, node.value) and not _main_guard(t) for t in _tests(chain)):', '        if any(not _same_value(t, node.value) for t in _tests(chain)):'),
  ('fifteenth: DDP032 a world size counted from nodes', 'rules/ddp032_rendezvous_mismatch.py', '        if here(line) and node_product(info, v, func):', '        if here(line):'),
  ('fifteenth: DDP032 the world size of the same function', 'rules/ddp032_rendezvous_mismatch.py', '        if here(line) and node_product(info, v, func):', '        if node_product(info, v, func):'),
+ ("fifteenth: DDP001 a project's loader factory orders by its sampler", 'analysis/context.py', '    return last in ("DataLoader", "BatchSampler") or "loader" in last.lower()', '    return last in ("DataLoader", "BatchSampler")'),
+ ('fifteenth: DDP025 a literal rank= is a shard picked by hand', 'rules/ddp025_rank_kind_mixup.py', '        if isinstance(r, ast.Constant):\n            continue  # a shard picked by hand', '        if False:\n            continue  # a shard picked by hand'),
+ ('fifteenth: DDP027 a rank test before the group is formed splits nothing', 'rules/ddp027_rank_only_binding.py', '        if not here or before_group(info, func, st):', '        if not here:'),
+ ('fifteenth: a predicate that reads the environment splits the ranks at any time', 'analysis/group_order.py', '    if any(isinstance(n, ast.Attribute) and n.attr == "environ" or', '    if False and any(isinstance(n, ast.Attribute) and n.attr == "environ" or'),
+ ('fifteenth: the group is formed after the test', 'analysis/group_order.py', '    return bool(forms) and min(forms) > (test.end_lineno or test.lineno)', '    return bool(forms)'),
 ]
 
 

@@ -262,7 +262,7 @@ class ModuleInfo:
             if not isinstance(v, ast.Call):
                 continue
             last = self.callee_last(v)
-            if last in ("DataLoader", "BatchSampler"):
+            if orders_by_sampler(last):
                 for s in loader_samplers(v, first_arg=last == "BatchSampler"):
                     found.extend(self.samplers_of(s, depth + 1))
             elif wraps_iterable(last) and v.args:  # `bar = tqdm(train_loader)`
@@ -403,6 +403,13 @@ def exclusive(a: CallRec, b: CallRec) -> bool:
         if x != y:
             return x[0] == y[0]
     return False
+
+
+def orders_by_sampler(last: str) -> bool:
+    """A call of this name iterates in the order of the sampler it is given: torch's
+    DataLoader and BatchSampler, and a project's loader factory (`ds.get_dataloader(sampler=s,
+    ...)`, Scene-Diffuser), which hands it on to one."""
+    return last in ("DataLoader", "BatchSampler") or "loader" in last.lower()
 
 
 def loader_samplers(call: ast.Call, first_arg: bool = False) -> list[ast.expr]:

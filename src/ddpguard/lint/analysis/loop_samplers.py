@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from .context import Func, LoopRec, ModuleInfo, loader_samplers, wraps_iterable
+from .context import Func, LoopRec, ModuleInfo, loader_samplers, orders_by_sampler, wraps_iterable
 
 
 def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
@@ -40,7 +40,7 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
                 *_scoped(info, fn, node.orelse, depth + 1)]
     if isinstance(node, ast.Call):
         last = info.callee_last(node)
-        if last in ("DataLoader", "BatchSampler"):
+        if orders_by_sampler(last):
             return [s for arg in loader_samplers(node, first_arg=last == "BatchSampler")
                     for s in _scoped(info, fn, arg, depth + 1)]
         return [node] if info.is_dist_sampler(node) else []

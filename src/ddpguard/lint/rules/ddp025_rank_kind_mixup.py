@@ -36,7 +36,8 @@ where the program does not fix its world to that number (no `mp.spawn(nprocs=2)`
 `world_size=2`, world-size option or name of that value in the files given): with more
 processes the ranks past it raise in the sampler while the others wait in their first
 collective; with fewer, shards are never read. Not `num_replicas=1` (every rank reads the
-whole set, on purpose).
+whole set, on purpose), nor with a literal `rank=` (a shard picked by hand, as a module's
+self-test does, not the process's own).
 
 Only values whose source is certain are reported: a parameter merely named `rank` (the index
 `mp.spawn` passes, which is both on one node) is not. A parameter is what the program passes
@@ -183,6 +184,9 @@ def _fixed_replicas(info: ModuleInfo) -> Iterator[Hit]:
             n = node.args[1]
         if not (isinstance(n, ast.Constant) and type(n.value) is int and n.value > 1):
             continue
+        r = kwarg(node, "rank") or (node.args[2] if len(node.args) > 2 else None)
+        if isinstance(r, ast.Constant):
+            continue  # a shard picked by hand (GROVER's self-test): not this process's split
         infos = getattr(info.file_set, "infos", None) or [info]
         if any(n.value in fixed_worlds(i) for i in infos):
             continue

@@ -44,6 +44,7 @@ from ..analysis.context import (
     is_collective,
 )
 from ..analysis.enclosing import waits_after
+from ..analysis.group_order import before_group
 from ..analysis.rank_bounds import moved_bounds
 from ..registry import At, Hit, rule
 
@@ -200,7 +201,7 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
     params = _params(func)
     for st in ifs:
         here = _names_bound(st.body) - _names_bound(st.orelse) - params
-        if not here:
+        if not here or before_group(info, func, st):
             continue
         if not stmts:
             stmts = _statements(func.body if func is not None else info.tree.body)
