@@ -582,6 +582,9 @@ M = [
  ('fifteenth: DDP027 a rank test before the group is formed splits nothing', 'rules/ddp027_rank_only_binding.py', '        if not here or before_group(info, func, st):', '        if not here:'),
  ('fifteenth: a predicate that reads the environment splits the ranks at any time', 'analysis/group_order.py', '    if any(isinstance(n, ast.Attribute) and n.attr == "environ" or', '    if False and any(isinstance(n, ast.Attribute) and n.attr == "environ" or'),
  ('fifteenth: the group is formed after the test', 'analysis/group_order.py', '    return bool(forms) and min(forms) > (test.end_lineno or test.lineno)', '    return bool(forms)'),
+ ("fifteenth: DDP025 a node's index times its GPUs plus the local index is the global rank", 'analysis/rank_kind.py', '    if kind == GLOBAL and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):', '    if False:'),
+ ('fifteenth: DDP025 the product names a node index', 'analysis/rank_kind.py', '                     and any(_NODE_INDEX.match((dotted(x) or "").rsplit(".", 1)[-1].lower())', '                     and any(True'),
+ ('fifteenth: DDP025 map_location through the one value the function names', 'rules/ddp025_rank_kind_mixup.py', '                where = vals[0] if len({ast.dump(v) for v in vals}) == 1 else where', '                pass'),
 ]
 
 

@@ -20,6 +20,8 @@ _SOURCE_CALLS = {"get_rank": GLOBAL, "get_global_rank": GLOBAL, "get_local_rank"
 
 _WORLD_KWARGS = ("world_size", "nprocs", "nproc_per_node", "num_processes")
 _NODES = re.compile(r"^(n|num_|n_|number_of_)?nodes$")
+# A node's own index among the nodes (`--nr` of the SimCLR-style launchers, `node_rank`).
+_NODE_INDEX = re.compile(r"^(nr|node_rank|node_id|node_idx|node_index|machine_rank|rank_node)$")
 
 
 def fixed_worlds(info: ModuleInfo) -> set[int]:
@@ -174,6 +176,13 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
         return None
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         return str(node.slice.value) if env_level(node.slice.value) == kind else None
+    if kind == GLOBAL and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        # `args.nr * args.gpus + gpu`: a node's index times its GPUs, plus the local one
+        return next((f"`{ast.unparse(node)}`, the node's index times its GPUs plus the local "
+                     "index" for side in (node.left, node.right)
+                     if isinstance(side, ast.BinOp) and isinstance(side.op, ast.Mult)
+                     and any(_NODE_INDEX.match((dotted(x) or "").rsplit(".", 1)[-1].lower())
+                             for x in (side.left, side.right))), None)
     d = dotted(node)
     if d is None or depth > 3:
         return None

@@ -211,6 +211,12 @@ def _built_devices(info: ModuleInfo, reported: set[int]) -> Iterator[Hit]:
         node = rec.node
         if rec.last == "load":
             where = kwarg(node, "map_location")
+            if isinstance(where, ast.Name) and rec.func is not None:
+                # `map_location = {"cuda:0": "cuda:%d" % rank}`, then `torch.load(p,
+                # map_location=map_location)` (motionflow): the one value the function gives it
+                lo, hi = rec.func.lineno, rec.func.end_lineno or rec.func.lineno
+                vals = [v for line, v in info.assigns.get(where.id, []) if lo <= line <= hi]
+                where = vals[0] if len({ast.dump(v) for v in vals}) == 1 else where
             devs = mapped(where) if where is not None else []
         elif rec.last == "device":
             if not (info.qualify(node.func) or "").startswith("torch") \
