@@ -33,6 +33,65 @@ def test_dotted_import_resolves_across_top_folders(tmp_path: Path) -> None:
     assert f.code == "DDP019" and "barrier() at comm.py:" in f.message
 
 
+TRAINER_PKG = HEAD_DIST + """\
+def is_main_process():
+    return dist.get_rank() == 0
+
+
+class Trainer:
+    def __init__(self, model, loader):
+        self.model = model
+        self.loader = loader
+
+    def _steps(self):
+        for x in self.loader:
+            self.model(x).sum().backward()
+
+    def fit(self, epochs):
+        for epoch in range(epochs):
+            self._steps()
+            if is_main_process():
+                if self._stop():
+                    break
+
+    def _stop(self):
+        return True
+"""
+
+TRAINER_ENTRY = HEAD_DIST + """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+from {module} import Trainer
+
+
+def main():
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(2, 2))
+    trainer = Trainer(model=model, loader=[])
+    trainer.fit(3)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_checkout_whose_files_all_sit_in_its_package_is_one_tree(tmp_path: Path) -> None:
+    """`lint repo/` where every file is under repo/pkg/: the entry in pkg/bin/ hands the DDP
+    wrapper to pkg/trainer/Trainer.py's class, whose rank-0 `break` leaves the others in the
+    next epoch's forward (sslsv's shape). The trees are the folders below what the command
+    line names, so bin/ and trainer/ are not two repositories; two repositories named
+    together stay apart (test_cross_file_stays_in_its_tree)."""
+    repo = tmp_path / "repo"
+    (repo / "pkg" / "bin").mkdir(parents=True)
+    (repo / "pkg" / "trainer").mkdir()
+    (repo / "pkg" / "trainer" / "Trainer.py").write_text(TRAINER_PKG)
+    entry = TRAINER_ENTRY.format(module="pkg.trainer.Trainer")
+    (repo / "pkg" / "bin" / "train.py").write_text(entry)
+    [f] = lint_paths_with_defaults([repo], ALL_BUT_PRINT)
+    assert f.code == "DDP019" and f.path.endswith("Trainer.py") and "self.model" in f.message
+    # The near twin: the same class handed a bare model teaches nothing.
+    (repo / "pkg" / "bin" / "train.py").write_text(
+        entry.replace("DDP(torch.nn.Linear(2, 2))", "torch.nn.Linear(2, 2)"))
+    assert lint_paths_with_defaults([repo], ALL_BUT_PRINT) == []
+
+
 EVALUATE = """\
 def evaluate(args, data, is_master):
     sharded = getattr(args, "fsdp", False)

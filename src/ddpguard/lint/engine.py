@@ -158,20 +158,22 @@ def lint_file(path: str | Path, selection: Selection | None = None) -> list[Find
     return lint_group([Path(path)], selection)
 
 
-def lint_group(files: list[Path], selection: Selection | None = None) -> list[Finding]:
+def lint_group(files: list[Path], selection: Selection | None = None,
+               root: str | None = None) -> list[Finding]:
     """Lint `files` together: calls from one into another use the callee's summary.
     The cyclic garbage collector is paused meanwhile: the trees and summaries of every file
     stay alive until the end, and its full passes over them cost more than the analysis."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _lint_group(files, selection)
+        return _lint_group(files, selection, root)
     finally:
         if enabled:
             gc.enable()
 
 
-def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]:
+def _lint_group(files: list[Path], selection: Selection | None,
+                root: str | None = None) -> list[Finding]:
     out: list[Finding] = []
     infos: list[tuple[ModuleInfo, str]] = []
     floors: dict[Path, Version | None] = {}
@@ -199,7 +201,7 @@ def _lint_group(files: list[Path], selection: Selection | None) -> list[Finding]
         again = build(info.tree, info.path, seed)
         again.torch_floor = info.torch_floor
         infos[k] = (again, source)
-    FileSet([i for i, _ in infos])
+    FileSet([i for i, _ in infos], root)
     for info, source in infos:
         out.extend(check(info, source, selection))
     _release([i for i, _ in infos])
@@ -243,7 +245,10 @@ def lint_paths(paths: Iterable[str | Path], selection: Selection | None = None,
                jobs: int = 1) -> list[Finding]:
     """With jobs > 1 the files are split by folder (a folder's files stay together, so
     calls between neighbours still resolve); with one job every file sees every other."""
+    paths = list(paths)
     files = discover(paths)
+    named = [os.path.abspath(p if Path(p).is_dir() else Path(p).parent) for p in paths]
+    root = os.path.commonpath(named) if named else None
     if jobs > 1 and len(files) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -252,6 +257,6 @@ def lint_paths(paths: Iterable[str | Path], selection: Selection | None = None,
             groups.setdefault(p.parent, []).append(p)
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             chunks = pool.map(lint_group, list(groups.values()),
-                              [selection] * len(groups))
+                              [selection] * len(groups), [root] * len(groups))
             return [f for chunk in chunks for f in chunk]
-    return lint_group(files, selection)
+    return lint_group(files, selection, root)
