@@ -173,7 +173,7 @@ def lint_group(files: list[Path], selection: Selection | None = None,
 
 
 def _lint_group(files: list[Path], selection: Selection | None,
-                root: str | None = None) -> list[Finding]:
+                root: str | None) -> list[Finding]:
     out: list[Finding] = []
     infos: list[tuple[ModuleInfo, str]] = []
     floors: dict[Path, Version | None] = {}

@@ -36,14 +36,14 @@ class FileSet:
         self.parts: dict[int, tuple[str, ...]] = {
             id(i): Path(os.path.abspath(i.path)).parts for i in infos} if self.multi else {}
         paths = [os.path.abspath(i.path) for i in infos] if self.multi else []
-        top = Path(os.path.commonpath(paths)) if paths else Path("/")
         # The trees are the folders just below what the command line names, not below the
         # files' common folder: a checkout whose files all sit in its package
         # (`sslsv/bin/train.py` importing `sslsv.trainer.Trainer`) is one tree, not two.
-        if paths and root is not None and os.path.commonpath([*paths, os.path.abspath(root)]) \
-                == os.path.abspath(root):
-            top = Path(os.path.abspath(root))
-        self.depth = len(top.parts)
+        top = os.path.commonpath(paths) if paths else "/"
+        named = os.path.abspath(root) if root is not None else None
+        if paths and named is not None and os.path.commonpath([top, named]) == named:
+            top = named
+        self.depth = len(Path(top).parts)
         # An attribute set from the rank in one file is the same flag in the others
         # (`args.should_save = ... and is_master(args)` in main.py, tested in train.py;
         # `self._primary = self._rank == 0` in a base class): each file learns the ones it
