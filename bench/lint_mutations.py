@@ -587,6 +587,17 @@ M = [
  ('fifteenth: DDP025 map_location through the one value the function names', 'rules/ddp025_rank_kind_mixup.py', '                where = vals[0] if len({ast.dump(v) for v in vals}) == 1 else where', '                pass'),
  ("sixteenth: the trees sit below what the command line names", "analysis/crossfile.py", "            top = named\n", "            pass\n"),
  ("sixteenth: the command line's common folder reaches the file set", "engine.py", "    root = os.path.commonpath(named) if named else None", "    root = None"),
+ ('seventeenth: DDP027 a store into a subscript binds no name', 'rules/ddp027_rank_only_binding.py', '            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):', '            if isinstance(n, ast.Name):'),
+ ('seventeenth: DDP040 a spawn count other than the literal', 'rules/ddp040_world_size_mismatch.py', '            if count and count != str(ws.value):', '            if False:'),
+ ('seventeenth: DDP040 the spawned function calls the set-up', 'rules/ddp040_world_size_mismatch.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == target.name', '    return False and any(isinstance(c, ast.Call) and info.callee_last(c) == target.name'),
+ ('seventeenth: DDP040 the GPU count through a name', 'rules/ddp040_world_size_mismatch.py', '        if values and all(isinstance(v, ast.Call)', '        if False and all(isinstance(v, ast.Call)'),
+ ('seventeenth: DDP040 a spawn of the agreed count is silent', 'rules/ddp040_world_size_mismatch.py', '            if count and count != str(ws.value):', '            if count:'),
+ ('seventeenth: DDP040 the arm that sets the world size is silent', 'rules/ddp040_world_size_mismatch.py', ' or _sets(arm.body, world) \\\n', ' \\\n'),
+ ('seventeenth: DDP040 set in the function before the group', 'rules/ddp040_world_size_mismatch.py', '                    if at < line and not chain.lineno <= at <= end:', '                    if False:'),
+ ('seventeenth: DDP040 set by a caller of the set-up', 'rules/ddp040_world_size_mismatch.py', '                elif _in_a_caller(other, at, func.name):', '                elif False:'),
+ ("seventeenth: DDP040 another entry's own world size", 'rules/ddp040_world_size_mismatch.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == name for c in ast.walk(inner))', '    return True'),
+ ('seventeenth: DDP040 submitit sets the world size', 'rules/ddp040_world_size_mismatch.py', '        if any("submitit" in q for q in other.aliases.values()):\n            return True', '        pass'),
+ ('seventeenth: DDP040 only an option whose default is 1', 'rules/ddp040_world_size_mismatch.py', '                if isinstance(default, ast.Constant) and default.value == 1:', '                if True:'),
 ]
 
 

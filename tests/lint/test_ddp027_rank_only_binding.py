@@ -36,3 +36,21 @@ def test_a_try_around_the_read_may_catch_the_error() -> None:
 
 def test_on_by_default() -> None:
     assert RULES["DDP027"].default and not RULES["DDP027"].preview
+
+
+def test_storing_into_an_imported_config_binds_no_name() -> None:
+    # corpus35t, solar-radiation-challenge: `HPARAMS[k] = v` on rank 0 changes the imported
+    # dict's values; every rank still has the name, so no NameError can follow.
+    src = HEAD_DIST + (
+        "from config import HPARAMS\n"
+        "def main(model, cfg):\n"
+        "    if dist.get_rank() == 0:\n"
+        "        for k, v in cfg.items():\n"
+        "            HPARAMS[k] = v\n"
+        "        model.lr = 3\n"
+        "    print(HPARAMS['lr'], model)\n"
+        "    dist.barrier()\n")
+    assert lint_with_defaults(src, "t.py") == []
+    bound = src.replace("            HPARAMS[k] = v\n", "            HPARAMS = dict(cfg)\n")
+    [f] = lint_with_defaults(bound, "t.py")
+    assert f.code == "DDP027" and "`HPARAMS` is bound only where" in f.message

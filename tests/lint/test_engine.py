@@ -61,10 +61,11 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP036",
         "DDP038",
         "DDP039",
+        "DDP040",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
-    assert Selection(ignore=("DDP01", "DDP02", "DDP03"), preview=True).codes() == [
+    assert Selection(ignore=("DDP01", "DDP02", "DDP03", "DDP04"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
     assert Selection().held_back() == ["DDP005", "DDP015", "DDP033", "DDP037"]
@@ -604,6 +605,19 @@ CASES: dict[str, tuple[str, str]] = {
         """
         dist.init_process_group("gloo")
         model = DDP(net)
+        """,
+    ),
+    "DDP040": (
+        """
+        def train(rank):
+            dist.init_process_group("gloo", world_size=4, rank=rank)
+        torch.multiprocessing.spawn(train, nprocs=2)
+        """,
+        # the spawned count passed on
+        """
+        def train(rank, n):
+            dist.init_process_group("gloo", world_size=n, rank=rank)
+        torch.multiprocessing.spawn(train, args=(2,), nprocs=2)
         """,
     ),
     "DDP018": (

@@ -260,8 +260,10 @@ def _targets(st: ast.stmt) -> list[ast.expr]:
 
 def _names_of(st: ast.stmt) -> Iterator[str]:
     for t in _targets(st):
+        # `cfg[k] = v` and `cfg.lr = v` store into an object bound elsewhere (an imported
+        # config): only a bare name (in a tuple or starred target too) is bound here.
         for n in ast.walk(t):
-            if isinstance(n, ast.Name):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
                 yield n.id
     if isinstance(st, ast.Import | ast.ImportFrom):
         for a in st.names:
