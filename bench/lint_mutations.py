@@ -598,6 +598,17 @@ M = [
  ("seventeenth: DDP040 another entry's own world size", 'rules/ddp040_world_size_mismatch.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == name for c in ast.walk(inner))', '    return True'),
  ('seventeenth: DDP040 submitit sets the world size', 'rules/ddp040_world_size_mismatch.py', '        if any("submitit" in q for q in other.aliases.values()):\n            return True', '        pass'),
  ('seventeenth: DDP040 only an option whose default is 1', 'rules/ddp040_world_size_mismatch.py', '                if isinstance(default, ast.Constant) and default.value == 1:', '                if True:'),
+ ('seventeenth: DDP041 a loader handed in by a caller', 'rules/ddp041_unreduced_eval_metric.py', 'where = f"line {samplers[0].lineno}" if samplers else _handed_in(info, fn,', 'where = f"line {samplers[0].lineno}" if samplers else "" and _handed_in(info, fn,'),
+ ('seventeenth: DDP041 the caller combines what it returns', 'rules/ddp041_unreduced_eval_metric.py', '            if _combines_in(m, rec.func, writes=False):\n                return True', '            pass'),
+ ('seventeenth: DDP041 a collective reached from the function', 'rules/ddp041_unreduced_eval_metric.py', '        if reaches_collective(info, rec, skip=_BARRIERS):\n            return True', '        if False:\n            return True'),
+ ('seventeenth: DDP041 a barrier combines nothing', 'rules/ddp041_unreduced_eval_metric.py', 'reaches_collective(info, rec, skip=_BARRIERS)', 'reaches_collective(info, rec)'),
+ ('seventeenth: DDP041 a helper named for reducing', 'rules/ddp041_unreduced_eval_metric.py', 'if any(w in low for w in _COMBINES) and low != "synchronize"', 'if False and any(w in low for w in _COMBINES) and low != "synchronize"'),
+ ('seventeenth: DDP041 per-rank files merged afterwards', 'rules/ddp041_unreduced_eval_metric.py', '                or writes and rec.last in _WRITES and _per_rank(rec.node):', '                or False:'),
+ ('seventeenth: DDP041 a loop that breaks is a sample', 'rules/ddp041_unreduced_eval_metric.py', ' or _breaks(lrec.node) \\\n', ' \\\n'),
+ ("seventeenth: DDP041 a debug break is no real run's", 'rules/ddp041_unreduced_eval_metric.py', '        if isinstance(n, ast.If) and _debug(n.test):', '        if False:'),
+ ("seventeenth: DDP041 another file's function of that name", 'rules/ddp041_unreduced_eval_metric.py', '    if m is not info and (fn.name in m.funcs or not any(', '    if False and (fn.name in m.funcs or not any('),
+ ('seventeenth: DDP041 a module the group imports', 'rules/ddp041_unreduced_eval_metric.py', '            and info.file_set.in_group(info)) or any(', '            and False) or any('),
+ ('seventeenth: DDP041 only a loop that accumulates', 'rules/ddp041_unreduced_eval_metric.py', '        if not where or not _accumulates(lrec.node)', '        if not where'),
 ]
 
 

@@ -62,6 +62,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP038",
         "DDP039",
         "DDP040",
+        "DDP041",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -618,6 +619,28 @@ CASES: dict[str, tuple[str, str]] = {
         def train(rank, n):
             dist.init_process_group("gloo", world_size=n, rank=rank)
         torch.multiprocessing.spawn(train, args=(2,), nprocs=2)
+        """,
+    ),
+    "DDP041": (
+        """
+        dist.init_process_group("gloo")
+        val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))
+        def validate(model):
+            total = 0.0
+            for x in val_loader:
+                total += model(x).item()
+            return total
+        """,
+        # the sums all-reduced before the metric
+        """
+        dist.init_process_group("gloo")
+        val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))
+        def validate(model):
+            total = torch.zeros(())
+            for x in val_loader:
+                total += model(x)
+            dist.all_reduce(total)
+            return total.item()
         """,
     ),
     "DDP018": (

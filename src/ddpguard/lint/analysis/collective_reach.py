@@ -11,17 +11,18 @@ from .callgraph import calls_by_func, resolve
 from .context import CallRec, Func, ModuleInfo, is_collective
 
 
-def reaches_collective(info: ModuleInfo, rec: CallRec, also: frozenset[str] = frozenset()
-                       ) -> bool:
-    """`also`: names that count as well (`backward`, `step`: DDP's all-reduce, the step)."""
-    if is_collective(rec) or rec.last in also:
+def reaches_collective(info: ModuleInfo, rec: CallRec, also: frozenset[str] = frozenset(),
+                       skip: frozenset[str] = frozenset()) -> bool:
+    """`also`: names that count as well (`backward`, `step`: DDP's all-reduce, the step);
+    `skip`: collectives that do not count (`barrier`, which combines no values)."""
+    if is_collective(rec) and rec.last not in skip or rec.last in also:
         return True
     for m, fn in _callees(info, rec):
-        key = ("reaches_collective", id(fn), also)
+        key = ("reaches_collective", id(fn), also, skip)
         hit = m._memo.get(key)
         if hit is None:
             m._memo[key] = False  # a recursive call inside finds no collective by itself
-            hit = m._memo[key] = any(reaches_collective(m, r, also)
+            hit = m._memo[key] = any(reaches_collective(m, r, also, skip)
                                      for r in calls_by_func(m).get(id(fn), ()))
         if hit:
             return True
