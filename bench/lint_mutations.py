@@ -592,12 +592,12 @@ M = [
  ('seventeenth: DDP040 the spawned function calls the set-up', 'rules/ddp040_world_size_mismatch.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == target.name', '    return False and any(isinstance(c, ast.Call) and info.callee_last(c) == target.name'),
  ('seventeenth: DDP040 the GPU count through a name', 'rules/ddp040_world_size_mismatch.py', '        if values and all(isinstance(v, ast.Call)', '        if False and all(isinstance(v, ast.Call)'),
  ('seventeenth: DDP040 a spawn of the agreed count is silent', 'rules/ddp040_world_size_mismatch.py', '            if count and count != str(ws.value):', '            if count:'),
- ('seventeenth: DDP040 the arm that sets the world size is silent', 'rules/ddp040_world_size_mismatch.py', ' or _sets(arm.body, world) \\\n', ' \\\n'),
- ('seventeenth: DDP040 set in the function before the group', 'rules/ddp040_world_size_mismatch.py', '                    if at < line and not chain.lineno <= at <= end:', '                    if False:'),
- ('seventeenth: DDP040 set by a caller of the set-up', 'rules/ddp040_world_size_mismatch.py', '                elif _in_a_caller(other, at, func.name):', '                elif False:'),
- ("seventeenth: DDP040 another entry's own world size", 'rules/ddp040_world_size_mismatch.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == name for c in ast.walk(inner))', '    return True'),
- ('seventeenth: DDP040 submitit sets the world size', 'rules/ddp040_world_size_mismatch.py', '        if any("submitit" in q for q in other.aliases.values()):\n            return True', '        pass'),
- ('seventeenth: DDP040 only an option whose default is 1', 'rules/ddp040_world_size_mismatch.py', '                if isinstance(default, ast.Constant) and default.value == 1:', '                if True:'),
+ ('seventeenth: DDP042 the arm that sets the world size is silent', 'rules/ddp042_slurm_world_size_unset.py', ' or _sets(arm.body, world) \\\n', ' \\\n'),
+ ('seventeenth: DDP042 set in the function before the group', 'rules/ddp042_slurm_world_size_unset.py', '                    if at < line and not chain.lineno <= at <= end:', '                    if False:'),
+ ('seventeenth: DDP042 set by a caller of the set-up', 'rules/ddp042_slurm_world_size_unset.py', '                elif _in_a_caller(other, at, func.name):', '                elif False:'),
+ ("seventeenth: DDP042 another entry's own world size", 'rules/ddp042_slurm_world_size_unset.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == name for c in ast.walk(inner))', '    return True'),
+ ('seventeenth: DDP042 submitit sets the world size', 'rules/ddp042_slurm_world_size_unset.py', '        if any("submitit" in q for q in other.aliases.values()):\n            return True', '        pass'),
+ ('seventeenth: DDP042 only an option whose default is 1', 'rules/ddp042_slurm_world_size_unset.py', '                if isinstance(default, ast.Constant) and default.value == 1:', '                if True:'),
  ('seventeenth: DDP041 a loader handed in by a caller', 'rules/ddp041_unreduced_eval_metric.py', 'where = f"line {samplers[0].lineno}" if samplers else _handed_in(info, fn,', 'where = f"line {samplers[0].lineno}" if samplers else "" and _handed_in(info, fn,'),
  ('seventeenth: DDP041 the caller combines what it returns', 'rules/ddp041_unreduced_eval_metric.py', '            if _combines_in(m, rec.func, writes=False):\n                return True', '            pass'),
  ('seventeenth: DDP041 a collective reached from the function', 'rules/ddp041_unreduced_eval_metric.py', '        if reaches_collective(info, rec, skip=_BARRIERS):\n            return True', '        if False:\n            return True'),
@@ -609,6 +609,9 @@ M = [
  ("seventeenth: DDP041 another file's function of that name", 'rules/ddp041_unreduced_eval_metric.py', '    if m is not info and (fn.name in m.funcs or not any(', '    if False and (fn.name in m.funcs or not any('),
  ('seventeenth: DDP041 a module the group imports', 'rules/ddp041_unreduced_eval_metric.py', '            and info.file_set.in_group(info)) or any(', '            and False) or any('),
  ('seventeenth: DDP041 only a loop that accumulates', 'rules/ddp041_unreduced_eval_metric.py', '        if not where or not _accumulates(lrec.node)', '        if not where'),
+ ('seventeenth: DDP041 a caller at the module level', 'rules/ddp041_unreduced_eval_metric.py', '    calls: list[CallRec] = list(calls_by_func(info).get(id(fn) if fn is not None else 0, ()))', '    calls: list[CallRec] = list(calls_by_func(info).get(id(fn), ())) if fn is not None else []'),
+ ("seventeenth: DDP024 a name that holds the wrapper's module", 'rules/ddp024_forward_around_ddp.py', '                or _bare_alias(rec.node.func.value, wrapped, info, rec)', '                or None'),
+ ("seventeenth: DDP024 the alias assigned in the call's function", 'rules/ddp024_forward_around_ddp.py', '        if owner in wrapped and here:', '        if owner in wrapped:'),
 ]
 
 

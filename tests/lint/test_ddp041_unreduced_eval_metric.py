@@ -69,6 +69,25 @@ def test_a_caller_that_reduces_what_it_returns(tmp_path: Path) -> None:
     assert lint_paths(_project(tmp_path, extra), ONLY) == []
 
 
+def test_a_script_body_that_reduces_what_it_returns(tmp_path: Path) -> None:
+    # spent corpus, RocWeather: train_ddp.py calls validation_ddp() in its module body and
+    # then dist.reduce()s the three metrics to rank 0.
+    (tmp_path / "train.py").write_text(textwrap.dedent(EVAL))
+    (tmp_path / "train_ddp.py").write_text(
+        "import torch.distributed as dist\n"
+        "from torch.utils.data import DataLoader, DistributedSampler\n"
+        "from train import val\n"
+        "dist.init_process_group('gloo')\n"
+        "val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))\n"
+        "loss = val(cfg, val_loader, net)\n"
+        "dist.reduce(loss, 0, op=dist.ReduceOp.AVG)\n")
+    assert lint_paths([tmp_path], ONLY) == []
+    text = (tmp_path / "train_ddp.py").read_text()
+    (tmp_path / "train_ddp.py").write_text(text.replace("dist.reduce(", "print("))
+    [f] = lint_paths([tmp_path], ONLY)
+    assert f.code == "DDP041"
+
+
 def test_a_call_of_another_function_of_that_name_hands_nothing_in(tmp_path: Path) -> None:
     assert lint_paths(_project(tmp_path, own_val=True), ONLY) == []
 

@@ -69,8 +69,8 @@ def test_default_selection_excludes_info_rule() -> None:
     assert Selection(ignore=("DDP01", "DDP02", "DDP03", "DDP04"), preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
-    assert Selection().held_back() == ["DDP005", "DDP015", "DDP033", "DDP037"]
-    assert Selection(ignore=("DDP005",)).held_back() == ["DDP015", "DDP033", "DDP037"]
+    assert Selection().held_back() == ["DDP005", "DDP015", "DDP033", "DDP037", "DDP042"]
+    assert Selection(ignore=("DDP005",)).held_back() == ["DDP015", "DDP033", "DDP037", "DDP042"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
@@ -641,6 +641,32 @@ CASES: dict[str, tuple[str, str]] = {
                 total += model(x)
             dist.all_reduce(total)
             return total.item()
+        """,
+    ),
+    "DDP042": (
+        """
+        import os
+        def setup(args):
+            if "RANK" in os.environ:
+                args.rank = int(os.environ["RANK"])
+                args.world_size = int(os.environ["WORLD_SIZE"])
+            elif "SLURM_PROCID" in os.environ:
+                args.rank = int(os.environ["SLURM_PROCID"])
+            dist.init_process_group("nccl", world_size=args.world_size, rank=args.rank)
+        parser.add_argument("--world_size", default=1, type=int)
+        """,
+        # the SLURM arm sets the world size too
+        """
+        import os
+        def setup(args):
+            if "RANK" in os.environ:
+                args.rank = int(os.environ["RANK"])
+                args.world_size = int(os.environ["WORLD_SIZE"])
+            elif "SLURM_PROCID" in os.environ:
+                args.rank = int(os.environ["SLURM_PROCID"])
+                args.world_size = int(os.environ["SLURM_NTASKS"])
+            dist.init_process_group("nccl", world_size=args.world_size, rank=args.rank)
+        parser.add_argument("--world_size", default=1, type=int)
         """,
     ),
     "DDP018": (

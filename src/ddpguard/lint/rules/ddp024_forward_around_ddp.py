@@ -11,7 +11,9 @@ function (assignments from the call to the receiver of `.backward()`, not throug
 never calls the wrapper itself or its `forward`, not under `no_grad`, in a module that does not
 all-reduce gradients by hand; a plain local name is the wrapper only in the function that
 wrapped it, an attribute of `self` in every method. Methods that read or move the module
-(`parameters`, `state_dict`, `train`, `to`, ...) are no forward. Fix: call the wrapper
+(`parameters`, `state_dict`, `train`, `to`, ...) are no forward. The same through a name that
+holds the bare model (`model_without_ddp = model.module` in the arm that wraps, then
+`model_without_ddp.query_forward(...)` in the step). Fix: call the wrapper
 (`model(batch)`); make the training method the module's `forward`, or wrap a small module whose
 forward calls it.
 """
@@ -57,9 +59,15 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
         return
     by_hand: bool | None = None
     for rec in info.calls:
-        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:
+        if rec.last in _NOT_FORWARD:
             continue
-        owner = _module_of_wrapper(rec.node.func, wrapped, info, rec)
+        if type(rec.node.func) is ast.Attribute:
+            owner = _module_of_wrapper(rec.node.func, wrapped, info, rec) \
+                or _bare_alias(rec.node.func.value, wrapped, info, rec)
+        elif type(rec.node.func) is ast.Name:
+            owner = _bare_alias(rec.node.func, wrapped, info, rec)
+        else:
+            continue
         if owner is None:
             continue
         if by_hand is None:
@@ -91,6 +99,26 @@ def _module_of_wrapper(func: ast.expr, wrapped: dict[str, int], info: ModuleInfo
                 return owner
             return None
         node = node.value
+    return None
+
+
+def _bare_alias(node: ast.expr, wrapped: dict[str, int], info: ModuleInfo,
+                rec: CallRec) -> str | None:
+    """The wrapper W whose `.module` the name `node` holds (`model_without_ddp = model.module`
+    in the arm that wraps, CIRtoolbox's `model_without_ddp.query_forward(...)`), assigned in
+    the function of the call (an attribute of `self`: in any method)."""
+    d = dotted(node)
+    if d is None:
+        return None
+    fn = rec.func
+    for line, v in info.assigns.get(d, []):
+        if not (isinstance(v, ast.Attribute) and v.attr == "module"):
+            continue
+        owner = dotted(v.value)
+        here = d.startswith("self.") or fn is not None and \
+            fn.lineno <= line <= (fn.end_lineno or fn.lineno)
+        if owner in wrapped and here:
+            return owner
     return None
 
 

@@ -213,19 +213,22 @@ def _combined(info: ModuleInfo, fn: Func) -> bool:
         return True
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]
     for m in infos:
-        if m is not info and any(q.split(".", 1)[0] in _GATHERING_PACKAGES
-                                 for q in m.aliases.values()):
-            continue
-        for rec in _calls_of(m, info, fn):
-            if rec.func is None or (m is info and rec.func is fn):
+        calls = _calls_of(m, info, fn)
+        if calls and m is not info and any(q.split(".", 1)[0] in _GATHERING_PACKAGES
+                                           for q in m.aliases.values()):
+            return True
+        for rec in calls:
+            if m is info and rec.func is fn:
                 continue
+            # A caller at the module level (a script's body, RocWeather's train_ddp.py)
+            # combines with the module's own statements.
             if _combines_in(m, rec.func, writes=False):
                 return True
     return False
 
 
-def _combines_in(info: ModuleInfo, fn: Func, writes: bool) -> bool:
-    calls: list[CallRec] = list(calls_by_func(info).get(id(fn), ()))
+def _combines_in(info: ModuleInfo, fn: Func | None, writes: bool) -> bool:
+    calls: list[CallRec] = list(calls_by_func(info).get(id(fn) if fn is not None else 0, ()))
     for rec in calls:
         low = rec.last.lower()
         # `synchronize()` (maskrcnn-benchmark's, torch.cuda's) is a barrier: it combines nothing.

@@ -1,6 +1,6 @@
-"""DDP040 a world size that is not the number of processes started (fixtures:
-tests/lint/fixtures/DDP040_*.py). Here: the DETR-style set-up module beside the entry script
-that holds the option, as corpus35q's three repositories ship it."""
+"""DDP042 a SLURM arm that leaves the world size at 1 (fixture:
+tests/lint/fixtures/DDP042_slurm_arm_without_world_size.py). Here: the DETR-style set-up module
+beside the entry script that holds the option, as corpus35q's three repositories ship it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import lint_paths
 
 from ddpguard.lint import RULES, Selection
 
-ONLY = Selection(select=("DDP040",))
+ONLY = Selection(select=("DDP042",))
 
 SETUP = """\
 import os
@@ -75,7 +75,7 @@ def test_another_entry_that_never_calls_the_set_up_does_not_count(tmp_path: Path
     other = ("def main(args):\n"
              "    args.world_size = 8 * args.nodes\n")
     [f] = lint_paths(_project(tmp_path, other=other), ONLY)
-    assert f.code == "DDP040"
+    assert f.code == "DDP042"
 
 
 def test_submitit_sets_it(tmp_path: Path) -> None:
@@ -85,5 +85,6 @@ def test_submitit_sets_it(tmp_path: Path) -> None:
     assert lint_paths(_project(tmp_path, other=other), ONLY) == []
 
 
-def test_on_by_default() -> None:
-    assert RULES["DDP040"].default and not RULES["DDP040"].preview
+def test_in_preview() -> None:
+    # Right about the code, but most programs that carry it ship only torchrun launches.
+    assert RULES["DDP042"].preview and not RULES["DDP040"].preview
