@@ -228,7 +228,7 @@ M = [
  ("DDP024: flow through assignments", "rules/ddp024_forward_around_ddp.py", "            if _used(value) & tainted:", "            if False:"),
  ("DDP024: gradients synced by hand", "rules/ddp024_forward_around_ddp.py", "        if by_hand:\n            return\n", ""),
  ("only the ifs around the call's line", "rules/ddp013_accumulation_without_no_sync.py", "                    child.lineno <= line <= (child.end_lineno or child.lineno):", "                    True:"),
- ("DDP024: reading the module is no forward", "rules/ddp024_forward_around_ddp.py", "        if type(rec.node.func) is not ast.Attribute or rec.last in _NOT_FORWARD:", "        if type(rec.node.func) is not ast.Attribute:"),
+ ("DDP024: reading the module is no forward", "rules/ddp024_forward_around_ddp.py", "        if rec.last in _NOT_FORWARD:\n            continue", "        if False:\n            continue"),
  ("DDP024: a local name only where it was wrapped", "rules/ddp024_forward_around_ddp.py", "            if owner in wrapped and (owner.startswith(\"self.\") or any(\n                    w.func is rec.func for w in info.ddp_wraps(owner))):", "            if owner in wrapped:"),
  ('35: a reduction kept apart does not reach the tested loss', 'analysis/nonfinite.py', '        return any(isinstance(n, ast.Name) and n.id in chain\n                   for t in st.targets', '        return True or any(isinstance(n, ast.Name) and n.id in chain\n                   for t in st.targets'),
  ('35: an in-place collective on a tested name reaches it', 'analysis/nonfinite.py', '    if isinstance(st, ast.Expr) and st.value is rec.node:\n        return any(', '    if isinstance(st, ast.Expr) and st.value is rec.node:\n        return False and any('),
@@ -303,10 +303,10 @@ M = [
  ("star import: functions", "analysis/crossfile.py", "                    if name not in info.funcs and name not in info.aliases and any(", "                    if False and any("),
  ('star import: only a project module', 'analysis/crossfile.py', '        if m is not info and (mp.endswith("/" + tail) if not s.level else mp == (', '        if m is not info and (True if not s.level else mp == ('),
  ("DDP004 a swallowed error skips a helper's collective", "rules/ddp004_rank_dependent_step_count.py", "        return rec is not None and reaches_collective(info, rec)", "        return False"),
- ("collective reach: deeper than one call", "analysis/collective_reach.py", "            hit = m._memo[key] = any(reaches_collective(m, r, also)", "            hit = m._memo[key] = any(is_collective(r)"),
+ ("collective reach: deeper than one call", "analysis/collective_reach.py", "            hit = m._memo[key] = any(reaches_collective(m, r, also, skip)", "            hit = m._memo[key] = any(is_collective(r)"),
  ("collective reach: another file's class", "analysis/collective_reach.py", "            if cls in m.classes:", "            if False:"),
  ("DDP004 a loop that steps through another file's function", "rules/ddp004_rank_dependent_step_count.py", "        reaches_collective(info, r, _SYNCS) for r in info.calls if loop in r.loops)", "        False for r in info.calls if loop in r.loops)"),
- ("collective reach: the names that count as well", "analysis/collective_reach.py", "    if is_collective(rec) or rec.last in also:", "    if is_collective(rec):"),
+ ("collective reach: the names that count as well", "analysis/collective_reach.py", "    if is_collective(rec) and rec.last not in skip or rec.last in also:", "    if is_collective(rec) and rec.last not in skip:"),
  ("DDP030 exist_ok=True is no race", "rules/ddp030_makedirs_race.py", "    return v is not None and not (isinstance(v, ast.Constant) and not v.value)", "    return False"),
  ("DDP030 only under a test that the folder is missing", "rules/ddp030_makedirs_race.py", "dead(chain, call) or not _tested_missing(chain, path) \\", "dead(chain, call) or False \\"),
  ("DDP030 a try that catches FileExistsError", "rules/ddp030_makedirs_race.py", "            return True\n    return False\n\n\ndef _made_by_rank0", "            return False\n    return False\n\n\ndef _made_by_rank0"),
@@ -612,6 +612,10 @@ M = [
  ('seventeenth: DDP041 a caller at the module level', 'rules/ddp041_unreduced_eval_metric.py', '    calls: list[CallRec] = list(calls_by_func(info).get(id(fn) if fn is not None else 0, ()))', '    calls: list[CallRec] = list(calls_by_func(info).get(id(fn), ())) if fn is not None else []'),
  ("seventeenth: DDP024 a name that holds the wrapper's module", 'rules/ddp024_forward_around_ddp.py', '                or _bare_alias(rec.node.func.value, wrapped, info, rec)', '                or None'),
  ("seventeenth: DDP024 the alias assigned in the call's function", 'rules/ddp024_forward_around_ddp.py', '        if owner in wrapped and here:', '        if owner in wrapped:'),
+ ('seventeenth: DDP004 a try followed only by teardown', 'analysis/rank_failures.py', '        if isinstance(st, ast.Try):\n            return st', '        if isinstance(st, ast.Try):\n            return st if i == len(fn.body) - 1 else None'),
+ ('seventeenth: DDP004 an exit status after the try hands the failure on', 'analysis/rank_failures.py', '                lo <= r.node.lineno <= hi and (reaches(r) or r.last in EXITS\n                                               and not clean_exit(info, r.node))\n                for r in recs):\n            return None\n    return None', '                lo <= r.node.lineno <= hi and reaches(r)\n                for r in recs):\n            return None\n    return None'),
+ ("seventeenth: DDP004 a trainer's run whose class is not given", 'rules/ddp004_rank_dependent_step_count.py', '                              or _trainer_run(info, fn, r))', '                              or False)'),
+ ('seventeenth: DDP004 the trainer runs after the wrap', 'rules/ddp004_rank_dependent_step_count.py', '               and (r.last == "init_process_group" or info.is_ddp_call(r.node))', '               or True'),
 ]
 
 

@@ -226,18 +226,38 @@ def _reads(test: ast.expr) -> set[str]:
 _BROAD = {"Exception", "BaseException"}
 
 
+def _last_try(info: ModuleInfo, fn: Func, recs: list[CallRec],
+              reaches: Callable[[CallRec], bool]) -> ast.Try | None:
+    """The `try` that ends `fn`, or one followed only by teardown (RARE-UNet's
+    `if is_distributed: dist.destroy_process_group()`): nothing after it syncs, raises, or
+    exits with a failure (`sys.exit(final_status_code)` hands the failure on)."""
+    for i in range(len(fn.body) - 1, -1, -1):
+        st = fn.body[i]
+        if isinstance(st, ast.Try):
+            return st
+        lo, hi = st.lineno, st.end_lineno or st.lineno
+        if any(isinstance(n, ast.Raise) for n in ast.walk(st)) or any(
+                lo <= r.node.lineno <= hi and (reaches(r) or r.last in EXITS
+                                               and not clean_exit(info, r.node))
+                for r in recs):
+            return None
+    return None
+
+
 def swallowed_run(info: ModuleInfo, fn: Func,
                   reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
-    """A catch-all handler around the whole of a rank's run: the last statement of `fn` is a
-    `try` whose block reaches a sync (`reaches`: a collective, a backward, an optimizer step,
+    """A catch-all handler around the whole of a rank's run: the last statement of `fn` (or
+    the last before teardown) is a `try` whose block reaches a sync (`reaches`: a collective, a backward, an optimizer step,
     through the project's code), and whose `except Exception:` (or bare `except:`) neither
     raises nor exits with a failure nor makes a collective. A rank that fails there returns
     normally and ends with status 0, which no launcher reads as a failure, while its peers
     wait for it in the next collective."""
-    if id(fn) not in info.catching or not fn.body or not isinstance(fn.body[-1], ast.Try):
+    if id(fn) not in info.catching or not fn.body:
         return None
-    t = fn.body[-1]
     recs = calls_by_func(info).get(id(fn), [])
+    t = _last_try(info, fn, recs, reaches)
+    if t is None:
+        return None
     first, end = t.body[0].lineno, t.body[-1].end_lineno or t.lineno
     if not any(first <= r.node.lineno <= end and reaches(r) for r in recs):
         return None

@@ -123,6 +123,24 @@ from ..registry import Hit, rule
 _COMPS = (ast.GeneratorExp, ast.ListComp, ast.SetComp)
 
 
+_RUNNERS = ("trainer", "engine", "runner", "solver")
+
+
+def _trainer_run(info: ModuleInfo, fn: Func, rec: CallRec) -> bool:
+    """`trainer.train()` (`.fit()`, `.run()`) on an object named for a trainer, in a function
+    that wrapped the model in DDP or formed the group before it: the run of the training,
+    whose class may sit in a file not given (RARE-UNet's `RARETrainer`)."""
+    f = rec.node.func
+    if not (isinstance(f, ast.Attribute) and f.attr in ("train", "fit", "run")):
+        return False
+    owner = (dotted(f.value) or "").rsplit(".", 1)[-1].lower()
+    if not any(w in owner for w in _RUNNERS):
+        return False
+    return any(r.func is fn and r.node.lineno < rec.node.lineno
+               and (r.last == "init_process_group" or info.is_ddp_call(r.node))
+               for r in info.calls)
+
+
 def _returns_none(fn: Func) -> ast.AST | None:
     """A `return None` (or a bare `return`): that batch is None on one rank. A collate_fn
     that only filters samples out (`[b for b in batch if b is not None]`, `filter(...)`)
@@ -176,7 +194,8 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         return
     for fns in info.funcs.values() if info.catching else ():
         for fn in fns:
-            h = swallowed_run(info, fn, lambda r: reaches_collective(info, r, _SYNCS))
+            h = swallowed_run(info, fn, lambda r, fn=fn: reaches_collective(info, r, _SYNCS)
+                              or _trainer_run(info, fn, r))
             if h is not None:
                 yield h, "DDP004", (
                     f"an error caught here ends {fn.name}() normally on the rank that met it "
