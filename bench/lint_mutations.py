@@ -614,7 +614,7 @@ M = [
  ("seventeenth: DDP024 the alias assigned in the call's function", 'rules/ddp024_forward_around_ddp.py', '        if owner in wrapped and here:', '        if owner in wrapped:'),
  ('seventeenth: DDP004 a try followed only by teardown', 'analysis/rank_failures.py', '        if isinstance(st, ast.Try):\n            return st', '        if isinstance(st, ast.Try):\n            return st if i == len(fn.body) - 1 else None'),
  ('seventeenth: DDP004 an exit status after the try hands the failure on', 'analysis/rank_failures.py', '                lo <= r.node.lineno <= hi and (reaches(r) or r.last in EXITS\n                                               and not clean_exit(info, r.node))\n                for r in recs):\n            return None\n    return None', '                lo <= r.node.lineno <= hi and reaches(r)\n                for r in recs):\n            return None\n    return None'),
- ("seventeenth: DDP004 a trainer's run whose class is not given", 'rules/ddp004_rank_dependent_step_count.py', '                              or _trainer_run(info, fn, r))', '                              or False)'),
+ ("seventeenth: DDP004 a trainer's run whose class is not given", 'rules/ddp004_rank_dependent_step_count.py', '    return reaches_collective(info, rec, _SYNCS) or _trainer_run(info, fn, rec)', '    return reaches_collective(info, rec, _SYNCS)'),
  ('seventeenth: DDP004 the trainer runs after the wrap', 'rules/ddp004_rank_dependent_step_count.py', '               and (r.last == "init_process_group" or info.is_ddp_call(r.node))', '               or True'),
 ]
 

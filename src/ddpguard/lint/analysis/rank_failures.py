@@ -247,9 +247,10 @@ def _last_try(info: ModuleInfo, fn: Func, recs: list[CallRec],
 def swallowed_run(info: ModuleInfo, fn: Func,
                   reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
     """A catch-all handler around the whole of a rank's run: the last statement of `fn` (or
-    the last before teardown) is a `try` whose block reaches a sync (`reaches`: a collective, a backward, an optimizer step,
-    through the project's code), and whose `except Exception:` (or bare `except:`) neither
-    raises nor exits with a failure nor makes a collective. A rank that fails there returns
+    the last before teardown) is a `try` whose block reaches a sync (`reaches`: a collective,
+    a backward, an optimizer step, through the project's code), and whose `except
+    Exception:` (or bare `except:`) neither raises nor exits with a failure nor makes a
+    collective. A rank that fails there returns
     normally and ends with status 0, which no launcher reads as a failure, while its peers
     wait for it in the next collective."""
     if id(fn) not in info.catching or not fn.body:

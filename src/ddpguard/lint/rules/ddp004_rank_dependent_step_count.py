@@ -93,6 +93,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Iterator
+from functools import partial
 
 from ..analysis.callgraph import is_collective
 from ..analysis.clock_exits import clock_exits
@@ -124,6 +125,10 @@ _COMPS = (ast.GeneratorExp, ast.ListComp, ast.SetComp)
 
 
 _RUNNERS = ("trainer", "engine", "runner", "solver")
+
+
+def _syncs_or_trains(info: ModuleInfo, fn: Func, rec: CallRec) -> bool:
+    return reaches_collective(info, rec, _SYNCS) or _trainer_run(info, fn, rec)
 
 
 def _trainer_run(info: ModuleInfo, fn: Func, rec: CallRec) -> bool:
@@ -194,8 +199,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         return
     for fns in info.funcs.values() if info.catching else ():
         for fn in fns:
-            h = swallowed_run(info, fn, lambda r, fn=fn: reaches_collective(info, r, _SYNCS)
-                              or _trainer_run(info, fn, r))
+            h = swallowed_run(info, fn, partial(_syncs_or_trains, info, fn))
             if h is not None:
                 yield h, "DDP004", (
                     f"an error caught here ends {fn.name}() normally on the rank that met it "
