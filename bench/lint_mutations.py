@@ -616,6 +616,9 @@ M = [
  ('seventeenth: DDP004 an exit status after the try hands the failure on', 'analysis/rank_failures.py', '                lo <= r.node.lineno <= hi and (reaches(r) or r.last in EXITS\n                                               and not clean_exit(info, r.node))\n                for r in recs):\n            return None\n    return None', '                lo <= r.node.lineno <= hi and reaches(r)\n                for r in recs):\n            return None\n    return None'),
  ("seventeenth: DDP004 a trainer's run whose class is not given", 'rules/ddp004_rank_dependent_step_count.py', '    return reaches_collective(info, rec, _SYNCS) or _trainer_run(info, fn, rec)', '    return reaches_collective(info, rec, _SYNCS)'),
  ('seventeenth: DDP004 the trainer runs after the wrap', 'rules/ddp004_rank_dependent_step_count.py', '               and (r.last == "init_process_group" or info.is_ddp_call(r.node))', '               or True'),
+ ('seventeenth: DDP043 inside the rank test, not past a rank-tested return', 'rules/ddp043_rank_only_lr_step.py', '            if any(inner is st for st in n.body):', '            if True:'),
+ ('seventeenth: DDP043 the same scheduler stepped on every rank', 'rules/ddp043_rank_only_lr_step.py', '               and dotted(r.node.func.value) == owner for r in steps):', '               and False for r in steps):'),
+ ('seventeenth: DDP043 a scheduler built from lr_scheduler', 'rules/ddp043_rank_only_lr_step.py', '    return any(isinstance(v, ast.Call) and "lr_scheduler" in (info.qualify(v.func) or "")', '    return False and any(isinstance(v, ast.Call) and "lr_scheduler" in (info.qualify(v.func) or "")'),
 ]
 
 

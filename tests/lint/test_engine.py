@@ -63,6 +63,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP039",
         "DDP040",
         "DDP041",
+        "DDP043",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -667,6 +668,18 @@ CASES: dict[str, tuple[str, str]] = {
                 args.world_size = int(os.environ["SLURM_NTASKS"])
             dist.init_process_group("nccl", world_size=args.world_size, rank=args.rank)
         parser.add_argument("--world_size", default=1, type=int)
+        """,
+    ),
+    "DDP043": (
+        """
+        model = DDP(net)
+        if dist.get_rank() == 0:
+            scheduler.step()
+        """,
+        # every rank steps it
+        """
+        model = DDP(net)
+        scheduler.step()
         """,
     ),
     "DDP018": (
