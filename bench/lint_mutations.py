@@ -619,6 +619,12 @@ M = [
  ('seventeenth: DDP043 inside the rank test, not past a rank-tested return', 'rules/ddp043_rank_only_lr_step.py', '            if any(inner is st for st in n.body):', '            if True:'),
  ('seventeenth: DDP043 the same scheduler stepped on every rank', 'rules/ddp043_rank_only_lr_step.py', '               and dotted(r.node.func.value) == owner for r in steps):', '               and False for r in steps):'),
  ('seventeenth: DDP043 a scheduler built from lr_scheduler', 'rules/ddp043_rank_only_lr_step.py', '    return any(isinstance(v, ast.Call) and "lr_scheduler" in (info.qualify(v.func) or "")', '    return False and any(isinstance(v, ast.Call) and "lr_scheduler" in (info.qualify(v.func) or "")'),
+ ('seventeenth: DDP044 through scaler.scale(loss)', 'rules/ddp044_loss_divided_by_world_size.py', '        if isinstance(receiver, ast.Call) and info.callee_last(receiver) == "scale" \\', '        if False and info.callee_last(receiver) == "scale" \\'),
+ ('seventeenth: DDP044 an in-place division', 'rules/ddp044_loss_divided_by_world_size.py', '        if isinstance(last.op, ast.Div) and is_world(info, last.value):', '        if False:'),
+ ('seventeenth: DDP044 only a division by the world', 'rules/ddp044_loss_divided_by_world_size.py', '    if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) and is_world(info, v.right):', '    if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div):'),
+ ('seventeenth: DDP044 the last assignment before the backward', 'rules/ddp044_loss_divided_by_world_size.py', '        if any(dotted(t) == name for t in targets) and (last is None\n                                                         or st.lineno > last.lineno):', '        if any(dotted(t) == name for t in targets) and last is None:'),
+ ('seventeenth: DDP044 gradients summed by hand', 'rules/ddp044_loss_divided_by_world_size.py', '    if not info.wraps_ddp or _grads_by_hand(info):', '    if not info.wraps_ddp:'),
+ ("seventeenth: DDP044 another function's statements are not this scope's", 'rules/ddp044_loss_divided_by_world_size.py', '    for st in _own_statements(fn):', '    for st in ast.walk(fn):'),
 ]
 
 

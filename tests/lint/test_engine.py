@@ -64,6 +64,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP040",
         "DDP041",
         "DDP043",
+        "DDP044",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -680,6 +681,19 @@ CASES: dict[str, tuple[str, str]] = {
         """
         model = DDP(net)
         scheduler.step()
+        """,
+    ),
+    "DDP044": (
+        """
+        model = DDP(net)
+        loss = model(x).sum() / dist.get_world_size()
+        loss.backward()
+        """,
+        # DDP averages the gradients: no division
+        """
+        model = DDP(net)
+        loss = model(x).sum()
+        loss.backward()
         """,
     ),
     "DDP018": (

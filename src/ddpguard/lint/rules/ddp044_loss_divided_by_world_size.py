@@ -1,0 +1,125 @@
+"""DDP044 the loss divided by the world size before a DDP backward.
+
+```python
+model = DDP(model, device_ids=[rank])
+for x, y in loader:
+    loss = criterion(model(x), y) / world_size   # DDP already averages the gradients
+    loss.backward()
+    optimizer.step()
+```
+
+DDP's backward all-reduces the gradients and divides them by the world size: they are the
+mean over the ranks already. Dividing the loss by the world size as well makes every gradient
+1/world_size of what one process would compute, so the effective learning rate shrinks with
+the number of GPUs, gradient clipping acts at the wrong scale and a run on 8 GPUs does not
+match one on 1. Reported where the value that `.backward()` (or `scaler.scale(...).backward()`)
+reads was assigned, in the same function, as something divided by the world size
+(`dist.get_world_size()`, a name such as `world_size` or `num_gpus`), in a module that wraps a
+model in DDP, and does not all-reduce gradients by hand. Fix: drop the division (scale the
+learning rate, not the loss, if a sum over the ranks was meant).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ..analysis.context import ModuleInfo, is_collective
+from ..analysis.provenance import dotted
+from ..analysis.world_size import is_world
+from ..registry import Hit, rule
+
+
+@rule('DDP044', 'loss-divided-by-world-size', 'warning',
+      'the loss is divided by the world size before a DDP backward, which averages the '
+      'gradients already: every gradient is 1/world_size of its value',
+      'drop the division; DDP averages the gradients over the ranks')
+def ddp044(info: ModuleInfo) -> Iterator[Hit]:
+    if not info.wraps_ddp or _grads_by_hand(info):
+        return
+    for rec in info.calls_named("backward"):
+        f = rec.node.func
+        if not isinstance(f, ast.Attribute):
+            continue
+        receiver = f.value
+        # `scaler.scale(loss).backward()`
+        if isinstance(receiver, ast.Call) and info.callee_last(receiver) == "scale" \
+                and receiver.args:
+            receiver = receiver.args[0]
+        name = dotted(receiver)
+        if name is None:
+            continue
+        div = _divided_by_world(info, rec.func or info.tree, name, rec.node.lineno)
+        if div is not None:
+            yield div, "DDP044", (
+                f"`{name}` is divided by the world size (`{ast.unparse(div)}`, line "
+                f"{div.lineno}) before its backward at line {rec.node.lineno}, but DDP's "
+                "backward averages the gradients over the ranks already: every gradient is "
+                "1/world_size of its value, so the step shrinks with the number of GPUs; drop "
+                "the division")
+
+
+def _divided_by_world(info: ModuleInfo, fn: ast.AST, name: str, line: int) -> ast.BinOp | None:
+    """The division by the world size in the last assignment to `name` before `line`."""
+    last: ast.Assign | ast.AugAssign | None = None
+    for st in _own_statements(fn):
+        if not isinstance(st, ast.Assign | ast.AugAssign) or st.lineno >= line:
+            continue
+        targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+        if any(dotted(t) == name for t in targets) and (last is None
+                                                         or st.lineno > last.lineno):
+            last = st
+    if last is None:
+        return None
+    if isinstance(last, ast.AugAssign):
+        if isinstance(last.op, ast.Div) and is_world(info, last.value):
+            return ast.BinOp(left=last.target, op=ast.Div(), right=last.value,
+                             lineno=last.lineno, col_offset=last.col_offset)
+        return None
+    v = last.value
+    if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) and is_world(info, v.right):
+        return v
+    return None
+
+
+def _own_statements(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function (or of the module's own statements), not of the functions and
+    classes inside it: a `loss` of another function is another name."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+                          | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+def _grads_by_hand(info: ModuleInfo) -> bool:
+    """The module all-reduces gradients itself (`all_reduce(p.grad)`, `average_gradients`):
+    a sum over the ranks, which a division of the loss by the world size turns into a mean."""
+    for rec in info.calls:
+        low = rec.last.lower()
+        if "grad" in low and any(w in low for w in ("reduce", "sync", "average")):
+            return True
+        if is_collective(rec) and any(
+                "grad" in (dotted(n) or "") for a in rec.node.args for n in ast.walk(a)
+                if isinstance(n, ast.Name | ast.Attribute)):
+            return True
+    return False
+
+
+# Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
+EXAMPLE = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def fit(model, loader, optimizer, criterion):
+    model = DDP(model)
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y) / dist.get_world_size()
+        loss.backward()
+        optimizer.step()
+"""
+
+RULE = ddp044
