@@ -186,12 +186,17 @@ def rank_source(info: ModuleInfo, node: ast.expr, kind: int, func: Func | None,
     d = dotted(node)
     if d is None or depth > 3:
         return None
-    if kind == LOCAL and d.rsplit(".", 1)[-1] == "local_rank" and d.startswith(("args.", "opt")):
-        return f"{d}, the launcher's --local_rank"
     lo, hi = (func.lineno, func.end_lineno or func.lineno) if func else (0, 1 << 30)
     # what the name holds where it is read: the function's assignments before that line
     # (`set_device(args.local_rank)` and only then `args.local_rank = dist.get_rank()`)
     at = getattr(node, "lineno", hi)
+    if kind == LOCAL and d.rsplit(".", 1)[-1] == "local_rank" and d.startswith(("args.", "opt")):
+        # Unless the function made it something else first (Squirrel's SLURM arm:
+        # `args.local_rank = args.local_rank + int(os.environ["SLURM_PROCID"]) * ...`).
+        if any(lo <= line < at and isinstance(v, ast.BinOp)
+               for line, v in info.assigns.get(d, [])):
+            return None
+        return f"{d}, the launcher's --local_rank"
     found = [(line, rank_source(info, v, kind, func, depth + 1))
              for line, v in info.assigns.get(d, [])
              if lo <= line <= hi and not isinstance(v, ast.Constant)
