@@ -626,6 +626,7 @@ M = [
  ('seventeenth: DDP044 gradients summed by hand', 'rules/ddp044_loss_divided_by_world_size.py', '    if not info.wraps_ddp or _grads_by_hand(info):', '    if not info.wraps_ddp:'),
  ("seventeenth: DDP044 another function's statements are not this scope's", 'rules/ddp044_loss_divided_by_world_size.py', '    for st in _own_statements(fn):', '    for st in ast.walk(fn):'),
  ('seventeenth: DDP025 a local rank the function computed into another', 'analysis/rank_kind.py', '        if any(lo <= line < at and isinstance(v, ast.BinOp)', '        if False and any(lo <= line < at and isinstance(v, ast.BinOp)'),
+ ('seventeenth: DDP041 an evaluation handed on as a value', 'rules/ddp041_unreduced_eval_metric.py', '    if any(_handed_as_value(m, fn.name) for m in infos):\n        return True', '    pass'),
 ]
 
 

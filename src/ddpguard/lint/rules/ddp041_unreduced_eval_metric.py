@@ -212,6 +212,8 @@ def _combined(info: ModuleInfo, fn: Func) -> bool:
     if _combines_in(info, fn, writes=True):
         return True
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]
+    if any(_handed_as_value(m, fn.name) for m in infos):
+        return True
     for m in infos:
         calls = _calls_of(m, info, fn)
         if calls and m is not info and any(q.split(".", 1)[0] in _GATHERING_PACKAGES
@@ -225,6 +227,29 @@ def _combined(info: ModuleInfo, fn: Func) -> bool:
             if _combines_in(m, rec.func, writes=False):
                 return True
     return False
+
+
+def _handed_as_value(info: ModuleInfo, name: str) -> bool:
+    """`name` read as a value, not called (`self.validate_fn = validate_fn or
+    self._default_validate`, HagAli22): its callers are not seen, and the one that runs it
+    may combine what it returns."""
+    key = ("handed_as_value", 0)
+    refs = info._memo.get(key)
+    if refs is None:
+        # What is assigned or handed on (`x = a or self.f`, `run(f)`, `hooks=[f]`): a plain
+        # name read elsewhere may be a variable of that name (`val`), not the function.
+        values: list[ast.AST] = []
+        for n in ast.walk(info.tree):
+            if isinstance(n, ast.Assign):
+                values.append(n.value)
+            elif isinstance(n, ast.Call):
+                values += [*n.args, *(k.value for k in n.keywords)]
+        refs = info._memo[key] = {
+            x.attr if isinstance(x, ast.Attribute) else x.id for v in values
+            for x in ([v, *v.values] if isinstance(v, ast.BoolOp) else
+                      [v, *v.elts] if isinstance(v, ast.List | ast.Tuple) else [v])
+            if isinstance(x, ast.Attribute | ast.Name)}
+    return name in refs  # type: ignore[operator]
 
 
 def _combines_in(info: ModuleInfo, fn: Func | None, writes: bool) -> bool:
