@@ -49,7 +49,7 @@ def main(cfg, net, val_set):
 def _project(tmp_path: Path, extra: str = "", own_val: bool = False) -> list[Path]:
     entry = ENTRY.format(extra=extra)
     if own_val:  # the entry defines its own `val`: train.py's is not the one it calls
-        entry = entry.replace("from train import val\n", "") + (
+        entry = entry.replace("from train import val\n", "import train\n") + (
             "\n\ndef val(cfg, loader, net):\n    return 0\n")
     (tmp_path / "train.py").write_text(textwrap.dedent(EVAL))
     (tmp_path / "train_ddp.py").write_text(textwrap.dedent(entry))

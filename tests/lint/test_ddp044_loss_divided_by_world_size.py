@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from helpers import HEAD_DDP, lint_with_defaults
 
-from ddpguard.lint import RULES
+from ddpguard.lint import RULES, Selection
+
+ONLY = Selection(select=("DDP044",))
 
 STEP = (
     "def fit(model, loader, optimizer, criterion):\n"
@@ -18,7 +20,7 @@ STEP = (
 
 
 def test_the_message_names_the_division_and_the_backward() -> None:
-    [f] = [f for f in lint_with_defaults(HEAD_DDP + STEP.format(sync=""), "t.py")
+    [f] = [f for f in lint_with_defaults(HEAD_DDP + STEP.format(sync=""), "t.py", ONLY)
            if f.code == "DDP044"]
     assert "(`criterion(model(x), y) / dist.get_world_size()`, line 9) before its backward " \
            "at line 10" in f.message
@@ -29,12 +31,13 @@ def test_gradients_summed_by_hand_want_the_division() -> None:
     # mean: no DDP average to double.
     sync = ("        for p in model.parameters():\n"
             "            dist.all_reduce(p.grad)\n")
-    assert [f for f in lint_with_defaults(HEAD_DDP + STEP.format(sync=sync), "t.py")
+    assert [f for f in lint_with_defaults(HEAD_DDP + STEP.format(sync=sync), "t.py", ONLY)
             if f.code == "DDP044"] == []
 
 
-def test_on_by_default() -> None:
-    assert RULES["DDP044"].default and not RULES["DDP044"].preview
+def test_in_preview() -> None:
+    # Its first tuning findings: one debatable (AdamW), one false (a branch with world size 1).
+    assert RULES["DDP044"].preview
 
 
 def test_a_loss_of_another_function_is_another_name() -> None:
@@ -46,4 +49,4 @@ def test_a_loss_of_another_function_is_another_name() -> None:
         "    return loss\n"
         "print(shown(loss))\n"
         "loss.backward()\n")
-    assert [f for f in lint_with_defaults(src, "t.py") if f.code == "DDP044"] == []
+    assert [f for f in lint_with_defaults(src, "t.py", ONLY) if f.code == "DDP044"] == []

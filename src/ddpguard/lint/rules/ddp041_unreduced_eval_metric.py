@@ -69,9 +69,11 @@ def ddp041(info: ModuleInfo) -> Iterator[Hit]:
             and info.file_set.in_group(info)) or any(  # type: ignore[attr-defined]
                 q.split(".", 1)[0] in _GATHERING_PACKAGES for q in info.aliases.values()):
         return
+    trains = {id(loop) for r in info.calls_named("backward", "step") for loop in r.loops
+              if isinstance(r.node.func, ast.Attribute)}
     for lrec in info.loops:
         fn = lrec.func
-        if fn is None or not isinstance(lrec.node, ast.For) \
+        if fn is None or not isinstance(lrec.node, ast.For) or id(lrec.node) in trains \
                 or not _evaluation_loop(info, lrec, fn):
             continue
         samplers = [s for s in loop_samplers(info, lrec) if info.is_dist_sampler(s)]
@@ -96,7 +98,7 @@ def _evaluation_loop(info: ModuleInfo, lrec: LoopRec, fn: Func) -> bool:
     names = [(dotted(n) or "").rsplit(".", 1)[-1].lower()
              for n in ast.walk(iterable) if isinstance(n, ast.Name | ast.Attribute)] \
         if iterable is not None else []
-    if any("train" in n for n in names) or _trains(lrec.node):
+    if any("train" in n for n in names):
         return False
     if any(any(h in n for h in EVAL_HINTS) for n in names):
         return True
@@ -178,11 +180,6 @@ def _calls_of(m: ModuleInfo, info: ModuleInfo, fn: Func) -> list[CallRec]:
             v.endswith("." + fn.name) for v in m.aliases.values())):
         return []
     return m.calls_named(fn.name)
-
-
-def _trains(loop: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr in ("backward", "step") for n in ast.walk(loop))
 
 
 def _accumulates(loop: ast.For) -> bool:

@@ -17,6 +17,10 @@ reads was assigned, in the same function, as something divided by the world size
 (`dist.get_world_size()`, a name such as `world_size` or `num_gpus`), in a module that wraps a
 model in DDP, and does not all-reduce gradients by hand. Fix: drop the division (scale the
 learning rate, not the loss, if a sum over the ranks was meant).
+
+In preview: its first two findings (tuning data, the seventeenth round) were one debatable (the
+shipped optimiser is AdamW, which the scale barely moves) and one false (a CPU-only branch
+where the world size is 1).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..registry import Hit, rule
 @rule('DDP044', 'loss-divided-by-world-size', 'warning',
       'the loss is divided by the world size before a DDP backward, which averages the '
       'gradients already: every gradient is 1/world_size of its value',
-      'drop the division; DDP averages the gradients over the ranks')
+      'drop the division; DDP averages the gradients over the ranks', preview=True)
 def ddp044(info: ModuleInfo) -> Iterator[Hit]:
     if not info.wraps_ddp or _grads_by_hand(info):
         return
@@ -55,22 +59,17 @@ def ddp044(info: ModuleInfo) -> Iterator[Hit]:
                 f"`{name}` is divided by the world size (`{ast.unparse(div)}`, line "
                 f"{div.lineno}) before its backward at line {rec.node.lineno}, but DDP's "
                 "backward averages the gradients over the ranks already: every gradient is "
-                "1/world_size of its value, so the step shrinks with the number of GPUs; drop "
-                "the division")
+                "1/world_size of its value (with SGD the step shrinks with the number of GPUs; "
+                "with Adam the scale mostly cancels, but gradient clipping and weight decay "
+                "act at the wrong scale); drop the division")
 
 
 def _divided_by_world(info: ModuleInfo, fn: ast.AST, name: str, line: int) -> ast.BinOp | None:
     """The division by the world size in the last assignment to `name` before `line`."""
-    last: ast.Assign | ast.AugAssign | None = None
-    for st in _own_statements(fn):
-        if not isinstance(st, ast.Assign | ast.AugAssign) or st.lineno >= line:
-            continue
-        targets = st.targets if isinstance(st, ast.Assign) else [st.target]
-        if any(dotted(t) == name for t in targets) and (last is None
-                                                         or st.lineno > last.lineno):
-            last = st
-    if last is None:
+    before = [st for st in _assignments(info, fn).get(name, []) if st.lineno < line]
+    if not before:
         return None
+    last = max(before, key=lambda st: st.lineno)
     if isinstance(last, ast.AugAssign):
         if isinstance(last.op, ast.Div) and is_world(info, last.value):
             return ast.BinOp(left=last.target, op=ast.Div(), right=last.value,
@@ -80,6 +79,21 @@ def _divided_by_world(info: ModuleInfo, fn: ast.AST, name: str, line: int) -> as
     if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) and is_world(info, v.right):
         return v
     return None
+
+
+def _assignments(info: ModuleInfo, fn: ast.AST) -> dict[str, list[ast.Assign | ast.AugAssign]]:
+    """The assignments of a scope by target, once per scope (a step has several backwards)."""
+    memo: dict[int, dict[str, list[ast.Assign | ast.AugAssign]]] = info._memo.setdefault(
+        ("ddp044_assignments", 0), {})  # type: ignore[assignment]
+    hit = memo.get(id(fn))
+    if hit is None:
+        hit = memo[id(fn)] = {}
+        for st in _own_statements(fn):
+            if isinstance(st, ast.Assign | ast.AugAssign):
+                for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
+                    if (d := dotted(t)) is not None:
+                        hit.setdefault(d, []).append(st)
+    return hit
 
 
 def _own_statements(scope: ast.AST) -> Iterator[ast.AST]:
