@@ -198,6 +198,8 @@ class Walker:
         elif t is _AugAssign:
             self.expr(s.target)
             self.expr(s.value)
+            if type(s.op) is ast.Div:
+                info.spelled.add("/=")  # DDP044 walks its scopes only where one is spelled
         elif t is ast.ClassDef:
             info.classes[s.name] = s
             for b in s.bases:

@@ -79,8 +79,8 @@ def ddp041(info: ModuleInfo) -> Iterator[Hit]:
         samplers = [s for s in loop_samplers(info, lrec) if info.is_dist_sampler(s)]
         where = f"line {samplers[0].lineno}" if samplers else _handed_in(info, fn,
                                                                           lrec.node.iter)
-        if not where or not _accumulates(lrec.node) or _breaks(lrec.node) \
-                or not _reports(info, fn) or _combined(info, fn):
+        if not where or not _reports(info, fn) or not _accumulates(info, lrec.node) \
+                or _breaks(lrec.node) or _combined(info, fn):
             continue
         loader = ast.unparse(lrec.node.iter)
         yield lrec.node, "DDP041", (
@@ -154,16 +154,20 @@ def _handed_in(info: ModuleInfo, fn: Func, iterable: ast.expr) -> str:
 def _breaks(loop: ast.For) -> bool:
     """A `break` of this loop (not of one inside it): a sample of the set (the first
     `max_samples` for a plot, a Jacobian on 100 inputs), not the metric of the whole set."""
-    stack: list[ast.AST] = list(loop.body)
+    # Statements only: a `break` is one, and expressions are most of a loop's nodes.
+    stack: list[ast.stmt] = list(loop.body)
     while stack:
         n = stack.pop()
         if isinstance(n, ast.Break):
             return True
-        if isinstance(n, ast.If) and _debug(n.test):
-            stack.extend(n.orelse)  # `if args.debug and i > 20: break` is no real run's
-        elif not isinstance(n, ast.For | ast.While | ast.FunctionDef | ast.AsyncFunctionDef
-                            | ast.ClassDef | ast.Lambda):
-            stack.extend(ast.iter_child_nodes(n))
+        if isinstance(n, ast.If):
+            # `if args.debug and i > 20: break` is no real run's
+            stack.extend(n.orelse if _debug(n.test) else [*n.body, *n.orelse])
+        elif isinstance(n, ast.With | ast.AsyncWith):
+            stack.extend(n.body)
+        elif isinstance(n, ast.Try):
+            stack.extend([*n.body, *n.orelse, *n.finalbody,
+                          *(st for h in n.handlers for st in h.body)])
     return False
 
 
@@ -182,17 +186,23 @@ def _calls_of(m: ModuleInfo, info: ModuleInfo, fn: Func) -> list[CallRec]:
     return m.calls_named(fn.name)
 
 
-def _accumulates(loop: ast.For) -> bool:
+def _accumulates(info: ModuleInfo, loop: ast.For) -> bool:
     """Something computed from the batch is summed or collected; not a count of batches
     (`n += 1`: the sampler gives every rank the same number)."""
-    for n in ast.walk(loop):
+    if any(loop in r.loops and isinstance(r.node.func, ast.Attribute)
+           and not all(isinstance(a, ast.Constant) for a in r.node.args)
+           for r in info.calls_named(*_ACCUMULATES)):
+        return True
+    stack: list[ast.stmt] = list(loop.body)
+    while stack:
+        n = stack.pop()
         if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) \
                 and not isinstance(n.value, ast.Constant):
             return True
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
-                and n.func.attr in _ACCUMULATES \
-                and not all(isinstance(a, ast.Constant) for a in n.args):
-            return True
+        for block in ("body", "orelse", "finalbody"):
+            stack.extend(getattr(n, block, ()))
+        if isinstance(n, ast.Try):
+            stack.extend(st for h in n.handlers for st in h.body)
     return False
 
 
@@ -205,7 +215,15 @@ def _reports(info: ModuleInfo, fn: Func) -> bool:
 def _combined(info: ModuleInfo, fn: Func) -> bool:
     """Something combines the ranks' results: in `fn`, or in a function of the project that
     calls it (its caller all-reduces what it returns); or `fn` writes files (per-rank
-    predictions merged afterwards)."""
+    predictions merged afterwards). Once per function (several loops may evaluate in it)."""
+    memo: dict[int, bool] = info._memo.setdefault(("ddp041_combined", 0), {})  # type: ignore[assignment]
+    hit = memo.get(id(fn))
+    if hit is None:
+        hit = memo[id(fn)] = _combined_now(info, fn)
+    return hit
+
+
+def _combined_now(info: ModuleInfo, fn: Func) -> bool:
     if _combines_in(info, fn, writes=True):
         return True
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]

@@ -39,7 +39,13 @@ from ..registry import Hit, rule
       'gradients already: every gradient is 1/world_size of its value',
       'drop the division; DDP averages the gradients over the ranks', preview=True)
 def ddp044(info: ModuleInfo) -> Iterator[Hit]:
-    if not info.wraps_ddp or _grads_by_hand(info):
+    if not info.wraps_ddp:
+        return
+    aug = "/=" in info.spelled
+    divided = {d for d, entries in info.assigns.items() if any(
+        isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) and is_world(info, v.right)
+        for _, v in entries)}
+    if not divided and not aug or _grads_by_hand(info):
         return
     for rec in info.calls_named("backward"):
         f = rec.node.func
@@ -51,7 +57,7 @@ def ddp044(info: ModuleInfo) -> Iterator[Hit]:
                 and receiver.args:
             receiver = receiver.args[0]
         name = dotted(receiver)
-        if name is None:
+        if name is None or name not in divided and not aug:
             continue
         div = _divided_by_world(info, rec.func or info.tree, name, rec.node.lineno)
         if div is not None:
