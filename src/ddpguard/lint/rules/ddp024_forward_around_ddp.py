@@ -58,14 +58,19 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
     if not wrapped:
         return
     by_hand: bool | None = None
+    # Names that hold a wrapper's `.module` (`model_without_ddp = model.module`), once.
+    bare = {d for d, entries in info.assigns.items() if any(
+        isinstance(v, ast.Attribute) and v.attr == "module" and dotted(v.value) in wrapped
+        for _, v in entries)}
     for rec in info.calls:
         if rec.last in _NOT_FORWARD:
             continue
-        if type(rec.node.func) is ast.Attribute:
-            owner = _module_of_wrapper(rec.node.func, wrapped, info, rec) \
-                or _bare_alias(rec.node.func.value, wrapped, info, rec)
-        elif type(rec.node.func) is ast.Name:
-            owner = _bare_alias(rec.node.func, wrapped, info, rec)
+        f = rec.node.func
+        if type(f) is ast.Attribute:
+            owner = _module_of_wrapper(f, wrapped, info, rec) or (
+                _bare_alias(f.value, wrapped, info, rec) if dotted(f.value) in bare else None)
+        elif type(f) is ast.Name and f.id in bare:
+            owner = _bare_alias(f, wrapped, info, rec)
         else:
             continue
         if owner is None:

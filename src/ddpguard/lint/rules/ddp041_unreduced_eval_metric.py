@@ -207,9 +207,19 @@ def _accumulates(info: ModuleInfo, loop: ast.For) -> bool:
 
 
 def _reports(info: ModuleInfo, fn: Func) -> bool:
-    if any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn)):
+    if any(r.last in _REPORTS for r in calls_by_func(info).get(id(fn), ())):
         return True
-    return any(r.last in _REPORTS for r in calls_by_func(info).get(id(fn), ()))
+    stack: list[ast.stmt] = list(fn.body)  # statements only: a `return` is one
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Return) and n.value is not None:
+            return True
+        for block in ("body", "orelse", "finalbody"):
+            if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                stack.extend(getattr(n, block, ()))
+        if isinstance(n, ast.Try):
+            stack.extend(st for h in n.handlers for st in h.body)
+    return False
 
 
 def _combined(info: ModuleInfo, fn: Func) -> bool:
