@@ -42,7 +42,15 @@ from collections.abc import Iterator
 
 from ..analysis.callgraph import calls_by_func
 from ..analysis.collective_reach import reaches_collective
-from ..analysis.context import EVAL_HINTS, CallRec, Func, LoopRec, ModuleInfo, wraps_iterable
+from ..analysis.context import (
+    EVAL_HINTS,
+    CallRec,
+    Func,
+    LoopRec,
+    ModuleInfo,
+    is_collective,
+    wraps_iterable,
+)
 from ..analysis.loop_samplers import loop_samplers
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
@@ -254,6 +262,13 @@ def _combined_now(info: ModuleInfo, fn: Func) -> bool:
     return False
 
 
+def _may_reach(info: ModuleInfo, rec: CallRec) -> bool:
+    f = rec.node.func
+    head = f.id if isinstance(f, ast.Name) else (dotted(f) or ".").split(".")[0]
+    return is_collective(rec) or rec.last in info.funcs or head in info.aliases \
+        or head in info.assigns or head == "self"
+
+
 def _handed_as_value(info: ModuleInfo, name: str) -> bool:
     """`name` read as a value, not called (`self.validate_fn = validate_fn or
     self._default_validate`, HagAli22): its callers are not seen, and the one that runs it
@@ -279,13 +294,19 @@ def _handed_as_value(info: ModuleInfo, name: str) -> bool:
 
 def _combines_in(info: ModuleInfo, fn: Func | None, writes: bool) -> bool:
     calls: list[CallRec] = list(calls_by_func(info).get(id(fn) if fn is not None else 0, ()))
+    # By name first (cheap, and usually the answer: `dist.all_reduce(total)`), then by reach.
     for rec in calls:
         low = rec.last.lower()
         # `synchronize()` (maskrcnn-benchmark's, torch.cuda's) is a barrier: it combines nothing.
         if any(w in low for w in _COMBINES) and low != "synchronize" \
                 or writes and rec.last in _WRITES and _per_rank(rec.node):
             return True
-        if reaches_collective(info, rec, skip=_BARRIERS):
+    for rec in calls:
+        # Only a call that can lead into the project's code (a function of this file, an
+        # import, an object built from a class) may reach a collective; a method of a tensor
+        # or a model (`loss.item()`, `x.to(device)`) is not looked up.
+        if _may_reach(info, rec) and reaches_collective(info, rec) \
+                and reaches_collective(info, rec, skip=_BARRIERS):
             return True
     return False
 
