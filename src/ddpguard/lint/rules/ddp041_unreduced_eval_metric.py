@@ -1,18 +1,8 @@
 """DDP041 an evaluation over a DistributedSampler shard whose metric is never combined.
 
 ```python
-val_sampler = DistributedSampler(val_set, shuffle=False)
-val_loader = DataLoader(val_set, batch_size=64, sampler=val_sampler)
-
-@torch.no_grad()
-def validate(model, val_loader):
-    correct = total = 0
-    for x, y in val_loader:
-        correct += (model(x).argmax(1) == y).sum().item()
-        total += len(y)
-    return correct / total          # this rank's share only
-
-acc = validate(model, val_loader)
+val_loader = DataLoader(val_set, batch_size=64, sampler=DistributedSampler(val_set))
+acc = validate(model, val_loader)   # sums correct/total over this rank's share only
 if rank == 0:
     print(f"val acc {acc:.3f}")     # rank 0's 1/world_size of the set, logged as the whole
 ```
