@@ -324,3 +324,43 @@ def hands_work_away(info: ModuleInfo, func: Func | None) -> bool:
                             if (fn in info.func_class) == method):
                 return True
     return False
+
+
+# Calls that cut the autograd graph: what they return carries no gradient back.
+GRAPH_CUTS = {"detach", "item", "cpu", "numpy", "tolist"}
+
+
+def graph_reads(expr: ast.AST) -> set[str]:
+    """Names and attribute chains an expression reads, except through `.detach()`, `.item()`
+    and the like, which cut the autograd graph."""
+    out: set[str] = set()
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr in GRAPH_CUTS:
+            continue
+        if isinstance(n, ast.Attribute) and n.attr == "data":
+            continue
+        if isinstance(n, ast.Name | ast.Attribute):
+            d = dotted(n)
+            if d is not None:
+                out.add(d)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def syncs_grads_by_hand(info: ModuleInfo) -> bool:
+    """The module all-reduces gradients itself (`all_reduce(p.grad)`, `allreduce_grads(...)`,
+    `average_gradients(...)`): a bare model's backward may be synced that way (DDP024), and a
+    loss divided by the world size turns that sum into a mean (DDP044)."""
+    key = ("syncs_grads_by_hand", 0)
+    hit = info._memo.get(key)
+    if hit is None:
+        hit = info._memo[key] = any(
+            "grad" in (low := rec.last.lower()) and any(
+                w in low for w in ("reduce", "sync", "average"))
+            or is_collective(rec) and any("grad" in u for a in rec.node.args
+                                          for u in graph_reads(a))
+            for rec in info.calls)
+    return bool(hit)

@@ -426,5 +426,15 @@ def kwarg(call: ast.Call, name: str) -> ast.expr | None:
     return None
 
 
+def option_names(call: ast.Call) -> set[str]:
+    """The attribute names an `add_argument(...)` call stores its value under: its `dest=`,
+    else each flag without its dashes (`--master-addr` -> `master_addr`)."""
+    dest = kwarg(call, "dest")
+    if isinstance(dest, ast.Constant):
+        return {str(dest.value)}
+    return {str(a.value).lstrip("-").replace("-", "_") for a in call.args
+            if isinstance(a, ast.Constant)}
+
+
 def is_true(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True

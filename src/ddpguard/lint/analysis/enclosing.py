@@ -66,3 +66,28 @@ def waits_after(info: ModuleInfo, func: Func | None, start: int,
             return f"the backward's all-reduce at line {rec.node.lineno}"
     return ""
 
+
+_BLOCKS = {ast.If: ("body", "orelse"), ast.For: ("body", "orelse"),
+           ast.AsyncFor: ("body", "orelse"), ast.While: ("body", "orelse"),
+           ast.With: ("body",), ast.AsyncWith: ("body",),
+           ast.Try: ("body", "handlers", "orelse", "finalbody")}
+
+
+def block_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Every statement of a scope in source order, nested blocks included, not those of inner
+    functions or classes (one explicit stack: DDP027 runs it for every function with a rank
+    test, DDP041 and DDP044 for the scopes they read)."""
+    out: list[ast.stmt] = []
+    stack: list[ast.AST] = list(reversed(body))
+    pop, push = stack.pop, stack.extend
+    while stack:
+        st = pop()
+        if type(st) is ast.ExceptHandler:
+            push(reversed(st.body))
+            continue
+        out.append(st)  # type: ignore[arg-type]
+        fields = _BLOCKS.get(type(st))
+        if fields:
+            for name in reversed(fields):
+                push(reversed(getattr(st, name)))
+    return out

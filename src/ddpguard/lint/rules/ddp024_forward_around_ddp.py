@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.callgraph import is_collective
+from ..analysis.callgraph import GRAPH_CUTS, graph_reads, syncs_grads_by_hand
 from ..analysis.context import CallRec, ModuleInfo, dotted, is_optimizer_step
 from ..registry import Hit, rule
 
@@ -37,9 +37,6 @@ _NOT_FORWARD = {"parameters", "named_parameters", "state_dict", "load_state_dict
 
 
 _NO_GRAD = ("no_grad", "inference_mode")
-
-
-_CUT = {"detach", "item", "cpu", "numpy", "tolist"}
 
 
 @rule("DDP024", "forward-around-ddp", "error",
@@ -76,7 +73,7 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
         if owner is None:
             continue
         if by_hand is None:
-            by_hand = _syncs_grads_by_hand(info)
+            by_hand = syncs_grads_by_hand(info)
         if by_hand:
             return
         scope = _iteration(info, rec)
@@ -152,25 +149,6 @@ def _under_no_grad(rec: CallRec) -> bool:
     return False
 
 
-def _used(expr: ast.AST) -> set[str]:
-    """Names and attribute chains an expression reads, except through `.detach()`, `.item()`
-    and the like, which cut the autograd graph."""
-    out: set[str] = set()
-    todo = [expr]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
-            continue
-        if isinstance(n, ast.Attribute) and n.attr == "data":
-            continue
-        if isinstance(n, ast.Name | ast.Attribute):
-            d = dotted(n)
-            if d is not None:
-                out.add(d)
-        todo.extend(ast.iter_child_nodes(n))
-    return out
-
-
 def _targets(t: ast.expr) -> set[str]:
     if isinstance(t, ast.Tuple | ast.List):
         return {d for e in t.elts for d in _targets(e)}
@@ -193,7 +171,7 @@ def _feeds_backward(call: ast.Call, scope: list[CallRec], body: ast.AST) -> bool
     for _ in range(len(assigns)):
         grew = False
         for targets, value in assigns:
-            if _used(value) & tainted:
+            if graph_reads(value) & tainted:
                 new = {d for t in targets for d in _targets(t)} - tainted
                 if new:
                     tainted |= new
@@ -203,7 +181,7 @@ def _feeds_backward(call: ast.Call, scope: list[CallRec], body: ast.AST) -> bool
     for r in scope:
         if r.last == "backward" and isinstance(r.node.func, ast.Attribute):
             receiver = r.node.func.value
-            if _call_used(receiver, call) or _used(receiver) & tainted:
+            if _call_used(receiver, call) or graph_reads(receiver) & tainted:
                 return True
     return False
 
@@ -215,21 +193,10 @@ def _call_used(value: ast.expr, call: ast.Call) -> bool:
         n = todo.pop()
         if n is call:
             return True
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                and n.func.attr in GRAPH_CUTS:
             continue
         todo.extend(ast.iter_child_nodes(n))
-    return False
-
-
-def _syncs_grads_by_hand(info: ModuleInfo) -> bool:
-    """The module all-reduces gradients itself (`all_reduce(p.grad)`,
-    `allreduce_grads(...)`): the bare model's backward may be synced that way."""
-    for rec in info.calls:
-        low = rec.last.lower()
-        if "grad" in low and any(w in low for w in ("reduce", "sync", "average")):
-            return True
-        if is_collective(rec) and any("grad" in u for a in rec.node.args for u in _used(a)):
-            return True
     return False
 
 

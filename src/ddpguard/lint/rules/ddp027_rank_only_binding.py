@@ -43,7 +43,7 @@ from ..analysis.context import (
     ModuleInfo,
     is_collective,
 )
-from ..analysis.enclosing import waits_after
+from ..analysis.enclosing import block_statements, waits_after
 from ..analysis.group_order import before_group
 from ..analysis.rank_bounds import moved_bounds
 from ..registry import At, Hit, rule
@@ -103,7 +103,7 @@ def _counters(info: ModuleInfo) -> Iterator[Hit]:
     for func, test in info.rank_ifs:
         key = id(func) if func is not None else 0
         if key not in seen:
-            seen[key] = _statements(func.body if func is not None else info.tree.body)
+            seen[key] = block_statements(func.body if func is not None else info.tree.body)
         stmts = seen[key]
         counted = _advanced(test.body) - _names_bound(test.orelse)
         for name in sorted(counted):
@@ -121,7 +121,7 @@ def _counters(info: ModuleInfo) -> Iterator[Hit]:
 
 def _advanced(body: list[ast.stmt]) -> set[str]:
     """The names `body` advances by a constant (`cont += 1`)."""
-    return {st.target.id for st in _statements(body) if isinstance(st, ast.AugAssign)
+    return {st.target.id for st in block_statements(body) if isinstance(st, ast.AugAssign)
             and isinstance(st.op, ast.Add) and isinstance(st.target, ast.Name)
             and isinstance(st.value, ast.Constant) and type(st.value.value) in (int, float)}
 
@@ -204,7 +204,7 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
         if not here or before_group(info, func, st):
             continue
         if not stmts:
-            stmts = _statements(func.body if func is not None else info.tree.body)
+            stmts = block_statements(func.body if func is not None else info.tree.body)
             bound = _bindings(stmts)
         only_here = {n for n in here if not any(line < st.lineno for line in bound.get(n, []))}
         end = st.end_lineno or st.lineno
@@ -219,31 +219,6 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
                     f"{st.lineno}) but read by every rank at line {read.lineno}: the other "
                     f"ranks raise NameError there while the ranks that have it go on to "
                     f"{follow} and wait for them")
-
-
-_BLOCKS = {ast.If: ("body", "orelse"), ast.For: ("body", "orelse"),
-           ast.AsyncFor: ("body", "orelse"), ast.While: ("body", "orelse"),
-           ast.With: ("body",), ast.AsyncWith: ("body",),
-           ast.Try: ("body", "handlers", "orelse", "finalbody")}
-
-
-def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
-    """Every statement of a scope in source order, nested blocks included, not those of inner
-    functions (one explicit stack: this runs for every function with a rank test)."""
-    out: list[ast.stmt] = []
-    stack: list[ast.AST] = list(reversed(body))
-    pop, push = stack.pop, stack.extend
-    while stack:
-        st = pop()
-        if type(st) is ast.ExceptHandler:
-            push(reversed(st.body))
-            continue
-        out.append(st)  # type: ignore[arg-type]
-        fields = _BLOCKS.get(type(st))
-        if fields:
-            for name in reversed(fields):
-                push(reversed(getattr(st, name)))
-    return out
 
 
 def _targets(st: ast.stmt) -> list[ast.expr]:
@@ -275,7 +250,7 @@ def _names_of(st: ast.stmt) -> Iterator[str]:
 
 
 def _names_bound(body: list[ast.stmt]) -> set[str]:
-    return {n for st in _statements(body) for n in _names_of(st)}
+    return {n for st in block_statements(body) for n in _names_of(st)}
 
 
 def _bindings(stmts: list[ast.stmt]) -> dict[str, list[int]]:

@@ -50,7 +50,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.context import Func, ModuleInfo, kwarg, option_names
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
 from ..analysis.rank_kind import node_product
@@ -248,13 +248,9 @@ def _loopback(info: ModuleInfo, node: ast.expr) -> str:
         return ""
     opt = d.rsplit(".", 1)[-1]
     for rec in info.calls_named("add_argument"):
-        flags = [a.value for a in rec.node.args if isinstance(a, ast.Constant)]
-        dest = kwarg(rec.node, "dest")
-        names = {str(f).lstrip("-").replace("-", "_") for f in flags}
-        if isinstance(dest, ast.Constant):
-            names = {str(dest.value)}
         default = kwarg(rec.node, "default")
-        if opt in names and isinstance(default, ast.Constant) and default.value in _LOOPBACK:
+        if opt in option_names(rec.node) and isinstance(default, ast.Constant) \
+                and default.value in _LOOPBACK:
             return f"an option whose default is {default.value!r}, given or not"
     return ""
 

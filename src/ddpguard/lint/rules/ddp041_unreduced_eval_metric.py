@@ -41,6 +41,7 @@ from ..analysis.context import (
     is_collective,
     wraps_iterable,
 )
+from ..analysis.enclosing import block_statements
 from ..analysis.loop_samplers import loop_samplers
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
@@ -191,33 +192,14 @@ def _accumulates(info: ModuleInfo, loop: ast.For) -> bool:
            and not all(isinstance(a, ast.Constant) for a in r.node.args)
            for r in info.calls_named(*_ACCUMULATES)):
         return True
-    stack: list[ast.stmt] = list(loop.body)
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) \
-                and not isinstance(n.value, ast.Constant):
-            return True
-        for block in ("body", "orelse", "finalbody"):
-            stack.extend(getattr(n, block, ()))
-        if isinstance(n, ast.Try):
-            stack.extend(st for h in n.handlers for st in h.body)
-    return False
+    return any(isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)
+               and not isinstance(n.value, ast.Constant) for n in block_statements(loop.body))
 
 
 def _reports(info: ModuleInfo, fn: Func) -> bool:
     if any(r.last in _REPORTS for r in calls_by_func(info).get(id(fn), ())):
         return True
-    stack: list[ast.stmt] = list(fn.body)  # statements only: a `return` is one
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Return) and n.value is not None:
-            return True
-        for block in ("body", "orelse", "finalbody"):
-            if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                stack.extend(getattr(n, block, ()))
-        if isinstance(n, ast.Try):
-            stack.extend(st for h in n.handlers for st in h.body)
-    return False
+    return any(isinstance(n, ast.Return) and n.value is not None for n in block_statements(fn.body))
 
 
 def _combined(info: ModuleInfo, fn: Func) -> bool:

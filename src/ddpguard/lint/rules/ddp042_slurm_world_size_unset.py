@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.context import Func, ModuleInfo, kwarg, option_names
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
 
@@ -157,13 +157,8 @@ def _option_default(info: ModuleInfo, attr: str) -> str:
     infos = _project(info)
     for other in infos:
         for rec in other.calls_named("add_argument"):
-            flags = {str(a.value).lstrip("-").replace("-", "_") for a in rec.node.args
-                     if isinstance(a, ast.Constant)}
-            dest = kwarg(rec.node, "dest")
-            if isinstance(dest, ast.Constant):
-                flags = {str(dest.value)}
             default = kwarg(rec.node, "default")
-            if attr in flags:
+            if attr in option_names(rec.node):
                 if isinstance(default, ast.Constant) and default.value == 1:
                     where = f"{other.path.rsplit('/', 1)[-1]}:{rec.node.lineno}"
                     return f"the option's default, 1 ({where})"

@@ -28,7 +28,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import ModuleInfo, is_collective
+from ..analysis.callgraph import syncs_grads_by_hand
+from ..analysis.context import Func, ModuleInfo
+from ..analysis.enclosing import block_statements
 from ..analysis.provenance import dotted
 from ..analysis.world_size import is_world
 from ..registry import Hit, rule
@@ -45,7 +47,7 @@ def ddp044(info: ModuleInfo) -> Iterator[Hit]:
     divided = {d for d, entries in info.assigns.items() if any(
         isinstance(v, ast.BinOp) and isinstance(v.op, ast.Div) and is_world(info, v.right)
         for _, v in entries)}
-    if not divided and not aug or _grads_by_hand(info):
+    if not divided and not aug or syncs_grads_by_hand(info):
         return
     for rec in info.calls_named("backward"):
         f = rec.node.func
@@ -70,7 +72,8 @@ def ddp044(info: ModuleInfo) -> Iterator[Hit]:
                 "act at the wrong scale); drop the division")
 
 
-def _divided_by_world(info: ModuleInfo, fn: ast.AST, name: str, line: int) -> ast.BinOp | None:
+def _divided_by_world(info: ModuleInfo, fn: Func | ast.Module, name: str,
+                      line: int) -> ast.BinOp | None:
     """The division by the world size in the last assignment to `name` before `line`."""
     before = [st for st in _assignments(info, fn).get(name, []) if st.lineno < line]
     if not before:
@@ -87,45 +90,20 @@ def _divided_by_world(info: ModuleInfo, fn: ast.AST, name: str, line: int) -> as
     return None
 
 
-def _assignments(info: ModuleInfo, fn: ast.AST) -> dict[str, list[ast.Assign | ast.AugAssign]]:
+def _assignments(info: ModuleInfo, fn: Func | ast.Module
+                 ) -> dict[str, list[ast.Assign | ast.AugAssign]]:
     """The assignments of a scope by target, once per scope (a step has several backwards)."""
     memo: dict[int, dict[str, list[ast.Assign | ast.AugAssign]]] = info._memo.setdefault(
         ("ddp044_assignments", 0), {})  # type: ignore[assignment]
     hit = memo.get(id(fn))
     if hit is None:
         hit = memo[id(fn)] = {}
-        for st in _own_statements(fn):
+        for st in block_statements(fn.body):
             if isinstance(st, ast.Assign | ast.AugAssign):
                 for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
                     if (d := dotted(t)) is not None:
                         hit.setdefault(d, []).append(st)
     return hit
-
-
-def _own_statements(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of a function (or of the module's own statements), not of the functions and
-    classes inside it: a `loss` of another function is another name."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        n = todo.pop()
-        yield n
-        if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-                          | ast.Lambda):
-            todo.extend(ast.iter_child_nodes(n))
-
-
-def _grads_by_hand(info: ModuleInfo) -> bool:
-    """The module all-reduces gradients itself (`all_reduce(p.grad)`, `average_gradients`):
-    a sum over the ranks, which a division of the loss by the world size turns into a mean."""
-    for rec in info.calls:
-        low = rec.last.lower()
-        if "grad" in low and any(w in low for w in ("reduce", "sync", "average")):
-            return True
-        if is_collective(rec) and any(
-                "grad" in (dotted(n) or "") for a in rec.node.args for n in ast.walk(a)
-                if isinstance(n, ast.Name | ast.Attribute)):
-            return True
-    return False
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.
