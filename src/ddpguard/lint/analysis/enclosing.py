@@ -7,6 +7,7 @@ import ast
 
 from .collective_reach import reaches_collective
 from .context import Func, ModuleInfo, is_collective
+from .ranks import FALSE, TRUE, launch
 
 # A DDP wrap in a helper counts as the collective it makes (its parameter broadcast).
 _WRAPS = frozenset(("DistributedDataParallel", "DDP", "backward"))
@@ -37,6 +38,20 @@ def dead(chain: list[ast.AST], node: ast.AST) -> bool:
             inner = chain[i + 1] if i + 1 < len(chain) else node
             taken = n.body if n.test.value else n.orelse
             if inner not in taken:
+                return True
+    return False
+
+
+def single_process_arm(info: ModuleInfo, node: ast.Call) -> bool:
+    """The call sits in an arm a distributed run never takes (the `else` of `if world_size >
+    1:`, the body of `if not args.distributed:`): the single-process path."""
+    rec = info.call_rec(node)
+    chain = enclosing(rec.func if rec is not None else None, info.tree, node)
+    for i, n in enumerate(chain or []):
+        if isinstance(n, ast.If):
+            v = launch(info, n.test)
+            inner = chain[i + 1] if chain is not None and i + 1 < len(chain) else node
+            if v == TRUE and inner in n.orelse or v == FALSE and inner in n.body:
                 return True
     return False
 

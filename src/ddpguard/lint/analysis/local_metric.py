@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from .callgraph import calls_by_func
 from .collective_reach import _callees, reaches_collective
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective
+from .enclosing import single_process_arm
 from .provenance import NONE, test_level
 from .sharded_loaders import built_loaders, dist_loader, loop_source, sharded
 
@@ -37,11 +38,14 @@ _SHARES = ("reduce", "gather", "broadcast", "sync")
 
 def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[ast.If, str]]:
     """The `if` of each early stop in a loop that syncs (reaches a collective, or one of
-    `syncs`: `backward`), whose test follows the rank's own validation result."""
+    `syncs`: `backward`), whose test follows the rank's own validation result; and each `if`
+    on such a value whose one arm reaches a collective the other does not (`if avg_loss <
+    best: save_checkpoint(...)`, a barrier inside: corpus35v B108's shape)."""
     for lrec in info.loops:
         loop = lrec.node
         exits = list(_exit_ifs(info, loop.body))
-        if not exits or lrec.guard:
+        arms = list(_arm_ifs(info, loop.body))
+        if not exits and not arms or lrec.guard:
             continue
         by_line = {id(r.stmt): r for r in info.calls if r.stmt is not None and
                    loop in r.loops and r.node.lineno >= loop.lineno}
@@ -62,45 +66,100 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
         sync = next((r for r in loop_calls if id(r.node) not in seed_calls
                      and not any(lo <= r.node.lineno <= hi for lo, hi in exit_lines)
                      and reaches_collective(info, r, syncs)), None)
-        if sync is None:
-            continue
         for s in exits:
-            read = _reads(s.test) & tainted
-            if not read:
-                continue
-            if not (_reads(s.test) & _spread(mods, loop, set(seeds))) and sums:
-                # the running sum: followed only through the arms this exit can share an
-                # iteration with (a stop in the `if monitor_bleu:` arm does not follow a
-                # sum tested in its `else` arm)
-                own = _spread(mods, loop, set(sums), _exclusive(loop, s))
-                read = _reads(s.test) & own
-                if not read:
-                    continue
-                name = sorted(read)[0]
-                seed = next(k for k in sorted(sums) if name in _spread(mods, loop, {k},
-                                                                          _exclusive(loop, s)))
-                src, st, inner, assumed = sums[seed]
-                via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
+            if sync is None:
+                break
+            origin = _origin(mods, loop, s, seeds, sums, tainted)
+            if origin is not None:
                 yield s, (
-                    f"this stop follows {via}, this rank's own training loss summed over the "
-                    f"loop at line {inner.lineno} (`{src}`, line {st.lineno}): each rank "
-                    f"trains on its own shard of the data and no collective shares the sum, so "
-                    f"one rank can leave the loop while the others go on to "
-                    f"`{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
-                    f"all-reduce then waits for it forever{assumed}; all_reduce the sum (or "
-                    "broadcast the decision) before the test")
+                    f"this stop follows {origin[0]}: each rank {origin[1]} and no collective "
+                    f"shares the result, so one rank can leave the loop while the others go on "
+                    f"to `{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
+                    f"all-reduce then waits for it forever{origin[2]}; all_reduce the "
+                    f"{origin[3]} (or broadcast the decision) before the test")
+        for s in arms:
+            hit = _one_arm_collective(info, s, loop_calls)
+            if hit is None:
                 continue
-            name = sorted(read)[0]
-            seed = next(k for k in sorted(seeds) if name in _spread(mods, loop, {k}))
-            src, call, fn, assumed, what = seeds[seed]
-            via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
+            armed, inside = hit
+            # the ranks that skip the arm wait elsewhere: the loop's next step
+            other = next((r for r in loop_calls if id(r.node) not in seed_calls
+                          and id(r.node) not in inside and reaches_collective(info, r, syncs)),
+                         None)
+            origin = _origin(mods, loop, s, seeds, sums, tainted)
+            if other is None or origin is None:
+                continue
             yield s, (
-                f"this stop follows {via}, which comes from {fn}() at line {call.lineno} "
-                f"(`{src}`): each rank {what} and no "
-                f"collective shares the result, so one rank can leave the loop while the others "
-                f"go on to `{ast.unparse(sync.node.func)}` at line {sync.node.lineno}, whose "
-                f"all-reduce then waits for it forever{assumed}; all_reduce the metric (or "
-                "broadcast the decision) before the test")
+                f"this test follows {origin[0]}: each rank {origin[1]} and no collective "
+                f"shares the result, so the ranks can decide it differently; only those whose "
+                f"own value passes it call `{ast.unparse(armed.node.func)}` at line "
+                f"{armed.node.lineno}, which waits in a collective the others never join "
+                f"(they go on to `{ast.unparse(other.node.func)}` at line "
+                f"{other.node.lineno}){origin[2]}; all_reduce the {origin[3]} (or broadcast "
+                "the decision) before the test")
+
+
+def _origin(mods: frozenset[str], loop: Loop, s: ast.If,
+            seeds: dict[str, tuple[str, ast.Call, str, str, str]],
+            sums: dict[str, tuple[str, ast.stmt | ast.expr, ast.For, str]], tainted: set[str]
+            ) -> tuple[str, str, str, str] | None:
+    """Where the value `s` tests comes from, as (`name`, which follows ..., what each rank
+    does, what was assumed, what to all_reduce); None where the test reads no seed."""
+    read = _reads(s.test) & tainted
+    if not read:
+        return None
+    if not (_reads(s.test) & _spread(mods, loop, set(seeds))) and sums:
+        # the running sum: followed only through the arms this test can share an iteration
+        # with (a stop in the `if monitor_bleu:` arm does not follow a sum tested in its
+        # `else` arm)
+        own = _spread(mods, loop, set(sums), _exclusive(loop, s))
+        read = _reads(s.test) & own
+        if not read:
+            return None
+        name = min(read, key=lambda n: (n not in sums, n))
+        seed = next(k for k in sorted(sums) if name in _spread(mods, loop, {k},
+                                                              _exclusive(loop, s)))
+        src, st, inner, assumed = sums[seed]
+        via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
+        how = "kept step by step" if isinstance(st, ast.Call) else "summed"
+        return (f"{via}, this rank's own training loss {how} over the loop at line "
+                f"{inner.lineno} (`{src}`, line {st.lineno})",
+                "trains on its own shard of the data", assumed, "sum")
+    # the seed itself where the test reads it (`val_loss < best`, not `best`)
+    name = min(read, key=lambda n: (n not in seeds, n))
+    seed = next(k for k in sorted(seeds) if name in _spread(mods, loop, {k}))
+    src, call, fn, assumed, what = seeds[seed]
+    via = f"`{seed}`" if name == seed else f"`{name}`, which follows `{seed}`"
+    return f"{via}, which comes from {fn}() at line {call.lineno} (`{src}`)", what, assumed, \
+        "metric"
+
+
+def _arm_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
+    """The `if`s of the loop's own statements, not under a rank test, that leave nothing
+    (an exit is `_exit_ifs`') and call something."""
+    for st in body:
+        if isinstance(st, ast.If):
+            if test_level(info, st.test) != NONE:
+                continue
+            if not any(isinstance(n, ast.Break | ast.Return) for n in st.body) and any(
+                    isinstance(n, ast.Call) for b in st.body for n in ast.walk(b)):
+                yield st
+            yield from _arm_ifs(info, st.body)
+            yield from _arm_ifs(info, st.orelse)
+        elif isinstance(st, ast.With | ast.Try):
+            yield from _arm_ifs(info, st.body)
+
+
+def _one_arm_collective(info: ModuleInfo, s: ast.If, loop_calls: list[CallRec]
+                        ) -> tuple[CallRec, set[int]] | None:
+    """The call of `s`'s one arm that reaches a collective (a barrier counts: it pairs with
+    whatever the others call next), where the other arm reaches none; with the nodes of `s`."""
+    arms = [{id(n) for st in part for n in ast.walk(st)} for part in (s.body, s.orelse)]
+    reach = [[r for r in loop_calls if id(r.node) in arm and reaches_collective(info, r)]
+             for arm in arms]
+    if bool(reach[0]) == bool(reach[1]):
+        return None
+    return (reach[0] or reach[1])[0], arms[0] | arms[1]
 
 
 def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
@@ -160,8 +219,8 @@ def _trained_sum(m: ModuleInfo, fn: Func) -> str | None:
     for inner in _statements(fn.body):
         if not isinstance(inner, ast.For):
             continue
-        for st, assumed in _loop_sums(m, inner):
-            names = {dotted(st.target) or ""}
+        for st, target, assumed in _loop_sums(m, inner):
+            names = {target}
             for _ in range(3):
                 for a in _statements(fn.body):
                     if isinstance(a, ast.Assign | ast.AugAssign) and a is not st \
@@ -177,33 +236,36 @@ def _trained_sum(m: ModuleInfo, fn: Func) -> str | None:
 
 
 def _sum_seeds(info: ModuleInfo, loop: Loop
-               ) -> dict[str, tuple[str, ast.AugAssign, ast.For, str]]:
+               ) -> dict[str, tuple[str, ast.stmt | ast.expr, ast.For, str]]:
     """Names an inner training loop of `loop` sums this rank's own loss into (`total_loss +=
     loss.item()` in a loop that calls `.backward()`, corpus35f T77's shape): name -> (the
     statement's text, the statement, the inner loop, what was assumed of its data). Not a sum
     of a value a collective or a reducing helper shared in that loop (`reduce_mean(loss)`),
     nor where the loop's loader, built in this file, has no DistributedSampler."""
-    out: dict[str, tuple[str, ast.AugAssign, ast.For, str]] = {}
+    out: dict[str, tuple[str, ast.stmt | ast.expr, ast.For, str]] = {}
     for inner in _statements(loop.body):
         if isinstance(inner, ast.For):
-            for st, assumed in _loop_sums(info, inner):
-                out[dotted(st.target) or ""] = (ast.unparse(st), st, inner, assumed)
+            for st, target, assumed in _loop_sums(info, inner):
+                out[target] = (ast.unparse(st), st, inner, assumed)
     return out
 
 
-def _loop_sums(info: ModuleInfo, inner: ast.For) -> list[tuple[ast.AugAssign, str]]:
+def _loop_sums(info: ModuleInfo, inner: ast.For
+               ) -> list[tuple[ast.stmt | ast.expr, str, str]]:
     """The sums of this rank's own loss in a training loop (one that calls `.backward()`) over
-    its shard, each with what was assumed of the data; not one a collective or a reducing
-    helper in the loop is given."""
+    its shard (`total += loss.item()`, or each step's loss kept in a list, `epoch_losses.append(
+    loss.item())`, averaged later), each with the name it goes into and what was assumed of
+    the data; not one a collective or a reducing helper in the loop is given."""
     nodes = [n for st in inner.body for n in _own_nodes(st)]
     if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                and n.func.attr == "backward" for n in nodes):
         return []
-    sums = [n for n in nodes if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)]
-    losses = {id(st): {n.id for n in ast.walk(st.value) if isinstance(n, ast.Name)
+    kept = {id(n): t for n in nodes if (t := _summed(n)) is not None}
+    sums = [n for n in nodes if id(n) in kept and isinstance(n, ast.stmt | ast.expr)]
+    losses = {id(st): {n.id for n in ast.walk(kept[id(st)][1]) if isinstance(n, ast.Name)
                        and "loss" in n.id.lower()} for st in sums}
-    sums = [st for st in sums if losses[id(st)] and dotted(st.target) is not None
-            and dotted(st.target) not in losses[id(st)]]
+    sums = [st for st in sums if losses[id(st)] and kept[id(st)][0] is not None
+            and kept[id(st)][0] not in losses[id(st)]]
     if not sums:
         return []
     assumed = _trains_on_shard(info, inner)
@@ -214,8 +276,18 @@ def _loop_sums(info: ModuleInfo, inner: ast.For) -> list[tuple[ast.AugAssign, st
     calls = [r for r in info.calls if inner in r.loops
              and not (isinstance(r.stmt, ast.If | ast.While) and not is_collective(r)
                       and any(n is r.node for n in ast.walk(r.stmt.test)))]
-    return [(st, assumed) for st in sums
+    return [(st, kept[id(st)][0] or "", assumed) for st in sums
             if not any(_shares(info, r, _inner_chain(nodes, losses[id(st)])) for r in calls)]
+
+
+def _summed(n: ast.AST) -> tuple[str | None, ast.expr] | None:
+    """(where it goes, what is added) for `total += x` and `kept.append(x)`."""
+    if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
+        return dotted(n.target), n.value
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+            and n.func.attr == "append" and len(n.args) == 1 and not n.keywords:
+        return dotted(n.func.value), n.args[0]
+    return None
 
 
 def _own_nodes(st: ast.stmt) -> Iterator[ast.AST]:
@@ -248,7 +320,9 @@ def _trains_on_shard(info: ModuleInfo, inner: ast.For) -> str | None:
     this file, has a DistributedSampler; None where it has none; where the loader comes from
     elsewhere, what was assumed: the program's DistributedSampler (None where it builds
     none)."""
-    built = built_loaders(info, loop_source(inner.iter))
+    # the loader a single-process run builds instead is not what the ranks read
+    built = [v for v in built_loaders(info, loop_source(inner.iter))
+             if not single_process_arm(info, v)]
     if built:
         return "" if all(dist_loader(info, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(info.file_set, "infos", None) or [info]

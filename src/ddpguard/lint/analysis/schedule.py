@@ -133,6 +133,12 @@ class Builder:
                 out.extend(body)
         elif t is ast.Try or t is _TRY_STAR:
             out.extend(self.block(s.body))
+            for h in s.handlers:
+                # a handler runs where this rank's error did: an arm under a test no rank
+                # shares (rank 0's `except KeyError: break` leaves the loop its peers go on in)
+                handled = self.block(h.body)
+                if handled:
+                    out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))
             out.extend(self.block(s.orelse))
             out.extend(self.block(s.finalbody))
         elif t is ast.Return:
@@ -347,6 +353,13 @@ class Builder:
 # process of its own), not now: `signal.signal(SIGTERM, lambda s, f: save_and_exit())`.
 _REGISTERS = {"signal", "register", "Thread", "Timer", "Process", "start_new_thread",
               "call_later", "call_soon"}
+
+
+def _caught(h: ast.ExceptHandler) -> ast.expr:
+    """A test standing for "this handler's error was raised here", unique to the handler."""
+    what = ast.unparse(h.type) if h.type is not None else "an error"
+    return ast.copy_location(ast.Name(id=f"<{what} caught at line {h.lineno}>",
+                                      ctx=ast.Load()), h)
 
 
 def _deferred(recs: list[CallRec]) -> set[int] | None:

@@ -9,6 +9,7 @@ import ast
 import os
 
 from .context import EVAL_HINTS, Func, ModuleInfo, loader_samplers
+from .enclosing import single_process_arm
 
 
 def sharded(m: ModuleInfo, fn: Func) -> str | None:
@@ -18,7 +19,8 @@ def sharded(m: ModuleInfo, fn: Func) -> str | None:
     validation loader built with one (None when the program builds none)."""
     loops = [n for n in ast.walk(fn) if isinstance(n, ast.For)]
     for lp in loops:
-        built = built_loaders(m, loop_source(lp.iter))
+        built = [v for v in built_loaders(m, loop_source(lp.iter))
+                 if not single_process_arm(m, v)]
         if built:
             return "" if all(dist_loader(m, v) for v in built) else None
     infos: list[ModuleInfo] = getattr(m.file_set, "infos", None) or [m]

@@ -30,7 +30,9 @@ not its `__init__.py`, the one module of that folder that defines the class). A
 rank test `rank < 1` holds on rank 0 alone (and a single process's -1). A rank
 test written `not hasattr(args, "local_rank") or args.local_rank == 0` is read as the
 comparison alone (every process of a distributed run has its rank), and a rank-guarded exit
-call splits a function as a `return` does. Not exits: `raise NotImplementedError` (a stub for
+call splits a function as a `return` does. An exit in an `except` handler under the rank
+test counts (rank 0's `except KeyError: break` when the metric it monitors is missing): the
+handler runs on the rank that met the error. Not exits: `raise NotImplementedError` (a stub for
 code left out). Not reported
 where the exit and the collective sit behind tests of the same non-rank value (`if not fsdp_eval
 and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when one class leaves, the other
