@@ -512,7 +512,7 @@ M = [
  ("thirteenth: DDP004 a validation loader a project helper builds", 'analysis/sharded_loaders.py', '                            or _helper_builds_dist_loader(infos, i.callee_last(v))):', '                            or False):'),
  ("thirteenth: DDP029 a wrapper's None read by no caller", 'rules/ddp029_collective_result_lost.py', '                not isinstance(rec.stmt, ast.Return) or _callers_read(info, rec.func)):', '                True):'),
  ("thirteenth: DDP029 torch's own collective is no caller of the wrapper", 'rules/ddp029_collective_result_lost.py', '            if is_collective(r):\n                continue  # torch', '            if False:\n                continue  # torch'),
- ("thirteenth: DDP030 names a wait inside a project helper", 'rules/ddp030_makedirs_race.py', '        return waits_after(info, func, line + 1, rendezvous=True, through=True)', '        return found'),
+ ("thirteenth: DDP030 names a wait inside a project helper", 'rules/ddp030_makedirs_race.py', '        found = waits_after(info, func, line + 1, rendezvous=True, through=True)', '        found = found or waits_after(info, func, line + 1, rendezvous=True, through=True)'),
  ("thirteenth: DDP006/DDP037 split on buffers visible anywhere in the program", 'analysis/buffers.py', '    return any(m.batchnorm or any(r.last == "register_buffer" for r in m.calls)\n               for m in getattr(info.file_set, "infos", None) or [info])', '    return False'),
  ("thirteenth: DDP006/DDP037 broadcast_buffers=False leaves the hang unproven", 'analysis/buffers.py', '        for k in r.node.keywords if k.arg == "broadcast_buffers")\n    return found, proven', '        for k in r.node.keywords if k.arg == "no_such_keyword")\n    return found, proven'),
  ("thirteenth: DDP006 a buffer in another file linted with it", 'analysis/buffers.py', '               for m in getattr(info.file_set, "infos", None) or [info])', '               for m in [info])'),
@@ -638,6 +638,9 @@ M = [
  ('eighteenth: the else of a test true under a distributed run is the single-process arm', 'analysis/enclosing.py', '            if v == TRUE and inner in n.orelse or v == FALSE and inner in n.body:', '            if v == FALSE and inner in n.body:'),
  ('eighteenth: DDP004 the message names the seed the test reads', 'analysis/local_metric.py', '    name = min(read, key=lambda n: (n not in seeds, n))', '    name = sorted(read)[0]'),
  ('eighteenth: DDP019 an exit in an except handler under a rank test', 'analysis/schedule.py', '                if handled:\n                    out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))', '                pass'),
+ ("eighteenth: DDP030 a wait inside the project's own code", 'rules/ddp030_makedirs_race.py', '    if found or not _spawns(info, func):', '    if found:'),
+ ('eighteenth: DDP030 a function that spawns the ranks runs once, in the parent', 'rules/ddp030_makedirs_race.py', '    if found or not _spawns(info, func):', '    if True:'),
+ ('eighteenth: building a class of the file runs its __init__', 'analysis/collective_reach.py', '    if type(f) is ast.Name and f.id in info.classes:', '    if False:'),
 ]
 
 

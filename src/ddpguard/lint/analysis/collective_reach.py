@@ -33,6 +33,11 @@ def _callees(info: ModuleInfo, rec: CallRec) -> list[tuple[ModuleInfo, Func]]:
     own = info.local_callees(rec)
     if own:
         return [(info, f) for f in own]
+    f = rec.node.func
+    if type(f) is ast.Name and f.id in info.classes:
+        # `Processor(arg)`: building one runs its `__init__` (a DDP wrap inside)
+        return [(info, fn) for fn in info.funcs.get("__init__", [])
+                if info.func_class.get(fn) == f.id]
     got = resolve(info, rec)
     if got is not None:
         return [got]
