@@ -641,6 +641,7 @@ M = [
  ("eighteenth: DDP030 a wait inside the project's own code", 'rules/ddp030_makedirs_race.py', '    if found or not _spawns(info, func):', '    if found:'),
  ('eighteenth: DDP030 a function that spawns the ranks runs once, in the parent', 'rules/ddp030_makedirs_race.py', '    if found or not _spawns(info, func):', '    if True:'),
  ('eighteenth: building a class of the file runs its __init__', 'analysis/collective_reach.py', '    if type(f) is ast.Name and f.id in info.classes:', '    if False:'),
+ ('eighteenth: DDP019 the message names the handler an exit sits in', 'analysis/divergence.py', '                        out.append(Divergence(d.code, d.line, _in_handler(info, d.line,\n                                                                          message), line, site))', '                        out.append(Divergence(d.code, d.line, message, line, site))'),
 ]
 
 
