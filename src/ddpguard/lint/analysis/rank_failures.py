@@ -226,13 +226,13 @@ def _reads(test: ast.expr) -> set[str]:
 _BROAD = {"Exception", "BaseException"}
 
 
-def _last_try(info: ModuleInfo, fn: Func, recs: list[CallRec],
+def _last_try(info: ModuleInfo, body: list[ast.stmt], recs: list[CallRec],
               reaches: Callable[[CallRec], bool]) -> ast.Try | None:
-    """The `try` that ends `fn`, or one followed only by teardown (RARE-UNet's
+    """The `try` that ends `body`, or one followed only by teardown (RARE-UNet's
     `if is_distributed: dist.destroy_process_group()`): nothing after it syncs, raises, or
     exits with a failure (`sys.exit(final_status_code)` hands the failure on)."""
-    for i in range(len(fn.body) - 1, -1, -1):
-        st = fn.body[i]
+    for i in range(len(body) - 1, -1, -1):
+        st = body[i]
         if isinstance(st, ast.Try):
             return st
         lo, hi = st.lineno, st.end_lineno or st.lineno
@@ -255,8 +255,26 @@ def swallowed_run(info: ModuleInfo, fn: Func,
     wait for it in the next collective."""
     if id(fn) not in info.catching or not fn.body:
         return None
-    recs = calls_by_func(info).get(id(fn), [])
-    t = _last_try(info, fn, recs, reaches)
+    return _swallowed(info, fn.body, calls_by_func(info).get(id(fn), []), reaches)
+
+
+def swallowed_main(info: ModuleInfo, reaches: Callable[[CallRec], bool]
+                   ) -> ast.ExceptHandler | None:
+    """The same catch-all ending the script's `if __name__ == "__main__":` block (HiCForecast's
+    `try: train(model, args)` / `except Exception: ... exit()`): the whole of the rank's run."""
+    if 0 not in info.catching:
+        return None
+    main = next((st for st in reversed(info.tree.body) if isinstance(st, ast.If)
+                 and "__name__" in {n.id for n in ast.walk(st.test) if isinstance(n, ast.Name)}
+                 and st.body), None)
+    if main is None:
+        return None
+    return _swallowed(info, main.body, calls_by_func(info).get(0, []), reaches)
+
+
+def _swallowed(info: ModuleInfo, body: list[ast.stmt], recs: list[CallRec],
+               reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
+    t = _last_try(info, body, recs, reaches)
     if t is None:
         return None
     first, end = t.body[0].lineno, t.body[-1].end_lineno or t.lineno

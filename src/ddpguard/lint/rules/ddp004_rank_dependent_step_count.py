@@ -124,6 +124,7 @@ from ..analysis.rank_failures import (
     failing_return,
     rank_local_tests,
     reraises_first,
+    swallowed_main,
     swallowed_run,
     training_calls,
 )
@@ -135,11 +136,11 @@ _COMPS = (ast.GeneratorExp, ast.ListComp, ast.SetComp)
 _RUNNERS = ("trainer", "engine", "runner", "solver")
 
 
-def _syncs_or_trains(info: ModuleInfo, fn: Func, rec: CallRec) -> bool:
+def _syncs_or_trains(info: ModuleInfo, fn: Func | None, rec: CallRec) -> bool:
     return reaches_collective(info, rec, _SYNCS) or _trainer_run(info, fn, rec)
 
 
-def _trainer_run(info: ModuleInfo, fn: Func, rec: CallRec) -> bool:
+def _trainer_run(info: ModuleInfo, fn: Func | None, rec: CallRec) -> bool:
     """`trainer.train()` (`.fit()`, `.run()`) on an object named for a trainer, in a function
     that wrapped the model in DDP or formed the group before it: the run of the training,
     whose class may sit in a file not given (RARE-UNet's `RARETrainer`)."""
@@ -216,6 +217,14 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                     "ranks wait for it in their next collective or gradient all-reduce "
                     "(assumed: the error is met on some ranks only); re-raise after the "
                     "clean-up")
+    h = swallowed_main(info, partial(_syncs_or_trains, info, None)) if info.catching else None
+    if h is not None:
+        yield h, "DDP004", (
+            "an error caught here ends the script's run normally on the rank that met it (the "
+            "handler neither re-raises nor exits with a failure): that process ends with "
+            "status 0, which no launcher reads as a failure, while the other ranks wait for it "
+            "in their next collective or gradient all-reduce (assumed: the error is met on "
+            "some ranks only); re-raise after the clean-up")
     for stop, message in own_metric_stops(info, _BACKWARD):
         yield stop, "DDP004", message
     for stop, test in clock_exits(info, _SYNCS):

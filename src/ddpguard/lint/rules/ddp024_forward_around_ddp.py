@@ -24,7 +24,7 @@ import ast
 from collections.abc import Iterator
 
 from ..analysis.callgraph import GRAPH_CUTS, graph_reads, syncs_grads_by_hand
-from ..analysis.context import CallRec, ModuleInfo, dotted, is_optimizer_step
+from ..analysis.context import CallRec, Func, ModuleInfo, dotted, is_optimizer_step
 from ..registry import Hit, rule
 
 # nn.Module methods that run no forward: reading or moving the module, not computing with it.
@@ -97,11 +97,28 @@ def _module_of_wrapper(func: ast.expr, wrapped: dict[str, int], info: ModuleInfo
         if node.attr == "module":
             owner = dotted(node.value)
             if owner in wrapped and (owner.startswith("self.") or any(
-                    w.func is rec.func for w in info.ddp_wraps(owner))):
+                    w.func is rec.func or _closure_of(info, w.func, rec.func, owner)
+                    for w in info.ddp_wraps(owner))):
                 return owner
             return None
         node = node.value
     return None
+
+
+def _closure_of(info: ModuleInfo, outer: Func | None, inner: Func | None, name: str) -> bool:
+    """`inner` is a function defined inside `outer` (None: the module) that reads `outer`'s
+    `name` (PepHAR's `def train(it):` under `if __name__ == "__main__":`, using the `model`
+    wrapped there): it binds no `name` of its own (a parameter or an assignment)."""
+    if inner is None or inner is outer:
+        return False
+    if outer is not None and not (outer.lineno < inner.lineno and
+                                  (inner.end_lineno or 0) <= (outer.end_lineno or 0)):
+        return False
+    params = {a.arg for a in [*inner.args.posonlyargs, *inner.args.args,
+                              *inner.args.kwonlyargs]}
+    return name not in params and not any(
+        inner.lineno <= line <= (inner.end_lineno or inner.lineno)
+        for line, _ in info.assigns.get(name, []))
 
 
 def _bare_alias(node: ast.expr, wrapped: dict[str, int], info: ModuleInfo,

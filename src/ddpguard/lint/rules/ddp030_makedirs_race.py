@@ -15,10 +15,7 @@ timeout ends it. Reported for `os.mkdir`, `os.makedirs` and `Path(...).mkdir` wi
 `exist_ok=True`, under a test that the same path does not exist, reached on every rank (not
 under a rank test, in a function not called only under one) of a module that runs under
 torch.distributed, when a collective, a DDP wrap or a backward follows in the same function or
-in the caller (the ranks must meet again after it for one death to hang the rest), also inside
-the project's own code called after it (a `train()` that all-reduces, a `Processor(arg)` whose
-constructor wraps in DDP), but not in a function that spawns the ranks (`mp.spawn`) after
-it: that runs once, in the parent. Silent in a
+in the caller (the ranks must meet again after it for one death to hang the rest). Silent in a
 `try` that catches FileExistsError (or OSError), for a path that names the rank, and where
 rank 0 created the same path before. A project helper in another file that does the test and
 the `makedirs` on its parameter (`utils.mkdir(path)`) is the same race at each call site that
@@ -247,13 +244,10 @@ def _follow(info: ModuleInfo, func: Func | None, line: int, depth: int = 0) -> s
     """What every rank reaches after `line` in `func` (or after a call of `func` in a caller of
     the same file): a collective, a DDP wrap, a backward or a rendezvous ("" for none)."""
     found = waits_after(info, func, line + 1, rendezvous=True)
-    if found or not _spawns(info, func):
-        # the first wait, which may be inside the project's own code called after the race
-        # (a `create_model()` that wraps in DDP, a `Processor(arg)` whose constructor does);
-        # not in a function that spawns the ranks: it runs once, in the parent, before them
-        found = waits_after(info, func, line + 1, rendezvous=True, through=True)
     if found:
-        return found
+        # Named as the first wait, which may be inside a project helper called before it
+        # (`create_model()` wrapping in DDP); the finding itself needs a wait of its own.
+        return waits_after(info, func, line + 1, rendezvous=True, through=True)
     if func is None or depth > 1:
         return ""
     for site in info.calls_named(func.name):
@@ -263,12 +257,6 @@ def _follow(info: ModuleInfo, func: Func | None, line: int, depth: int = 0) -> s
         if found:
             return found
     return ""
-
-
-def _spawns(info: ModuleInfo, func: Func | None) -> bool:
-    """`func` starts the ranks itself (`mp.spawn(main_worker, ...)`, `start_processes`)."""
-    return any(rec.func is func and rec.last in ("spawn", "start_processes")
-               for rec in info.calls)
 
 
 # Shown in docs/lint.md; tests/lint/test_docs.py checks that it is reported.

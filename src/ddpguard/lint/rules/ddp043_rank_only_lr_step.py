@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import CallRec, ModuleInfo
+from ..analysis.context import CallRec, Func, ModuleInfo
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
@@ -38,19 +38,45 @@ def ddp043(info: ModuleInfo) -> Iterator[Hit]:
     if not wraps:
         return
     steps = [r for r in info.calls_named("step") if _scheduler(info, r)]
-    ranked = {id(r) for r in steps if r.guard and _inside_rank_test(info, r)}
+    ranked = {id(r): "" for r in steps if r.guard and _inside_rank_test(info, r)}
+    for r in steps:
+        if id(r) not in ranked and r.func is not None:
+            site = _only_under_rank_tests(info, r.func)
+            if site is not None:
+                ranked[id(r)] = (f" (it runs in {r.func.name}(), which is called only under a "
+                                 f"rank test, line {site.node.lineno})")
+    said: set[tuple[int, str | None]] = set()
     for rec in steps:
         if id(rec) not in ranked:
             continue
         owner = dotted(rec.node.func.value)  # type: ignore[attr-defined]
+        if (id(rec.func), owner) in said:
+            continue   # `if plateau: scheduler.step(loss) else: scheduler.step()`: one finding
+        said.add((id(rec.func), owner))
         if any(r.func is rec.func and id(r) not in ranked
                and dotted(r.node.func.value) == owner for r in steps):  # type: ignore[attr-defined]
             continue
         yield rec.node, "DDP043", (
-            f"`{owner}.step()` runs only on the ranks a rank test lets through: their learning "
-            "rate moves and the other ranks' stays, so with the gradients DDP averages each "
-            "rank still takes its own step and the replicas drift apart (what rank 0 saves is "
-            "not what the others train); step the scheduler on every rank")
+            f"`{owner}.step()` runs only on the ranks a rank test lets through{ranked[id(rec)]}: "
+            "their learning rate moves and the other ranks' stays, so with the gradients DDP "
+            "averages each rank still takes its own step and the replicas drift apart (what "
+            "rank 0 saves is not what the others train); step the scheduler on every rank")
+
+
+def _only_under_rank_tests(info: ModuleInfo, fn: Func, depth: int = 0) -> CallRec | None:
+    """A call of `fn` in this file, where every call of it sits in the body of a rank test
+    (PepHAR's `validate(it)` under `if ... and local_rank == 0:`), or in a function that is
+    itself only called so; None where one call is not, or there is none."""
+    if fn not in info.guarded_funcs or depth > 2:
+        return None
+    sites = [r for r in info.calls if fn in info.local_callees(r)]
+    if not sites:
+        return None
+    for r in sites:
+        if not (r.guard and _inside_rank_test(info, r)) and (
+                r.func is None or _only_under_rank_tests(info, r.func, depth + 1) is None):
+            return None
+    return sites[0]
 
 
 def _inside_rank_test(info: ModuleInfo, rec: CallRec) -> bool:
