@@ -64,6 +64,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP040",
         "DDP041",
         "DDP043",
+        "DDP045",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -695,6 +696,21 @@ CASES: dict[str, tuple[str, str]] = {
         model = DDP(net)
         loss = model(x).sum()
         loss.backward()
+        """,
+    ),
+    "DDP045": (
+        """
+        model = DDP(net)
+        loss = model(x).sum()
+        with model.no_sync():
+            loss.backward()
+        """,
+        # the forward inside the block: this backward does not all-reduce
+        """
+        model = DDP(net)
+        with model.no_sync():
+            loss = model(x).sum()
+            loss.backward()
         """,
     ),
     "DDP018": (
