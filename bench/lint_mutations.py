@@ -627,9 +627,8 @@ M = [
  ("seventeenth: DDP044 another function's statements are not this scope's", 'rules/ddp044_loss_divided_by_world_size.py', '        for st in block_statements(fn.body):', '        for st in ast.walk(fn):'),
  ('seventeenth: DDP025 a local rank the function computed into another', 'analysis/rank_kind.py', '        if any(lo <= line < at and isinstance(v, ast.BinOp)', '        if False and any(lo <= line < at and isinstance(v, ast.BinOp)'),
  ('seventeenth: DDP041 an evaluation handed on as a value', 'rules/ddp041_unreduced_eval_metric.py', '    if any(_handed_as_value(m, fn.name) for m in infos):\n        return True', '    pass'),
- ('eighteenth: DDP004 a test on the own value whose one arm reaches a collective', 'analysis/local_metric.py', '        arms = list(_arm_ifs(info, loop.body))\n', '        arms: list[ast.If] = []\n'),
+ ('eighteenth: DDP004 a test on the own value whose one arm reaches a collective', 'analysis/local_metric.py', '                arms.append(st)', '                pass'),
  ('eighteenth: DDP004 both arms reaching a collective decide nothing', 'analysis/local_metric.py', '    if bool(reach[0]) == bool(reach[1]):\n        return None', '    if not reach[0] and not reach[1]:\n        return None'),
- ("eighteenth: DDP004 an arm under a rank test is not the own value's", 'analysis/local_metric.py', '    for st in body:\n        if isinstance(st, ast.If):\n            if test_level(info, st.test) != NONE:\n                continue\n            if not any(', '    for st in body:\n        if isinstance(st, ast.If):\n            if not any('),
  ("eighteenth: DDP004 each step's loss kept in a list is a sum", 'analysis/local_metric.py', 'and n.func.attr == "append" and len(n.args) == 1', 'and n.func.attr == "__never__" and len(n.args) == 1'),
  ('eighteenth: DDP004 a reduced step loss kept in a list is shared', 'analysis/local_metric.py', '            if not any(_shares(info, r, _inner_chain(nodes, losses[id(st)])) for r in calls)]', '            if True]'),
  ("eighteenth: DDP004 the single-process run's training loader is not read", 'analysis/local_metric.py', '             if not single_process_arm(info, v)]', '             if True]'),
@@ -637,7 +636,7 @@ M = [
  ('eighteenth: the body of a test false under a distributed run is the single-process arm', 'analysis/enclosing.py', '            if v == TRUE and inner in n.orelse or v == FALSE and inner in n.body:', '            if v == TRUE and inner in n.orelse:'),
  ('eighteenth: the else of a test true under a distributed run is the single-process arm', 'analysis/enclosing.py', '            if v == TRUE and inner in n.orelse or v == FALSE and inner in n.body:', '            if v == FALSE and inner in n.body:'),
  ('eighteenth: DDP004 the message names the seed the test reads', 'analysis/local_metric.py', '    name = min(read, key=lambda n: (n not in seeds, n))', '    name = sorted(read)[0]'),
- ('eighteenth: DDP019 an exit in an except handler under a rank test', 'analysis/schedule.py', '                if handled:\n                    out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))', '                pass'),
+ ('eighteenth: DDP019 an exit in an except handler under a rank test', 'analysis/schedule.py', '                if _leaves(handled):\n                    out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))', '                pass'),
  ('eighteenth: building a class of the file runs its __init__', 'analysis/collective_reach.py', '    if type(f) is ast.Name and f.id in info.classes:', '    if False:'),
  ('eighteenth: DDP019 the message names the handler an exit sits in', 'analysis/divergence.py', '                        out.append(Divergence(d.code, d.line, _in_handler(info, d.line,\n                                                                          message), line, site))', '                        out.append(Divergence(d.code, d.line, message, line, site))'),
  ("eighteenth: DDP024 a function defined in the wrapper's scope reads its wrapper", 'rules/ddp024_forward_around_ddp.py', '                    w.func is rec.func or _closure_of(info, w.func, rec.func, owner)', '                    w.func is rec.func'),
@@ -653,6 +652,7 @@ M = [
  ('eighteenth: DDP045 a context chosen before the block', 'rules/ddp045_no_sync_without_forward.py', '    name = st.targets[0].id\n', '    return []\n'),
  ("eighteenth: DDP045 the scaler's call runs no forward", 'rules/ddp045_no_sync_without_forward.py', '            if any(not (isinstance(c.func, ast.Attribute) and c.func.attr == "scale")\n                   for c in calls):', '            if calls:'),
  ('eighteenth: DDP045 a call in an assignment may run the forward', 'rules/ddp045_no_sync_without_forward.py', '        if isinstance(st, ast.Assign | ast.AugAssign) and st.value is not None and not any(\n                isinstance(n, ast.Call) for n in ast.walk(st.value)):', '        if isinstance(st, ast.Assign | ast.AugAssign):'),
+ ("eighteenth: DDP019 an exit under the handler's own test", 'analysis/schedule.py', '        if isinstance(e, IfN) and (_leaves(e.body) or _leaves(e.orelse)):\n            return True', '        pass'),
 ]
 
 

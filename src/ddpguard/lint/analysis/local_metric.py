@@ -41,14 +41,19 @@ def own_metric_stops(info: ModuleInfo, syncs: frozenset[str]) -> Iterator[tuple[
     `syncs`: `backward`), whose test follows the rank's own validation result; and each `if`
     on such a value whose one arm reaches a collective the other does not (`if avg_loss <
     best: save_checkpoint(...)`, a barrier inside: corpus35v B108's shape)."""
+    by_line: dict[int, CallRec] | None = None
     for lrec in info.loops:
         loop = lrec.node
-        exits = list(_exit_ifs(info, loop.body))
-        arms = list(_arm_ifs(info, loop.body))
-        if not exits and not arms or lrec.guard:
+        if lrec.guard:
             continue
-        by_line = {id(r.stmt): r for r in info.calls if r.stmt is not None and
-                   loop in r.loops and r.node.lineno >= loop.lineno}
+        exits: list[ast.If] = []
+        arms: list[ast.If] = []
+        _tested_ifs(info, loop.body, exits, arms)
+        if not exits and not arms:
+            continue
+        if by_line is None:
+            # the call each statement holds (the last one where it holds several)
+            by_line = {id(r.stmt): r for r in info.calls if r.stmt is not None}
         seeds = _seeds(info, loop, by_line)
         sums = _sum_seeds(info, loop)
         if not seeds and not sums:
@@ -134,20 +139,23 @@ def _origin(mods: frozenset[str], loop: Loop, s: ast.If,
         "metric"
 
 
-def _arm_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
-    """The `if`s of the loop's own statements, not under a rank test, that leave nothing
-    (an exit is `_exit_ifs`') and call something."""
-    for st in body:
-        if isinstance(st, ast.If):
-            if test_level(info, st.test) != NONE:
-                continue
-            if not any(isinstance(n, ast.Break | ast.Return) for n in st.body) and any(
-                    isinstance(n, ast.Call) for b in st.body for n in ast.walk(b)):
-                yield st
-            yield from _arm_ifs(info, st.body)
-            yield from _arm_ifs(info, st.orelse)
-        elif isinstance(st, ast.With | ast.Try):
-            yield from _arm_ifs(info, st.body)
+_CALLING = frozenset((ast.Expr, ast.Assign))
+
+
+def _compares_values(test: ast.expr) -> bool:
+    """A test that can follow a value (`avg_loss < best_loss`, `is_best`), not a periodic or
+    constant one (`step % 100 == 0`, `epoch > 5`): no comparison with a literal."""
+    if isinstance(test, ast.Name | ast.Attribute):
+        return True
+    if isinstance(test, ast.UnaryOp):
+        return _compares_values(test.operand)
+    if isinstance(test, ast.BoolOp):
+        return any(_compares_values(v) for v in test.values)
+    if isinstance(test, ast.Compare):
+        sides = (test.left, *test.comparators)
+        return not any(isinstance(x, ast.Constant) or isinstance(x, ast.BinOp)
+                       and isinstance(x.op, ast.Mod) for x in sides)
+    return False
 
 
 def _one_arm_collective(info: ModuleInfo, s: ast.If, loop_calls: list[CallRec]
@@ -162,20 +170,28 @@ def _one_arm_collective(info: ModuleInfo, s: ast.If, loop_calls: list[CallRec]
     return (reach[0] or reach[1])[0], arms[0] | arms[1]
 
 
-def _exit_ifs(info: ModuleInfo, body: list[ast.stmt]) -> Iterator[ast.If]:
-    """The innermost `if`s of the loop's own statements whose arm leaves the loop (`break`,
-    `return`), not under a rank test."""
+def _tested_ifs(info: ModuleInfo, body: list[ast.stmt], exits: list[ast.If],
+                arms: list[ast.If]) -> None:
+    """The `if`s of the loop's own statements, not under a rank test (DDP019's), in one walk:
+    into `exits` the innermost whose arm leaves the loop (`break`, `return`); into `arms`
+    those that leave nothing, test a value (`_compares_values`) and make a call in their own
+    statements (`save_checkpoint(...)`, `x = f(...)`)."""
     for st in body:
         if isinstance(st, ast.If):
             if test_level(info, st.test) != NONE:
                 continue
-            inner = list(_exit_ifs(info, st.body)) + list(_exit_ifs(info, st.orelse))
-            if inner:
-                yield from inner
-            elif any(isinstance(b, ast.Break | ast.Return) for b in st.body):
-                yield st
+            known = len(exits)
+            _tested_ifs(info, st.body, exits, arms)
+            _tested_ifs(info, st.orelse, exits, arms)
+            leaves = any(isinstance(b, ast.Break | ast.Return) for b in st.body)
+            if leaves and len(exits) == known:
+                exits.append(st)
+            elif not leaves and _compares_values(st.test) and any(
+                    type(b) in _CALLING and type(b.value) is ast.Call  # type: ignore[attr-defined]
+                    for b in st.body):
+                arms.append(st)
         elif isinstance(st, ast.With | ast.Try):
-            yield from _exit_ifs(info, st.body)
+            _tested_ifs(info, st.body, exits, arms)
 
 
 def _seeds(info: ModuleInfo, loop: Loop, by_stmt: dict[int, CallRec]

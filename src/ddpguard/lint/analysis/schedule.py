@@ -137,7 +137,7 @@ class Builder:
                 # a handler runs where this rank's error did: an arm under a test no rank
                 # shares (rank 0's `except KeyError: break` leaves the loop its peers go on in)
                 handled = self.block(h.body)
-                if handled:
+                if _leaves(handled):
                     out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))
             out.extend(self.block(s.orelse))
             out.extend(self.block(s.finalbody))
@@ -353,6 +353,17 @@ class Builder:
 # process of its own), not now: `signal.signal(SIGTERM, lambda s, f: save_and_exit())`.
 _REGISTERS = {"signal", "register", "Thread", "Timer", "Process", "start_new_thread",
               "call_later", "call_soon"}
+
+
+def _leaves(events: list[object]) -> bool:
+    """The handler's events hold an exit (directly or under its own tests): only then does
+    the arm it stands for part the ranks (a handler that logs and goes on does not)."""
+    for e in events:
+        if isinstance(e, Ev) and e.kind == "exit":
+            return True
+        if isinstance(e, IfN) and (_leaves(e.body) or _leaves(e.orelse)):
+            return True
+    return False
 
 
 def _caught(h: ast.ExceptHandler) -> ast.expr:

@@ -73,17 +73,18 @@ such: silent). Not a sum of a loss a collective or a reducing helper shared in t
 iteration that tests the sum (`if monitor_bleu: ... break` beside `else: if total_loss <
 best:`). Each step's loss kept in a list (`epoch_losses.append(loss.item())`, then
 `np.mean(epoch_losses)`) is such a sum, and a loader the file builds only for the
-single-process run (the `else` of `if world_size > 1:`) is not what the ranks read. The same test
-on the rank's own value (validation result or training sum) whose one arm reaches a
+single-process run (the `else` of `if world_size > 1:`) is not what the ranks read. The same
+test on the rank's own value (validation result or training sum) whose one arm reaches a
 collective the other does not is reported too: `if avg_loss < best_loss:
 save_checkpoint(...)` where the save waits in a barrier (corpus35v B108): only the ranks
 whose value improved enter it, while the others go on to the next epoch's all-reduce. Not
-where both arms reach a collective or the arm's call makes none. And a status-0 exit
-(`quit()`) on the rank's own non-finite loss in an evaluation loop that syncs nothing, where
-the evaluation is called (in any file of the project, not under a rank test) from a loop
-that reaches a backward or a collective, over sharded data: the loader the call passes,
-where its file builds it, has a DistributedSampler (a plain DataLoader gives every rank the
-same loss: silent), else the evaluation's own reading above.
+where both arms reach a collective or the arm's call makes none, nor for a test against a
+literal or a period (`val_loss < 0.1`, `epoch % 5 == 0`), which the analysis does not
+follow. And a status-0 exit (`quit()`) on the rank's own non-finite loss in an evaluation
+loop that syncs nothing, where the evaluation is called (in any file of the project, not
+under a rank test) from a loop that reaches a backward or a collective, over sharded data:
+the loader the call passes, where its file builds it, has a DistributedSampler (a plain
+DataLoader gives every rank the same loss: silent), else the evaluation's own reading above.
 And only in a module that
 runs with other ranks: it uses torch.distributed, or a file on the command line that forms the
 group imports it (a single-process script may skip what it likes). Pitfall in
