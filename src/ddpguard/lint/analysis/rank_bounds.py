@@ -84,7 +84,7 @@ def _moved(info: ModuleInfo, func: Func | None, test: ast.If) -> dict[str, int]:
             if isinstance(n, _SCOPES):
                 continue
             for k in _bound(n):
-                if k not in other:
+                if k not in other and not _same_constant(info, func, test, n, k):
                     out.setdefault(k, n.lineno)  # type: ignore[attr-defined]
             if cls is not None and isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
                     and isinstance(n.func.value, ast.Name) and n.func.value.id == "self":
@@ -95,6 +95,18 @@ def _moved(info: ModuleInfo, func: Func | None, test: ast.If) -> dict[str, int]:
                         if k not in other:
                             out.setdefault(k, n.lineno)
     return out
+
+
+def _same_constant(info: ModuleInfo, func: Func | None, test: ast.If, n: ast.AST,
+                   name: str) -> bool:
+    """The arm binds the literal every rank was given before the test in the same scope
+    (UWNR's `start_epoch = 0` on rank 0 after `start_epoch = 0` on every rank): no move."""
+    if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)):
+        return False
+    lo, hi = (func.lineno, test.lineno) if func is not None else (0, test.lineno)
+    return any(lo <= line < hi and isinstance(v, ast.Constant) and v.value == n.value.value
+               and type(v.value) is type(n.value.value)
+               for line, v in info.assigns.get(name, ()))
 
 
 def _bound(n: ast.AST) -> list[str]:
