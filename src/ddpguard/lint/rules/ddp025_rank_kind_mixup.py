@@ -81,7 +81,8 @@ from ..registry import Hit, rule
 
 @rule('DDP025', 'rank-kind-mixup', 'warning',
       'the global rank picks the GPU, or the local rank is passed as the global rank',
-      'LOCAL_RANK picks the device; RANK (dist.get_rank()) is the process-group rank')
+      'LOCAL_RANK picks the device; RANK (dist.get_rank()) is the process-group rank; the '
+      'world size (dist.get_world_size()) is the number of shards')
 def ddp025(info: ModuleInfo) -> Iterator[Hit]:
     """Reported only where the value's source is read in this file (a launcher variable or
     torch's rank call), so the kind is known, not guessed from a name."""
