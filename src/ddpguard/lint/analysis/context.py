@@ -63,6 +63,12 @@ def is_optimizer_step(call: ast.Call) -> bool:
                for x in [f.value, *call.args, *(k.value for k in call.keywords)])
 
 
+def is_main_guard(test: ast.expr) -> bool:
+    """`if __name__ == "__main__":`: the script's own run."""
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) \
+        and test.left.id == "__name__"
+
+
 def is_collective(rec: CallRec) -> bool:
     if rec.last in MPI_COLLECTIVES:
         return (rec.qual or "").startswith("mpi4py.")

@@ -14,7 +14,6 @@ classes whose callee then differs is left to the callee's own comparison (report
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
@@ -24,6 +23,7 @@ from .context import Func, ModuleInfo, dotted
 from .leader_only import certain
 from .projection import Item, Seq, bind_root, project
 from .ranks import NODE_LEADERS, OTHERS, RANK0, RankClass
+from .schedule_nodes import Ev
 from .sequences import (
     _OPS,
     _colls,
@@ -115,31 +115,18 @@ def divergences(info: ModuleInfo) -> list[Divergence]:
                 for line, site, message in d.partners or ((d.other_line, d.other_site,
                                                            d.message),):
                     if not _exclusive(info, root, d.line, site):
-                        out.append(Divergence(d.code, d.line, _in_handler(info, d.line,
-                                                                          message), line, site))
+                        out.append(Divergence(d.code, d.line, message, line, site))
                         break
     info._memo[("divergences", 0)] = out
     return out
 
 
-def _in_handler(info: ModuleInfo, line: int, message: str) -> str:
-    """Says so where the exit sits in an `except` handler: it leaves when that rank's error
-    is caught there, not on every run."""
-    key = ("handlers", 0)
-    spans: list[tuple[int, int, str]] | None = info._memo.get(key)  # type: ignore[assignment]
-    if spans is None:
-        spans = [(h.body[0].lineno, h.body[-1].end_lineno or h.body[-1].lineno,
-                  ast.unparse(h.type) if h.type is not None else "")
-                 for h in ast.walk(info.tree) if isinstance(h, ast.ExceptHandler) and h.body]
-        info._memo[key] = spans
-    inner = [sp for sp in spans if sp[0] <= line <= sp[1]]
-    if not inner:
-        return message
-    what = min(inner, key=lambda sp: sp[1] - sp[0])[2]
-    where = f"in the `except {what}:` handler" if what else "in a bare `except:` handler"
-    return re.sub(rf"at line {line} \(([^)]*)\)",
-                  rf"at line {line} (\1, {where}, when that error is caught there)",
-                  message, count=1)
+def _handler(ex: Ev) -> str:
+    """Where an exit sits in an `except` handler: it leaves only when that error is caught."""
+    if not ex.caught:
+        return ""
+    where = "a bare `except:`" if ex.caught == "except" else f"the `except {ex.caught}:`"
+    return f", in {where} handler, when that error is caught there"
 
 
 def _coarse(it: Item) -> tuple[object, ...]:
@@ -314,7 +301,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                 assert nx is not None
                 when = " in the loop's next iteration" if k >= len(now) else ""
                 partners.append((nx.line, via[0] if via else nx.line, (
-                    f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}) while "
+                    f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}{_handler(ex)}) while "
                     f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}{when}: "
                     "the ranks still in it wait for ranks that are gone")))
             if partners:

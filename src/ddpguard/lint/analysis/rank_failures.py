@@ -14,7 +14,7 @@ import ast
 from collections.abc import Callable, Iterator
 
 from .callgraph import calls_by_func, resolve
-from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective
+from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective, is_main_guard
 
 # Errors that end an iteration for every rank alike, or a user's interrupt.
 COMMON_ERRORS = {"StopIteration", "KeyboardInterrupt", "SystemExit", "GeneratorExit"}
@@ -262,11 +262,10 @@ def swallowed_main(info: ModuleInfo, reaches: Callable[[CallRec], bool]
                    ) -> ast.ExceptHandler | None:
     """The same catch-all ending the script's `if __name__ == "__main__":` block (HiCForecast's
     `try: train(model, args)` / `except Exception: ... exit()`): the whole of the rank's run."""
-    if 0 not in info.catching:
+    if 0 not in info.catching or not info.has_main:
         return None
     main = next((st for st in reversed(info.tree.body) if isinstance(st, ast.If)
-                 and "__name__" in {n.id for n in ast.walk(st.test) if isinstance(n, ast.Name)}
-                 and st.body), None)
+                 and is_main_guard(st.test) and st.body), None)
     if main is None:
         return None
     return _swallowed(info, main.body, calls_by_func(info).get(0, []), reaches)

@@ -137,7 +137,7 @@ class Builder:
                 # a handler runs where this rank's error did: an arm under a test no rank
                 # shares (rank 0's `except KeyError: break` leaves the loop its peers go on in)
                 handled = self.block(h.body)
-                if _leaves(handled):
+                if _leaves(handled, ast.unparse(h.type) if h.type is not None else "except"):
                     out.append(IfN(_caught(h), handled, [], False, h.lineno, UNKNOWN))
             out.extend(self.block(s.orelse))
             out.extend(self.block(s.finalbody))
@@ -355,15 +355,18 @@ _REGISTERS = {"signal", "register", "Thread", "Timer", "Process", "start_new_thr
               "call_later", "call_soon"}
 
 
-def _leaves(events: list[object]) -> bool:
+def _leaves(events: list[object], caught: str) -> bool:
     """The handler's events hold an exit (directly or under its own tests): only then does
-    the arm it stands for part the ranks (a handler that logs and goes on does not)."""
+    the arm it stands for part the ranks (a handler that logs and goes on does not). Each such
+    exit is marked with what the handler catches, for the message."""
+    left = False
     for e in events:
         if isinstance(e, Ev) and e.kind == "exit":
-            return True
-        if isinstance(e, IfN) and (_leaves(e.body) or _leaves(e.orelse)):
-            return True
-    return False
+            e.caught = caught
+            left = True
+        elif isinstance(e, IfN):
+            left = _leaves(e.body, caught) | _leaves(e.orelse, caught) or left
+    return left
 
 
 def _caught(h: ast.ExceptHandler) -> ast.expr:

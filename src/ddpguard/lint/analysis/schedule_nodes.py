@@ -28,6 +28,7 @@ class Ev:
     path: str = ""     # the file it is in (a callee may sit in another file)
     names: frozenset[str] = frozenset()   # the plain names a written path is built from
     no_grad: bool = False   # a forward under `torch.no_grad()` / `inference_mode()`
+    caught: str = ""   # an exit in an `except` handler: the error it catches (`KeyError`)
 
 
 @dataclass(slots=True)

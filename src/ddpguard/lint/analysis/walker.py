@@ -17,6 +17,7 @@ from .context import (
     ModuleInfo,
     dotted,
     foreign_ddp,
+    is_main_guard,
     mpi_qual,
 )
 from .provenance import GLOBAL, LOCAL, NONE, key_name, test_level
@@ -62,11 +63,6 @@ def _combine(outer: int, inner: int) -> int:
     if not outer:
         return inner
     return GLOBAL if GLOBAL in (outer, inner) else inner
-
-
-def _is_main_guard(test: ast.expr) -> bool:
-    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) \
-        and test.left.id == "__name__"
 
 
 class Walker:
@@ -164,7 +160,7 @@ class Walker:
             self.guard, self.branch = saved, saved_branch
             if level:
                 _flags_set_in_arms(info, s, level)
-            if not self.func and _is_main_guard(s.test):
+            if not self.func and is_main_guard(s.test):
                 info.has_main = True
         elif t is _For or t is _AsyncFor or t is _While:
             if t is _While:

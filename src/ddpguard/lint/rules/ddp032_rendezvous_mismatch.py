@@ -52,7 +52,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, kwarg, option_names
+from ..analysis.context import Func, ModuleInfo, is_main_guard, kwarg, option_names
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
 from ..analysis.rank_kind import node_product
@@ -188,7 +188,7 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
                 "than one node init waits until the timeout; set it to the job's first node "
                 "(`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`) on every task")
             continue
-        if any(not _same_value(t, node.value) and not _main_guard(t) and not _gpu_test(t)
+        if any(not _same_value(t, node.value) and not is_main_guard(t) and not _gpu_test(t)
                for t in _tests(chain)):
             continue
         launcher = _launcher_after(info, func, node.lineno)
@@ -297,11 +297,6 @@ def _gpu_test(test: ast.expr) -> bool:
         "is_available", "device_count") and (dotted(c.func.value) or "").endswith("cuda")
         for c in calls) and all(n.id == "torch" for n in ast.walk(test)
                                 if isinstance(n, ast.Name))
-
-
-def _main_guard(test: ast.expr) -> bool:
-    """`if __name__ == "__main__":` decides nothing about the launch."""
-    return isinstance(test, ast.Compare) and dotted(test.left) == "__name__"
 
 
 def _spans_nodes(info: ModuleInfo, func: Func | None) -> str:
