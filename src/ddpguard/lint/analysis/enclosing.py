@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from .collective_reach import reaches_collective
-from .context import Func, ModuleInfo, is_collective
+from .context import CallRec, Func, ModuleInfo, is_collective
 from .ranks import FALSE, TRUE, launch
 
 # A DDP wrap in a helper counts as the collective it makes (its parameter broadcast).
@@ -106,3 +106,32 @@ def block_statements(body: list[ast.stmt]) -> list[ast.stmt]:
             for name in reversed(fields):
                 push(reversed(getattr(st, name)))
     return out
+
+
+def only_under_rank_tests(info: ModuleInfo, fn: Func, depth: int = 0) -> CallRec | None:
+    """A call of `fn` in this file, where every call of it sits in the body of a rank test
+    (PepHAR's `validate(it)` under `if ... and local_rank == 0:`), or in a function that is
+    itself only called so; None where one call is not, or there is none."""
+    if fn not in info.guarded_funcs or depth > 2:
+        return None
+    sites = [r for r in info.calls if fn in info.local_callees(r)]
+    if not sites:
+        return None
+    for r in sites:
+        if not (r.guard and inside_rank_test(info, r)) and (
+                r.func is None or only_under_rank_tests(info, r.func, depth + 1) is None):
+            return None
+    return sites[0]
+
+
+def inside_rank_test(info: ModuleInfo, rec: CallRec) -> bool:
+    """The step sits in the body of an `if` on the rank, not merely past a rank-tested
+    `return` (`if args.eval_first and is_main_process(): ...; return` leaves every rank that
+    goes on to train stepping its scheduler)."""
+    chain = enclosing(rec.func, info.tree, rec.node)
+    for i, n in enumerate(chain or []):
+        if isinstance(n, ast.If) and info.rank_level(n.test):
+            inner = chain[i + 1] if chain is not None and i + 1 < len(chain) else rec.stmt
+            if any(inner is st for st in n.body):
+                return True
+    return False

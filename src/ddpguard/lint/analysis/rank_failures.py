@@ -224,42 +224,99 @@ def _reads(test: ast.expr) -> set[str]:
 
 
 _BROAD = {"Exception", "BaseException"}
+# A handler that hands the error to another process (OpenNMT's `error_queue.put((rank,
+# traceback.format_exc()))`, read by the parent, which then ends every child) or signals one.
+_HANDS_ON = {"put", "put_nowait", "send", "kill", "killpg"}
 
 
 def _last_try(info: ModuleInfo, body: list[ast.stmt], recs: list[CallRec],
-              reaches: Callable[[CallRec], bool]) -> ast.Try | None:
+              reaches: Callable[[CallRec], bool]) -> tuple[ast.Try | None, bool]:
     """The `try` that ends `body`, or one followed only by teardown (RARE-UNet's
     `if is_distributed: dist.destroy_process_group()`): nothing after it syncs, raises, or
     exits with a failure (`sys.exit(final_status_code)` hands the failure on)."""
     for i in range(len(body) - 1, -1, -1):
         st = body[i]
         if isinstance(st, ast.Try):
-            return st
+            return st, False
+        # a retry loop (pytracking's `for i in range(num_tries): try: ... except: ...`): a
+        # rank whose run failed starts it again, or ends it, alone
+        if isinstance(st, _LOOPS) and len(st.body) == 1 and isinstance(
+                st.body[0], ast.Try) and not st.orelse:
+            return st.body[0], True
         lo, hi = st.lineno, st.end_lineno or st.lineno
         if any(isinstance(n, ast.Raise) for n in ast.walk(st)) or any(
                 lo <= r.node.lineno <= hi and (reaches(r) or r.last in EXITS
                                                and not clean_exit(info, r.node))
                 for r in recs):
-            return None
-    return None
+            return None, False
+    return None, False
 
 
-def swallowed_run(info: ModuleInfo, fn: Func,
-                  reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
+def swallowed_run(info: ModuleInfo, fn: Func, reaches: Callable[[CallRec], bool]
+                  ) -> tuple[ast.ExceptHandler, str] | None:
     """A catch-all handler around the whole of a rank's run: the last statement of `fn` (or
     the last before teardown) is a `try` whose block reaches a sync (`reaches`: a collective,
     a backward, an optimizer step, through the project's code), and whose `except
     Exception:` (or bare `except:`) neither raises nor exits with a failure nor makes a
     collective. A rank that fails there returns
     normally and ends with status 0, which no launcher reads as a failure, while its peers
-    wait for it in the next collective."""
+    wait for it in the next collective. With it, how the rank leaves: `ends f() normally`, or
+    for a retry loop and a raise only when a flag is off, what else it does."""
     if id(fn) not in info.catching or not fn.body:
         return None
-    return _swallowed(info, fn.body, calls_by_func(info).get(id(fn), []), reaches)
+    return _swallowed(info, fn.body, calls_by_func(info).get(id(fn), []), reaches,
+                      _set_flags(info, fn), f"{fn.name}()")
+
+
+def _set_flags(info: ModuleInfo, fn: Func) -> set[str]:
+    """The parameters of `fn` that hold a true constant on every call: the default
+    (`fail_safe=True`) where no call of it in the project passes anything else."""
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    flags = {p.arg: k for k, (p, d) in enumerate(zip(pos[len(pos) - len(a.defaults):],
+                                                    a.defaults, strict=True))
+             if isinstance(d, ast.Constant) and d.value is True}
+    flags |= {p.arg: -1 for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+              if isinstance(d, ast.Constant) and d.value is True}
+    if not flags:
+        return set()
+    first = len(pos) - len(a.defaults)
+    bound = 1 if pos and pos[0].arg in ("self", "cls") else 0
+    out = set(flags)
+    for m in _infos(info):
+        for rec in m.calls_named(fn.name) if fn.name in m.call_lasts() else ():
+            for name, k in flags.items():
+                at = first + k - bound
+                given = next((kw.value for kw in rec.node.keywords if kw.arg == name), None)
+                if given is None and k >= 0 and at < len(rec.node.args):
+                    given = rec.node.args[at]
+                if given is not None and not (isinstance(given, ast.Constant)
+                                              and given.value is True):
+                    out.discard(name)
+    return out
+
+
+def _live(stmts: list[ast.stmt], flags: set[str]) -> Iterator[ast.AST]:
+    """`own_nodes` of `stmts`, less the arm of `if flag:` / `if not flag:` that a flag set
+    on every call never takes (`if fail_safe: ... else: raise`)."""
+    todo: list[ast.AST] = list(stmts)
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            continue
+        if isinstance(node, ast.If) and flags:
+            t, neg = node.test, False
+            if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+                t, neg = t.operand, True
+            if isinstance(t, ast.Name) and t.id in flags:
+                todo.extend(node.orelse if neg else node.body)
+                continue
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def swallowed_main(info: ModuleInfo, reaches: Callable[[CallRec], bool]
-                   ) -> ast.ExceptHandler | None:
+                   ) -> tuple[ast.ExceptHandler, str] | None:
     """The same catch-all ending the script's `if __name__ == "__main__":` block (HiCForecast's
     `try: train(model, args)` / `except Exception: ... exit()`): the whole of the rank's run."""
     if 0 not in info.catching or not info.has_main:
@@ -268,12 +325,14 @@ def swallowed_main(info: ModuleInfo, reaches: Callable[[CallRec], bool]
                  and is_main_guard(st.test) and st.body), None)
     if main is None:
         return None
-    return _swallowed(info, main.body, calls_by_func(info).get(0, []), reaches)
+    return _swallowed(info, main.body, calls_by_func(info).get(0, []), reaches,
+                      where="the script's run")
 
 
 def _swallowed(info: ModuleInfo, body: list[ast.stmt], recs: list[CallRec],
-               reaches: Callable[[CallRec], bool]) -> ast.ExceptHandler | None:
-    t = _last_try(info, body, recs, reaches)
+               reaches: Callable[[CallRec], bool], flags: frozenset[str] | set[str] = frozenset(),
+               where: str = "") -> tuple[ast.ExceptHandler, str] | None:
+    t, retry = _last_try(info, body, recs, reaches)
     if t is None:
         return None
     first, end = t.body[0].lineno, t.body[-1].end_lineno or t.lineno
@@ -286,9 +345,22 @@ def _swallowed(info: ModuleInfo, body: list[ast.stmt], recs: list[CallRec],
         if not caught or not caught <= _BROAD:
             continue
         lo, hi = h.lineno, h.end_lineno or h.lineno
-        if any(isinstance(n, ast.Raise) for n in own_nodes(h.body)) or any(
-                lo <= r.node.lineno <= hi and (is_collective(r) or r.last in EXITS
-                                               and not clean_exit(info, r.node)) for r in recs):
+        if any(isinstance(n, ast.Raise) for n in _live(h.body, set(flags))) or any(
+                lo <= r.node.lineno <= hi and (is_collective(r) or r.last in _HANDS_ON or
+                                               r.last in EXITS and not clean_exit(info, r.node))
+                for r in recs):
             continue
-        return h
+        how = (f"starts the retry loop of {where} again on the rank that met it, alone, or "
+               f"ends {where} normally there" if retry else
+               f"ends {where} normally on the rank that met it")
+        flag = sorted(_reads_flags(h, flags)) if any(isinstance(n, ast.Raise)
+                                                     for n in own_nodes(h.body)) else []
+        if flag:
+            how = (f"(with `{flag[0]}` true: its default, and no call passes another value) "
+                   + how)
+        return h, how
     return None
+
+
+def _reads_flags(h: ast.ExceptHandler, flags: frozenset[str] | set[str]) -> set[str]:
+    return {n.id for n in own_nodes(h.body) if isinstance(n, ast.Name) and n.id in flags}

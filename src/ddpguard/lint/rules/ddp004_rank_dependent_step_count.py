@@ -44,16 +44,21 @@ reported in any loop whose guarded block calls `.backward()` itself (`for i, bat
 a project's own batch generator), the message naming what it assumed (the error is not met on
 every rank at once). The same for a catch-all (`except Exception:`, bare `except:`) around the
 whole of a rank's run, the last statement of its function, whose block reaches a sync through
-the project's code and whose handler neither raises, exits with a failure nor makes a
-collective: the failing rank returns normally and ends with status 0 (not a handler for one
-kind of error, `except FileNotFoundError:`). And an early stop decided on the rank's own
-validation result, in a loop that reaches a backward or a collective: the stop's test follows
-(by assignment, by an assignment under a test of it: `else: bad += 1`, or as the
-state of an object fed it: `stopper(val_loss)`, then `if stopper.early_stop: break`) what a project
-function returned that evaluates (a loop under `no_grad`/`inference_mode` or after `.eval()`)
-over sharded data and reaches no collective that hands every rank the result (a
-`dist.reduce(loss, dst=0)` leaves the others their own value): each rank's loss is its shard's,
-so one rank
+the project's code and whose handler neither raises, exits with a failure, makes a
+collective nor hands the error to another process (OpenNMT's `error_queue.put(...)`, read by a
+parent that ends every child; an `os.kill`): the failing rank returns normally and ends with
+status 0 (not a handler for one kind of error, `except FileNotFoundError:`). A retry loop
+around that `try` (pytracking's trainer: `for i in range(num_tries): try: ... except: ...`) is
+the same run, which the failing rank starts again alone; a `raise` in the handler counts only
+where it can run: under `if fail_safe: ... else: raise` with `fail_safe=True` the parameter's
+default and no call of the function in the project passing anything else, it cannot. And an
+early stop decided on the rank's own validation result, in a loop that reaches a backward or a
+collective: the stop's test follows (by assignment, by an assignment under a test of it: `else:
+bad += 1`, or as the state of an object fed it: `stopper(val_loss)`, then `if
+stopper.early_stop: break`) what a project function returned that evaluates (a loop under
+`no_grad`/`inference_mode` or after `.eval()`) over sharded data and reaches no collective that
+hands every rank the result (a `dist.reduce(loss, dst=0)` leaves the others their own value):
+each rank's loss is its shard's, so one rank
 leaves while the others wait in the next epoch's all-reduce. The data is sharded where the
 loader the evaluation reads is built in its file with a DistributedSampler; where it arrives
 from elsewhere (a constructor's `self.val_data`), the message says what was assumed: that it is
@@ -156,6 +161,15 @@ def _trainer_run(info: ModuleInfo, fn: Func | None, rec: CallRec) -> bool:
                for r in info.calls)
 
 
+def _swallowed(hit: tuple[ast.ExceptHandler, str] | None) -> Iterator[Hit]:
+    if hit is not None:
+        yield hit[0], "DDP004", (
+            f"an error caught here {hit[1]} (the handler neither re-raises nor exits with a "
+            "failure): that process ends with status 0, which no launcher reads as a failure, "
+            "while the other ranks wait for it in their next collective or gradient all-reduce "
+            "(assumed: the error is met on some ranks only); re-raise after the clean-up")
+
+
 def _returns_none(fn: Func) -> ast.AST | None:
     """A `return None` (or a bare `return`): that batch is None on one rank. A collate_fn
     that only filters samples out (`[b for b in batch if b is not None]`, `filter(...)`)
@@ -209,23 +223,9 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         return
     for fns in info.funcs.values() if info.catching else ():
         for fn in fns:
-            h = swallowed_run(info, fn, partial(_syncs_or_trains, info, fn))
-            if h is not None:
-                yield h, "DDP004", (
-                    f"an error caught here ends {fn.name}() normally on the rank that met it "
-                    "(the handler neither re-raises nor exits with a failure): that process "
-                    "ends with status 0, which no launcher reads as a failure, while the other "
-                    "ranks wait for it in their next collective or gradient all-reduce "
-                    "(assumed: the error is met on some ranks only); re-raise after the "
-                    "clean-up")
-    h = swallowed_main(info, partial(_syncs_or_trains, info, None)) if info.catching else None
-    if h is not None:
-        yield h, "DDP004", (
-            "an error caught here ends the script's run normally on the rank that met it (the "
-            "handler neither re-raises nor exits with a failure): that process ends with "
-            "status 0, which no launcher reads as a failure, while the other ranks wait for it "
-            "in their next collective or gradient all-reduce (assumed: the error is met on "
-            "some ranks only); re-raise after the clean-up")
+            yield from _swallowed(swallowed_run(info, fn, partial(_syncs_or_trains, info, fn)))
+    if info.catching:
+        yield from _swallowed(swallowed_main(info, partial(_syncs_or_trains, info, None)))
     for stop, message in own_metric_stops(info, _BACKWARD):
         yield stop, "DDP004", message
     for stop, test in clock_exits(info, _SYNCS):

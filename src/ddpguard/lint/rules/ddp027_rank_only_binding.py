@@ -15,7 +15,13 @@ Reported where the name is read outside any rank test, when nothing bound it on 
 ranks before (in the branch's `else`, earlier in the function, as a parameter) and a
 collective, a DDP wrap or a training step follows the read in the same function (or in the
 next turn of a loop around it: a writer made on rank 0 and used by every rank at the end of each
-step). Not past a rank-tested `continue` of the read's own turn (`if rank > 0: continue`). A read
+step). The same for a global bound only under a rank test at the module's top level (`if
+local_rank == 0: writer_val = SummaryWriter(...)`, bound nowhere else in the module, not in
+the `else`) and read with no rank test around it by a function that does not bind the name
+itself, when a collective follows the read in that function, or follows a call of the
+function that no rank test guards (`evaluate(...)` then `dist.barrier()`, or the next turn
+of a loop around the call). Not past a rank-tested `continue` of the read's own turn (`if
+rank > 0: continue`). A read
 guarded again by the rank (`pbar if is_main else loader`, `if rank == 0: writer.add(...)`) is
 fine. The same for a count every rank sets to 0 but only the rank-tested arm advances by a
 constant (`cont = 0; if rank == 0: for b in val_loader: ...; cont += 1`), then divides by on
@@ -34,6 +40,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from ..analysis.bindings import bindings as _bindings
+from ..analysis.bindings import names_bound as _names_bound
+from ..analysis.bindings import names_of as _names_of
+from ..analysis.bindings import params as _params
 from ..analysis.context import (
     COLLECTIVE_EXACT,
     COLLECTIVE_PREFIXES,
@@ -93,6 +103,65 @@ def _bindings_and_counts(info: ModuleInfo) -> Iterator[Hit]:
     for func, ifs in scopes.values():
         yield from _scope(info, func, ifs)
     yield from _counters(info)
+    yield from _module_globals(info)
+
+
+def _module_globals(info: ModuleInfo) -> Iterator[Hit]:
+    """A global bound only under a rank test at the module's top level (`if local_rank == 0:
+    writer_val = SummaryWriter(...)`) and read by a function that every rank calls, with no
+    rank test around the read (HiCForecast's `evaluate()`): the other ranks raise NameError
+    there, while the ranks that have it go on to what follows the call or the read."""
+    top = [t for f, t in info.rank_ifs if f is None]
+    if not top:
+        return
+    mod = block_statements(info.tree.body)
+    bound = _bindings(mod)
+    cands: dict[str, ast.If] = {}
+    for st in top:
+        end = st.end_lineno or st.lineno
+        for name in _names_bound(st.body) - _names_bound(st.orelse):
+            if all(st.lineno <= line <= end for line in bound.get(name, [])) \
+                    and not before_group(info, None, st):
+                cands.setdefault(name, st)
+    if not cands:
+        return
+    for fns in info.funcs.values():
+        for fn in fns:
+            free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in cands
+                    and isinstance(n.ctx, ast.Load)}
+            # a function defined in an arm of a rank test exists on those ranks alone
+            if not free or any(x.lineno <= fn.lineno <= (x.end_lineno or 0) for x in top):
+                continue
+            stmts = block_statements(fn.body)
+            local = set(_bindings(stmts)) | _params(fn)
+            for name in sorted(free - local):
+                read = _first_open_read(info, stmts, name, fn.lineno)
+                if read is None:
+                    continue
+                follow = _next_wait(info, fn, stmts, read) or _after_calls(info, fn)
+                if follow:
+                    st = cands[name]
+                    yield At(read.lineno, read.col_offset), "DDP027", (
+                        f"`{name}` is bound only where `{ast.unparse(st.test)}` holds (line "
+                        f"{st.lineno}, at the module's top level) but {fn.name}(), which every "
+                        f"rank calls, reads it at line {read.lineno}: the other ranks raise "
+                        f"NameError there while the ranks that have it go on to {follow} and "
+                        f"wait for them")
+
+
+def _after_calls(info: ModuleInfo, fn: Func) -> str:
+    """What every rank waits in after a call of `fn` that no rank test guards (in its caller,
+    or in the next turn of a loop around the call); "" where `fn` is called only under rank
+    tests (a function only rank 0 calls, so that a chain of calls from one is reported
+    nowhere either) or nothing follows."""
+    for rec in info.calls:
+        if rec.guard or fn not in info.local_callees(rec):
+            continue
+        stmts = block_statements(rec.func.body if rec.func is not None else info.tree.body)
+        follow = _next_wait(info, rec.func, stmts, rec.node)
+        if follow:
+            return f"{follow} (after the call of {fn.name}() at line {rec.node.lineno})"
+    return ""
 
 
 def _counters(info: ModuleInfo) -> Iterator[Hit]:
@@ -219,55 +288,6 @@ def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[H
                     f"{st.lineno}) but read by every rank at line {read.lineno}: the other "
                     f"ranks raise NameError there while the ranks that have it go on to "
                     f"{follow} and wait for them")
-
-
-def _targets(st: ast.stmt) -> list[ast.expr]:
-    if isinstance(st, ast.Assign):
-        return st.targets
-    if isinstance(st, ast.AnnAssign | ast.AugAssign) and st.value is not None:
-        return [st.target]
-    if isinstance(st, ast.For | ast.AsyncFor):
-        return [st.target]
-    if isinstance(st, ast.With | ast.AsyncWith):
-        return [i.optional_vars for i in st.items if i.optional_vars is not None]
-    return []
-
-
-def _names_of(st: ast.stmt) -> Iterator[str]:
-    for t in _targets(st):
-        # `cfg[k] = v` and `cfg.lr = v` store into an object bound elsewhere (an imported
-        # config): only a bare name (in a tuple or starred target too) is bound here.
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                yield n.id
-    if isinstance(st, ast.Import | ast.ImportFrom):
-        for a in st.names:
-            yield (a.asname or a.name).split(".")[0]
-    if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        yield st.name
-    if isinstance(st, ast.Global | ast.Nonlocal):
-        yield from st.names
-
-
-def _names_bound(body: list[ast.stmt]) -> set[str]:
-    return {n for st in block_statements(body) for n in _names_of(st)}
-
-
-def _bindings(stmts: list[ast.stmt]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for st in stmts:
-        line = 0 if isinstance(st, ast.Global | ast.Nonlocal) else st.lineno
-        for n in _names_of(st):
-            out.setdefault(n, []).append(line)
-    return out
-
-
-def _params(func: Func | None) -> set[str]:
-    if func is None:
-        return set()
-    a = func.args
-    names = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
-    return {x.arg for x in names if x is not None}
 
 
 def _first_open_read(info: ModuleInfo, stmts: list[ast.stmt], name: str,

@@ -22,8 +22,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import CallRec, Func, ModuleInfo
-from ..analysis.enclosing import enclosing
+from ..analysis.context import CallRec, ModuleInfo
+from ..analysis.enclosing import inside_rank_test, only_under_rank_tests
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
 
@@ -38,10 +38,10 @@ def ddp043(info: ModuleInfo) -> Iterator[Hit]:
     if not wraps:
         return
     steps = [r for r in info.calls_named("step") if _scheduler(info, r)]
-    ranked = {id(r): "" for r in steps if r.guard and _inside_rank_test(info, r)}
+    ranked = {id(r): "" for r in steps if r.guard and inside_rank_test(info, r)}
     for r in steps:
         if id(r) not in ranked and r.func is not None:
-            site = _only_under_rank_tests(info, r.func)
+            site = only_under_rank_tests(info, r.func)
             if site is not None:
                 ranked[id(r)] = (f" (it runs in {r.func.name}(), which is called only under a "
                                  f"rank test, line {site.node.lineno})")
@@ -61,35 +61,6 @@ def ddp043(info: ModuleInfo) -> Iterator[Hit]:
             "their learning rate moves and the other ranks' stays, so with the gradients DDP "
             "averages each rank still takes its own step and the replicas drift apart (what "
             "rank 0 saves is not what the others train); step the scheduler on every rank")
-
-
-def _only_under_rank_tests(info: ModuleInfo, fn: Func, depth: int = 0) -> CallRec | None:
-    """A call of `fn` in this file, where every call of it sits in the body of a rank test
-    (PepHAR's `validate(it)` under `if ... and local_rank == 0:`), or in a function that is
-    itself only called so; None where one call is not, or there is none."""
-    if fn not in info.guarded_funcs or depth > 2:
-        return None
-    sites = [r for r in info.calls if fn in info.local_callees(r)]
-    if not sites:
-        return None
-    for r in sites:
-        if not (r.guard and _inside_rank_test(info, r)) and (
-                r.func is None or _only_under_rank_tests(info, r.func, depth + 1) is None):
-            return None
-    return sites[0]
-
-
-def _inside_rank_test(info: ModuleInfo, rec: CallRec) -> bool:
-    """The step sits in the body of an `if` on the rank, not merely past a rank-tested
-    `return` (`if args.eval_first and is_main_process(): ...; return` leaves every rank that
-    goes on to train stepping its scheduler)."""
-    chain = enclosing(rec.func, info.tree, rec.node)
-    for i, n in enumerate(chain or []):
-        if isinstance(n, ast.If) and info.rank_level(n.test):
-            inner = chain[i + 1] if chain is not None and i + 1 < len(chain) else rec.stmt
-            if any(inner is st for st in n.body):
-                return True
-    return False
 
 
 def _scheduler(info: ModuleInfo, rec: CallRec) -> bool:
