@@ -72,9 +72,9 @@ def test_default_selection_excludes_info_rule() -> None:
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
     assert Selection().held_back() == ["DDP005", "DDP015", "DDP033", "DDP037", "DDP042",
-                                       "DDP044"]
+                                       "DDP044", "DDP046"]
     assert Selection(ignore=("DDP005",)).held_back() == ["DDP015", "DDP033", "DDP037", "DDP042",
-                                                         "DDP044"]
+                                                         "DDP044", "DDP046"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
@@ -462,6 +462,7 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "DDP025": (
         """
+        node = int(os.environ["NODE_RANK"])
         rank = dist.get_rank()
         torch.cuda.set_device(rank)
         """,
@@ -711,6 +712,18 @@ CASES: dict[str, tuple[str, str]] = {
         with model.no_sync():
             loss = model(x).sum()
             loss.backward()
+        """,
+    ),
+    "DDP046": (
+        """
+        rank = dist.get_rank()
+        torch.cuda.set_device(rank)
+        """,
+        # a second node in sight: DDP025's
+        """
+        node = int(os.environ["NODE_RANK"])
+        rank = dist.get_rank()
+        torch.cuda.set_device(rank)
         """,
     ),
     "DDP018": (

@@ -473,3 +473,39 @@ def test_a_buffer_in_another_file_proves_the_rank_0_forward(tmp_path: Path) -> N
     # (DDP006, on by default). Without it, the same forward is DDP037's (preview).
     files = {"ext_dist.py": EXT_DIST, "models.py": BN_MODEL, "train.py": WRAP}
     assert _project(tmp_path, files) == [("train.py", "DDP006", 11)]
+
+
+def test_a_launchers_process_forms_its_group_through_another_files_helper(
+        tmp_path: Path) -> None:
+    # diffwave-sashimi's shape (corpus35y tuning T161): `mp.Process(target=partial(...))`
+    # whose function forms the group in distributed_util.py, then a join on each in turn
+    (tmp_path / "distributed_util.py").write_text(
+        "import torch.distributed as dist\n\n\n"
+        "def init_distributed(rank, num_gpus):\n"
+        "    dist.init_process_group('nccl', rank=rank, world_size=num_gpus)\n")
+    launch = textwrap.dedent("""\
+        import multiprocessing as mp
+        from functools import partial
+
+        from distributed_util import init_distributed
+
+
+        def train(rank, num_gpus):
+            init_distributed(rank, num_gpus)
+
+
+        def main(n):
+            train_fn = partial(train, num_gpus=n)
+            procs = []
+            for i in range(n):
+                p = mp.Process(target=train_fn, args=(i,))
+                p.start()
+                procs.append(p)
+            for p in procs:
+                p.join()
+        """)
+    (tmp_path / "train.py").write_text(launch)
+    found = [(Path(f.path).name, f.code, f.line) for f in lint_paths([tmp_path])]
+    assert found == [("train.py", "DDP035", 18)]
+    # alone, the set-up is out of sight: nothing says the processes form a group
+    assert lint_paths([tmp_path / "train.py"]) == []

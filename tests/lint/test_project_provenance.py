@@ -47,9 +47,16 @@ def _project(tmp_path: Path, files: dict[str, str]) -> list[tuple[str, str, int,
 
 def test_the_local_rank_passed_through_two_calls_is_the_groups_rank(tmp_path: Path) -> None:
     [(name, code, line, message)] = _project(tmp_path, {"utils.py": SETUP, "main.py": MAIN})
-    assert (name, code, line) == ("utils.py", "DDP025", 9)
+    assert (name, code, line) == ("utils.py", "DDP046", 9)
     assert "LOCAL_RANK" in message and "main() at main.py:15" in message \
         and "ddp_setup() at main.py:11" in message
+    # the file that imports the set-up shows a second node: DDP025, naming that evidence
+    nodes = MAIN.replace('WORLD_SIZE = int(os.getenv("WORLD_SIZE", 1))\n',
+                         'WORLD_SIZE = int(os.getenv("WORLD_SIZE", 1)); '
+                         'NODE = os.getenv("NODE_RANK")\n')
+    [(name, code, line, message)] = _project(tmp_path, {"utils.py": SETUP, "main.py": nodes})
+    assert (name, code, line) == ("utils.py", "DDP025", 9)
+    assert "it reads `NODE_RANK` at main.py:7" in message
 
 
 def test_the_global_rank_passed_through_the_same_calls_is_silent(tmp_path: Path) -> None:
@@ -59,7 +66,7 @@ def test_the_global_rank_passed_through_the_same_calls_is_silent(tmp_path: Path)
     setup = SETUP.replace("    init_process_group",
                           "    torch.cuda.set_device(rank)\n    init_process_group")
     [(name, code, line, message)] = _project(tmp_path, {"utils.py": setup, "main.py": main})
-    assert (name, code, line) == ("utils.py", "DDP025", 9) and "device index" in message
+    assert (name, code, line) == ("utils.py", "DDP046", 9) and "device index" in message
 
 
 def test_mp_spawns_index_tells_nothing_and_the_call_in_sight_answers(tmp_path: Path) -> None:
@@ -68,7 +75,7 @@ def test_mp_spawns_index_tells_nothing_and_the_call_in_sight_answers(tmp_path: P
     main = MAIN + ("    import torch.multiprocessing as mp\n"
                    "    mp.spawn(main, args=(2,), nprocs=2)\n")
     [(name, code, line, message)] = _project(tmp_path, {"utils.py": SETUP, "main.py": main})
-    assert (name, code, line) == ("utils.py", "DDP025", 9) and "main() at main.py:15" in message
+    assert (name, code, line) == ("utils.py", "DDP046", 9) and "main() at main.py:15" in message
     # with the spawn alone, nothing in sight says which rank it is
     spawned = main.replace("    main(LOCAL_RANK, WORLD_SIZE)\n", "")
     assert _project(tmp_path, {"utils.py": SETUP, "main.py": spawned}) == []
@@ -168,7 +175,7 @@ class Trainer:
 def test_an_attribute_the_class_keeps_is_what_its_methods_assign(tmp_path: Path) -> None:
     # ninth round (corpus35g T160/T165): LOCAL_RANK kept in __init__, read in another method
     [(name, code, line, message)] = _project(tmp_path, {"train.py": TRAINER_CLASS})
-    assert (name, code, line) == ("train.py", "DDP025", 12) and "LOCAL_RANK" in message
+    assert (name, code, line) == ("train.py", "DDP046", 12) and "LOCAL_RANK" in message
     fixed = TRAINER_CLASS.replace('os.environ["LOCAL_RANK"]', 'os.environ["RANK"]')
     assert _project(tmp_path, {"train.py": fixed}) == []
     # a class that also assigns the global rank to it: its kind is unknown, silent

@@ -15,12 +15,13 @@ collective for it, until the group's timeout or forever where none ends them, an
 waits on them. torchrun, `torch.multiprocessing.spawn` and `start_processes` watch every
 process and end the rest at the first failure. Reported for `subprocess.Popen(...)` started in
 a loop whose command or environment carries the loop's index as the rank, and for
-`multiprocessing.Process(target=f, args=(rank, ...))` started in a loop (`torch.multiprocessing`
-and a context's `Process` too), when the processes are then waited on one by one (`.wait()`,
-`.communicate()`, `.join()`) and the module never terminates or kills a process, polls one,
-reads an exit code, or waits on their sentinels. Fix: launch with `torchrun` (or
-`torch.multiprocessing.spawn`), or poll all processes and terminate the rest at the first
-failure.
+`multiprocessing.Process(target=f, args=(rank, ...))` started in a loop
+(`torch.multiprocessing` and a context's `Process` too; `f` bound with `functools.partial`
+first, and forming the group itself or in a function it calls, in this file or another given
+one), when the processes are then waited on one by one (`.wait()`, `.communicate()`, `.join()`)
+and the module never terminates or kills a process, polls one, reads an exit code, or waits on
+their sentinels. Fix: launch with `torchrun` (or `torch.multiprocessing.spawn`), or poll all
+processes and terminate the rest at the first failure.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import ModuleInfo, dotted
+from ..analysis.callgraph import calls_by_func, resolve
+from ..analysis.context import Func, ModuleInfo, dotted
 from ..registry import Hit, rule
 
 _ENDS = {"terminate", "kill", "killpg", "poll", "sentinel", "exitcode", "send_signal",
@@ -110,25 +112,40 @@ def _per_rank_start(info: ModuleInfo, call: ast.Call, loop: ast.AST | None) -> s
 
 
 def _forms_group(info: ModuleInfo, target: ast.expr) -> bool:
-    """The process's function forms a process group, in it or in a function of this file it
-    calls (a few calls deep)."""
-    if not isinstance(target, ast.Name):
-        return False
-    todo, seen = [target.id], set[str]()
+    """The process's function forms a process group, in it or in a function it calls a few
+    calls deep, in this file or another given one (diffwave's `init_distributed()` in
+    distributed_util.py); the target may be a `partial(f, ...)` bound to a name first."""
+    name = _target_name(info, target)
+    todo: list[tuple[ModuleInfo, Func]] = [(info, fn) for fn in info.funcs.get(name, [])]
+    seen: set[int] = set()
     while todo:
-        name = todo.pop()
-        if name in seen or len(seen) > 8:
+        m, fn = todo.pop()
+        if id(fn) in seen or len(seen) > 12:
             continue
-        seen.add(name)
-        for fn in info.funcs.get(name, []):
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Call):
-                    last = info.callee_last(n)
-                    if last == "init_process_group":
-                        return True
-                    if isinstance(n.func, ast.Name) and n.func.id in info.funcs:
-                        todo.append(n.func.id)
+        seen.add(id(fn))
+        for rec in calls_by_func(m).get(id(fn), []):
+            if rec.last == "init_process_group":
+                return True
+            local = m.local_callees(rec)
+            todo.extend((m, f) for f in local)
+            if not local and (site := resolve(m, rec)) is not None:
+                todo.append(site)
     return False
+
+
+def _target_name(info: ModuleInfo, target: ast.expr) -> str:
+    """`f` for `target=f`, and for `target=train_fn` where `train_fn = partial(f, ...)`."""
+    if isinstance(target, ast.Call) and info.callee_last(target) == "partial" and target.args:
+        target = target.args[0]
+    if not isinstance(target, ast.Name):
+        return ""
+    if target.id not in info.funcs:
+        values = [v for _, v in info.assigns.get(target.id, [])]
+        if len(values) == 1 and isinstance(values[0], ast.Call) \
+                and info.callee_last(values[0]) == "partial" and values[0].args \
+                and isinstance(values[0].args[0], ast.Name):
+            return values[0].args[0].id
+    return target.id
 
 
 def _held_in(loop: ast.AST, call: ast.Call) -> str | None:

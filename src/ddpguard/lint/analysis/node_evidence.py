@@ -1,0 +1,91 @@
+"""Whether the program shows it runs on more than one node (DDP025's question before it says
+that a rank kind is mixed up: on one node the global and the local rank are the same number).
+
+`ModuleInfo.multi_node` cannot answer it: any `get_rank()` sets it. The evidence here is what
+only a program meant for several nodes holds, in the file or in a file one import away (either
+way: the trainer imports the set-up, or a launcher imports the trainer): a launcher variable
+of a node (`NODE_RANK`, `SLURM_PROCID`, `OMPI_COMM_WORLD_RANK`), an option for the node count
+or the node's rank (`--nnodes`, `--node_rank`), a product with a count per node
+(`ngpus_per_node * args.world_size`, MoCo's), `MASTER_ADDR` set to an address that is not this
+machine's, or the Determined cluster launcher. A one-node pin (`--nnodes=1`, `localhost`) is
+no evidence. Read only where a mix-up was found (most files have none).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .context import ModuleInfo, dotted
+
+_NODE_STRINGS = {
+    "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "num_nodes", "node_rank",
+    "--nnodes", "--num_nodes", "--num-nodes", "--nodes", "--node_rank", "--node-rank", "--nr",
+    "--machine_rank", "--machine-rank", "--num_machines", "--num-machines",
+}
+# An IPv4 address, bare or in a tcp:// URL: a host other than this machine's.
+_ADDRESS = re.compile(r"^(?:tcp://)?(\d{1,3})\.\d{1,3}\.\d{1,3}\.\d{1,3}(?::\d+)?$")
+
+
+def several_nodes(info: ModuleInfo) -> str:
+    """What shows the program runs on several nodes (`reads SLURM_PROCID (train.py:12)`), or
+    "" for nothing."""
+    key = ("several_nodes", 0)
+    if key not in info._memo:
+        found = _evidence(info)
+        fs = info.file_set
+        for m in _neighbours(info) if not found and fs is not None else ():
+            found = _evidence(m)
+            if found:
+                break
+        info._memo[key] = found
+    return str(info._memo[key])
+
+
+def _neighbours(info: ModuleInfo) -> list[ModuleInfo]:
+    """The files `info` imports and the files that import it, among those given."""
+    fs = info.file_set
+    out: list[ModuleInfo] = []
+    for m in getattr(fs, "infos", None) or []:
+        if m is not info and (info in _imported(fs, m) or m in _imported(fs, info)):
+            out.append(m)
+    return out
+
+
+def _imported(fs: object, info: ModuleInfo) -> list[ModuleInfo]:
+    key = ("imported", 0)
+    if key not in info._memo:
+        plain = {a.name for n in ast.walk(info.tree) if isinstance(n, ast.Import)
+                 for a in n.names}
+        info._memo[key] = [m for q in set(info.aliases.values()) | plain
+                           for m in fs._modules(q, info)]  # type: ignore[attr-defined]
+    return info._memo[key]  # type: ignore[return-value]
+
+
+def _evidence(info: ModuleInfo) -> str:
+    key = ("node_evidence", 0)
+    if key not in info._memo:
+        info._memo[key] = _scan(info)
+    return str(info._memo[key])
+
+
+def _scan(info: ModuleInfo) -> str:
+    where = info.path.rsplit("/", 1)[-1]
+    for n in ast.walk(info.tree):
+        if isinstance(n, ast.Constant) and type(n.value) is str:
+            if n.value in _NODE_STRINGS:
+                return f"it reads `{n.value}` at {where}:{n.lineno}"
+            m = _ADDRESS.match(n.value)
+            if m and m.group(1) not in ("127", "0"):
+                return f"it meets at the address `{n.value}` at {where}:{n.lineno}"
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+            names = [(dotted(x) or "").lower() for x in (n.left, n.right)]
+            if all(names) and any("node" in x for x in names):
+                return (f"it multiplies by a count per node, `{ast.unparse(n)}` at "
+                        f"{where}:{n.lineno}")
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+            if any(x.split(".")[0] == "determined" for x in mods):
+                return f"it runs under the Determined cluster launcher at {where}:{n.lineno}"
+    return ""
