@@ -680,6 +680,8 @@ M = [
  ("nineteenth: DDP035 a target bound with partial first", 'rules/ddp035_launcher_without_teardown.py', '            return values[0].args[0].id\n', '            return target.id\n'),
  ("nineteenth: DDP035 the group formed in a function the target calls", 'rules/ddp035_launcher_without_teardown.py', '            todo.extend((m, f) for f in local)', '            pass'),
  ("nineteenth: DDP035 the group formed in another file's function", 'rules/ddp035_launcher_without_teardown.py', '            if not local and (site := resolve(m, rec)) is not None:', '            if False and (site := resolve(m, rec)) is not None:'),
+ ("nineteenth: DDP001 a loader parameter is what the function's callers pass", 'analysis/loop_samplers.py', '            if not found and depth < 4:', '            if False:'),
+ ("nineteenth: DDP001 a method's callers pass no self", 'analysis/loop_samplers.py', '            at = pos.index(name) - (1 if pos[0] in ("self", "cls") and isinstance(', '            at = pos.index(name) - (0 if pos[0] in ("self", "cls") and isinstance('),
  ('nineteenth: DDP004 only the arm the flag takes is live', 'analysis/rank_failures.py', '                todo.extend(node.orelse if neg else node.body)', '                todo.extend(node.body if neg else node.orelse)'),
 ]
 

@@ -1,11 +1,21 @@
 """The samplers a loop iterates: through the loader it loops over, a progress bar or enumerate
-around it, or a parameter of the function the loop is in."""
+around it, or a parameter of the function the loop is in (by name module-wide, or else what the
+function's callers in this file pass for it: fcn-pytorch's `train_net(cfg, model,
+train_dataloader)` whose epoch loop iterates its `data_loader`)."""
 
 from __future__ import annotations
 
 import ast
 
-from .context import Func, LoopRec, ModuleInfo, loader_samplers, orders_by_sampler, wraps_iterable
+from .context import (
+    CallRec,
+    Func,
+    LoopRec,
+    ModuleInfo,
+    loader_samplers,
+    orders_by_sampler,
+    wraps_iterable,
+)
 
 
 def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
@@ -33,7 +43,12 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
         local = [v for line, v in info.assigns.get(node.id, [])
                  if fn.lineno <= line <= (fn.end_lineno or fn.lineno)]
         if not local:
-            return info.samplers_of(node)
+            found = info.samplers_of(node)
+            if not found and depth < 4:
+                found = [s for caller, arg in _passed(info, fn, node.id)
+                         for s in (_scoped(info, caller, arg, depth + 2) if caller is not None
+                                   else info.samplers_of(arg))]
+            return found
         return [s for v in local for s in _scoped(info, fn, v, depth + 1)]
     if isinstance(node, ast.IfExp):
         return [*_scoped(info, fn, node.body, depth + 1),
@@ -46,3 +61,38 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
         return [node] if info.is_dist_sampler(node) else []
     return info.samplers_of(node)
 
+
+
+def _passed(info: ModuleInfo, fn: Func, name: str) -> list[tuple[Func | None, ast.expr]]:
+    """What each call of `fn` in this file passes for its parameter `name`, with the function
+    the call is in."""
+    a = fn.args
+    pos = [x.arg for x in a.posonlyargs + a.args]
+    if name not in pos and name not in {x.arg for x in a.kwonlyargs}:
+        return []
+    out: list[tuple[Func | None, ast.expr]] = []
+    for rec in _callers(info).get(id(fn), []):
+        given = next((k.value for k in rec.node.keywords if k.arg == name), None)
+        if given is None and name in pos:
+            at = pos.index(name) - (1 if pos[0] in ("self", "cls") and isinstance(
+                rec.node.func, ast.Attribute) else 0)
+            if 0 <= at < len(rec.node.args) and not any(
+                    isinstance(x, ast.Starred) for x in rec.node.args[:at + 1]):
+                given = rec.node.args[at]
+        if given is not None:
+            out.append((rec.func, given))
+    return out
+
+
+def _callers(info: ModuleInfo) -> dict[int, list[CallRec]]:
+    """The calls of each function of this file (by id), made once a file."""
+    key = ("loop_sampler_callers", 0)
+    hit = info._memo.get(key)
+    if hit is None:
+        out: dict[int, list[CallRec]] = {}
+        for rec in info.calls:
+            if rec.last in info.funcs:
+                for f in info.local_callees(rec):
+                    out.setdefault(id(f), []).append(rec)
+        hit = info._memo[key] = out
+    return hit  # type: ignore[return-value]
