@@ -682,6 +682,7 @@ M = [
  ("nineteenth: DDP035 the group formed in another file's function", 'rules/ddp035_launcher_without_teardown.py', '            if not local and (site := resolve(m, rec)) is not None:', '            if False and (site := resolve(m, rec)) is not None:'),
  ("nineteenth: DDP001 a loader parameter is what the function's callers pass", 'analysis/loop_samplers.py', '            if not found and depth < 4:', '            if False:'),
  ("nineteenth: DDP001 a method's callers pass no self", 'analysis/loop_samplers.py', '            at = pos.index(name) - (1 if pos[0] in ("self", "cls") and isinstance(', '            at = pos.index(name) - (0 if pos[0] in ("self", "cls") and isinstance('),
+ ("nineteenth: DDP001 a generator's loop over its parameter is no epoch loop", 'analysis/loop_samplers.py', ' or _generator(fn):\n', ':\n'),
  ('nineteenth: DDP004 only the arm the flag takes is live', 'analysis/rank_failures.py', '                todo.extend(node.orelse if neg else node.body)', '                todo.extend(node.body if neg else node.orelse)'),
 ]
 

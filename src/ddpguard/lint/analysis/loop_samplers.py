@@ -68,8 +68,8 @@ def _passed(info: ModuleInfo, fn: Func, name: str) -> list[tuple[Func | None, as
     the call is in."""
     a = fn.args
     pos = [x.arg for x in a.posonlyargs + a.args]
-    if name not in pos and name not in {x.arg for x in a.kwonlyargs}:
-        return []
+    if name not in pos and name not in {x.arg for x in a.kwonlyargs} or _generator(fn):
+        return []  # a generator's loops run at its consumer's pace (DDP001's endless cycle)
     out: list[tuple[Func | None, ast.expr]] = []
     for rec in _callers(info).get(id(fn), []):
         given = next((k.value for k in rec.node.keywords if k.arg == name), None)
@@ -96,3 +96,7 @@ def _callers(info: ModuleInfo) -> dict[int, list[CallRec]]:
                     out.setdefault(id(f), []).append(rec)
         hit = info._memo[key] = out
     return hit  # type: ignore[return-value]
+
+
+def _generator(fn: Func) -> bool:
+    return any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(fn))
