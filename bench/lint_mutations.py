@@ -598,7 +598,7 @@ M = [
  ("seventeenth: DDP042 another entry's own world size", 'rules/ddp042_slurm_world_size_unset.py', '    return any(isinstance(c, ast.Call) and info.callee_last(c) == name for c in ast.walk(inner))', '    return True'),
  ('seventeenth: DDP042 submitit sets the world size', 'rules/ddp042_slurm_world_size_unset.py', '        if any("submitit" in q for q in other.aliases.values()):\n            return True', '        pass'),
  ('seventeenth: DDP042 only an option whose default is 1', 'rules/ddp042_slurm_world_size_unset.py', '                if isinstance(default, ast.Constant) and default.value == 1:', '                if True:'),
- ('seventeenth: DDP041 a loader handed in by a caller', 'rules/ddp041_unreduced_eval_metric.py', 'where = f"line {samplers[0].lineno}" if samplers else _handed_in(info, fn,', 'where = f"line {samplers[0].lineno}" if samplers else "" and _handed_in(info, fn,'),
+ ('seventeenth: DDP041 a loader handed in by a caller', 'rules/ddp041_unreduced_eval_metric.py', '        where = _handed_in(info, fn, lrec.node.iter) or (', '        where = "" or ('),
  ('seventeenth: DDP041 the caller combines what it returns', 'rules/ddp041_unreduced_eval_metric.py', '            if _combines_in(m, rec.func, writes=False):\n                return True', '            pass'),
  ('seventeenth: DDP041 a collective reached from the function', 'rules/ddp041_unreduced_eval_metric.py', '        if _may_reach(info, rec) and reaches_collective(info, rec) \\\n', '        if False and reaches_collective(info, rec) \\\n'),
  ('seventeenth: DDP041 a barrier combines nothing', 'rules/ddp041_unreduced_eval_metric.py', 'and reaches_collective(info, rec, skip=_BARRIERS)', 'and reaches_collective(info, rec)'),

@@ -76,8 +76,9 @@ def ddp041(info: ModuleInfo) -> Iterator[Hit]:
                 or not _evaluation_loop(info, lrec, fn):
             continue
         samplers = [s for s in loop_samplers(info, lrec) if info.is_dist_sampler(s)]
-        where = f"line {samplers[0].lineno}" if samplers else _handed_in(info, fn,
-                                                                          lrec.node.iter)
+        # what the callers hand in says more than the line (and is the only answer across files)
+        where = _handed_in(info, fn, lrec.node.iter) or (
+            f"line {samplers[0].lineno}" if samplers else "")
         if not where or not _reports(info, fn) or not _accumulates(info, lrec.node) \
                 or _breaks(lrec.node) or _combined(info, fn):
             continue
