@@ -185,7 +185,8 @@ def _cycled(info: ModuleInfo) -> Iterator[Hit]:
     re-iteration of the loader (a project's `cycle`, `itertools.cycle`, an `infinite_loader`)
     goes over the sampler again and again at its epoch 0 when nothing anywhere in the program
     calls set_epoch (itertools.cycle replays its first pass, with the same effect)."""
-    recs = [r for r in info.calls if r.node.args and _endless(r.last)]
+    names = [n for n in info.call_lasts() if _endless(n)]  # each distinct name once
+    recs = [r for r in info.calls_named(*names) if r.node.args] if names else []
     if not recs:
         return
     infos = getattr(info.file_set, "infos", None) or [info]
