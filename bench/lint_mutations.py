@@ -683,6 +683,8 @@ M = [
  ("nineteenth: DDP001 a loader parameter is what the function's callers pass", 'analysis/loop_samplers.py', '            if not found and depth < 4:', '            if False:'),
  ("nineteenth: DDP001 a method's callers pass no self", 'analysis/loop_samplers.py', '            at = pos.index(name) - (1 if pos[0] in ("self", "cls") and isinstance(', '            at = pos.index(name) - (0 if pos[0] in ("self", "cls") and isinstance('),
  ("nineteenth: DDP001 a generator's loop over its parameter is no epoch loop", 'analysis/loop_samplers.py', ' or _generator(fn):\n', ':\n'),
+ ("nineteenth: DDP045 an ExitStack's no_sync, then `with stack:`", 'rules/ddp045_no_sync_without_forward.py', '        name = st.value.func.value.id  # `stack.enter_context(W.no_sync())`, then `with stack:`', '        return []'),
+ ("nineteenth: DDP045 the message names the backward's line", 'rules/ddp045_no_sync_without_forward.py', '            line = next(st.lineno for st in block.body if isinstance(st, ast.Expr))', '            line = block.body[0].lineno'),
  ('nineteenth: DDP004 only the arm the flag takes is live', 'analysis/rank_failures.py', '                todo.extend(node.orelse if neg else node.body)', '                todo.extend(node.body if neg else node.orelse)'),
 ]
 

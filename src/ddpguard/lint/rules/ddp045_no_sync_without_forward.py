@@ -16,14 +16,14 @@ the flag `no_sync()` clears and arms the reducer. A forward run before the block
 already, so the backward inside the block all-reduces every gradient bucket as if the block were
 not there: the accumulation steps cost the communication they were meant to save (the results
 are right; each micro-step all-reduces as a plain step would). PyTorch's
-documentation of `no_sync` says the forward must be inside the context. Reported where the
-block holds a backward (`loss.backward()`, `scaler.scale(loss).backward()`) and nothing else but
-arithmetic on the loss (`loss = loss / accum`): the loss came from a forward outside it. Also
-for a context chosen before the block (`ctx = model.no_sync() if not last else nullcontext()`,
-then `with ctx:`). Only for a DDP wrapper (FSDP's `no_sync` is read at the backward and works
-this way): a name the files wrap in DDP, or any receiver in a module that wraps in DDP,
-imports DDP's class or is handed a DDP wrapper by another file of the project, and never names
-FSDP. Fix: move the forward (and the loss) into the `with model.no_sync():` block.
+documentation of `no_sync` says the forward must be inside the context. Reported where the block holds a backward (`loss.backward()`, `scaler.scale(loss).backward()`)
+and nothing else but arithmetic on the loss (`loss = loss / accum`): the loss came from a
+forward outside it. Also for a context chosen before the block (`ctx = model.no_sync() if not
+last else nullcontext()`, then `with ctx:`; `stack.enter_context(model.no_sync())`, then `with
+stack:`). Only for a DDP wrapper (FSDP's `no_sync` is read at the backward and works this way):
+a name the files wrap in DDP, or any receiver in a module that wraps in DDP, imports DDP's
+class or is handed a DDP wrapper by another file of the project, and never names FSDP. Fix:
+move the forward (and the loss) into the `with model.no_sync():` block.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def ddp045(info: ModuleInfo) -> Iterator[Hit]:
             if id(block) in said or not _backward_only(block.body):
                 continue
             said.add(id(block))
+            line = next(st.lineno for st in block.body if isinstance(st, ast.Expr))
             yield block, "DDP045", (
-                f"`{owner}.no_sync()` holds only the backward (line {block.body[0].lineno}): "
+                f"`{owner}.no_sync()` holds only the backward (line {line}): "
                 "DDP decides in its forward whether the next backward all-reduces, and the "
                 "forward that made this loss ran before the block, with syncing on, so this "
                 "backward all-reduces every gradient anyway and the accumulation saves no "
@@ -75,14 +76,19 @@ def ddp045(info: ModuleInfo) -> Iterator[Hit]:
 def _blocks(info: ModuleInfo, rec: CallRec) -> list[ast.With]:
     """The `with` blocks `rec` (a `W.no_sync()` call) is the context of: directly, or through
     a name it was assigned to in the same function (`ctx = W.no_sync() if ... else
-    nullcontext()`, then `with ctx:`)."""
+    nullcontext()`, then `with ctx:`; `stack.enter_context(W.no_sync())`, then `with stack:`)."""
     st = rec.stmt
     if isinstance(st, ast.With):
         return [st] if any(item.context_expr is rec.node for item in st.items) else []
-    if not (isinstance(st, ast.Assign) and len(st.targets) == 1
-            and isinstance(st.targets[0], ast.Name)):
+    if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and isinstance(
+            st.value.func, ast.Attribute) and st.value.func.attr == "enter_context" \
+            and isinstance(st.value.func.value, ast.Name) and rec.node in st.value.args:
+        name = st.value.func.value.id  # `stack.enter_context(W.no_sync())`, then `with stack:`
+    elif isinstance(st, ast.Assign) and len(st.targets) == 1 \
+            and isinstance(st.targets[0], ast.Name):
+        name = st.targets[0].id
+    else:
         return []
-    name = st.targets[0].id
     scope = rec.func.body if rec.func is not None else info.tree.body
     return [w for top in scope for w in ast.walk(top) if isinstance(w, ast.With)
             and w.lineno > st.lineno and any(isinstance(i.context_expr, ast.Name)
