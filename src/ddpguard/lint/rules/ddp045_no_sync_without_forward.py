@@ -11,19 +11,20 @@ for step, batch in enumerate(loader):
         optimizer.step()
 ```
 
-DDP decides in its forward whether the backward that follows all-reduces: the forward reads
-the flag `no_sync()` clears and arms the reducer. A forward run before the block has armed it
-already, so the backward inside the block all-reduces every gradient bucket as if the block were
-not there: the accumulation steps cost the communication they were meant to save (the results
-are right; each micro-step all-reduces as a plain step would). PyTorch's
-documentation of `no_sync` says the forward must be inside the context. Reported where the block holds a backward (`loss.backward()`, `scaler.scale(loss).backward()`)
-and nothing else but arithmetic on the loss (`loss = loss / accum`): the loss came from a
-forward outside it. Also for a context chosen before the block (`ctx = model.no_sync() if not
-last else nullcontext()`, then `with ctx:`; `stack.enter_context(model.no_sync())`, then `with
-stack:`). Only for a DDP wrapper (FSDP's `no_sync` is read at the backward and works this way):
-a name the files wrap in DDP, or any receiver in a module that wraps in DDP, imports DDP's
-class or is handed a DDP wrapper by another file of the project, and never names FSDP. Fix:
-move the forward (and the loss) into the `with model.no_sync():` block.
+DDP decides in its forward whether the backward that follows all-reduces: the forward reads the
+flag `no_sync()` clears and arms the reducer. A forward run before the block has armed it
+already, so the backward inside the block all-reduces every gradient bucket as if the block
+were not there: the accumulation steps cost the communication they were meant to save (the
+results are right; each micro-step all-reduces as a plain step would). PyTorch's documentation
+of `no_sync` says the forward must be inside the context. Reported where the block holds a
+backward (`loss.backward()`, `scaler.scale(loss).backward()`) and nothing else but arithmetic
+on the loss (`loss = loss / accum`): the loss came from a forward outside it. Also for a
+context chosen before the block (`ctx = model.no_sync() if not last else nullcontext()`, then
+`with ctx:`; `stack.enter_context(model.no_sync())`, then `with stack:`). Only for a DDP
+wrapper (FSDP's `no_sync` is read at the backward and works this way): a name the files wrap in
+DDP, or any receiver in a module that wraps in DDP, imports DDP's class or is handed a DDP
+wrapper by another file of the project, and never names FSDP. Fix: move the forward (and the
+loss) into the `with model.no_sync():` block.
 """
 
 from __future__ import annotations
