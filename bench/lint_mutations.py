@@ -218,7 +218,7 @@ M = [
  ("a name defined twice in the tree is ambiguous", "analysis/crossfile.py", "                    if len(target) == 1 and target[0] is not caller and any(", "                    if target and target[0] is not caller and any("),
  ("the wrapper, not any argument, is handed in", "analysis/crossfile.py", "                            dotted(a) in wrapped for a in", "                            True for a in"),
  ("the innermost accumulating if first", "rules/ddp013_accumulation_without_no_sync.py", "    return [ifs[k] for k in reversed(arms) if", "    return [ifs[k] for k in arms[:1] if"),
- ("DDP024: the wrapper called in the same step", "rules/ddp024_forward_around_ddp.py", "        if any(dotted(r.node.func) in (owner, f\"{owner}.forward\") for r in scope) \\\n                or not", "        if not"),
+ ("DDP024: the wrapper called in the same step", "rules/ddp024_forward_around_ddp.py", "        if any(_wrapper_forward(dotted(r.node.func), wrapped) for r in scope) \\\n                or not", "        if not"),
  ("DDP024: a training step steps", "rules/ddp024_forward_around_ddp.py", "                or not any(is_optimizer_step(r.node) for r in scope) \\\n", ""),
  ("DDP024: a no_grad decorator", "rules/ddp024_forward_around_ddp.py", "    if any((dotted(d.func if isinstance(d, ast.Call) else d) or \"\").endswith(_NO_GRAD)\n           for d in scope.decorator_list):\n        return True\n", ""),
  ("DDP024: a detached receiver", "rules/ddp024_forward_around_ddp.py", "            if _call_used(receiver, call) or", "            if any(n is call for n in ast.walk(receiver)) or"),
@@ -685,6 +685,7 @@ M = [
  ("nineteenth: DDP001 a generator's loop over its parameter is no epoch loop", 'analysis/loop_samplers.py', ' or _generator(fn):\n', ':\n'),
  ("nineteenth: DDP045 an ExitStack's no_sync, then `with stack:`", 'rules/ddp045_no_sync_without_forward.py', '        name = st.value.func.value.id  # `stack.enter_context(W.no_sync())`, then `with stack:`', '        return []'),
  ("nineteenth: DDP045 the message names the backward's line", 'rules/ddp045_no_sync_without_forward.py', '            line = next(st.lineno for st in block.body if isinstance(st, ast.Expr))', '            line = block.body[0].lineno'),
+ ("nineteenth: DDP024 another wrapper's forward in the step", 'rules/ddp024_forward_around_ddp.py', '    return name is not None and (name in wrapped or name.endswith(".forward")', '    return name is not None and (name in () or name.endswith(".forward")'),
  ('nineteenth: DDP004 only the arm the flag takes is live', 'analysis/rank_failures.py', '                todo.extend(node.orelse if neg else node.body)', '                todo.extend(node.body if neg else node.orelse)'),
 ]
 

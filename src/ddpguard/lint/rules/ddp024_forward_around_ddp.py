@@ -50,7 +50,8 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
     rank's gradients its own and the replicas drift apart in silence (P5's pretraining,
     ProPainter's flow-completion trainer). Reported only where the loss
     that is backpropagated visibly comes from that call, in a loop or function that never
-    calls the wrapper itself and never all-reduces gradients by hand."""
+    calls a DDP wrapper's own forward (this one's, or another's the loss may pass through,
+    `model_net(agent.module.embed(x))`) and never all-reduces gradients by hand."""
     wrapped = info.ddp_names() if info.wraps_ddp else {}
     if not wrapped:
         return
@@ -77,7 +78,9 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
         if by_hand:
             return
         scope = _iteration(info, rec)
-        if any(dotted(r.node.func) in (owner, f"{owner}.forward") for r in scope) \
+        # any wrapper's own forward in the step arms that wrapper's all-reduce: MaxReward's
+        # `model_net(agent.module.text2emb(s))`, where `model_net` is what the optimizer trains
+        if any(_wrapper_forward(dotted(r.node.func), wrapped) for r in scope) \
                 or not any(is_optimizer_step(r.node) for r in scope) \
                 or _under_no_grad(rec):
             continue
@@ -86,6 +89,11 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
                 f"the loss comes from `{dotted(rec.node.func)}()`, the model inside the DDP "
                 f"wrapper `{owner}`: DDP's forward never runs, so this step's backward "
                 "all-reduces no gradient and every rank trains its own copy")
+
+
+def _wrapper_forward(name: str | None, wrapped: dict[str, int]) -> bool:
+    return name is not None and (name in wrapped or name.endswith(".forward")
+                                 and name[:-len(".forward")] in wrapped)
 
 
 def _module_of_wrapper(func: ast.expr, wrapped: dict[str, int], info: ModuleInfo,
