@@ -109,6 +109,21 @@ def reaches(info: ModuleInfo, key: int) -> bool:
     return hit
 
 
+def file_callers(info: ModuleInfo) -> dict[int, list[CallRec]]:
+    """The calls in this file of each of its functions (by id), made once a file: the other
+    way round from calls_by_func."""
+    key = ("file_callers", 0)
+    hit = info._memo.get(key)
+    if hit is None:
+        out: dict[int, list[CallRec]] = {}
+        for rec in info.calls:
+            if rec.last in info.funcs:
+                for f in info.local_callees(rec):
+                    out.setdefault(id(f), []).append(rec)
+        hit = info._memo[key] = out
+    return hit  # type: ignore[return-value]
+
+
 def calls_by_func(info: ModuleInfo) -> dict[int, list[CallRec]]:
     hit = info._memo.get(("calls_by_func", 0))
     if hit is None:

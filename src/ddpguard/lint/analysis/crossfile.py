@@ -84,14 +84,17 @@ class FileSet:
             return
         learnt: list[ModuleInfo] = []
         for info in infos:
-            plain = {a.name for n in info.tree.body if isinstance(n, ast.Import)
-                     for a in n.names}
-            for qual in set(info.aliases.values()) | plain:
-                for m in self._modules(qual, info):
-                    if m.multi_node != info.multi_node:
-                        learnt.append(info if m.multi_node else m)
+            for m in self.imported(info):
+                if m.multi_node != info.multi_node:
+                    learnt.append(info if m.multi_node else m)
         for info in learnt:
             info.multi_node = True
+
+    def imported(self, info: ModuleInfo) -> list[ModuleInfo]:
+        """The files given that `info` imports (`from a import f`, `import a.b`)."""
+        plain = {a.name for n in info.tree.body if isinstance(n, ast.Import) for a in n.names}
+        return [m for qual in set(info.aliases.values()) | plain
+                for m in self._modules(qual, info)]
 
     def _same_tree(self, m: ModuleInfo, caller: ModuleInfo) -> bool:
         """Several trees on one command line (`lint repo_a/ repo_b/`): a call resolves

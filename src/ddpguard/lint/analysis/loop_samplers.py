@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import ast
 
+from .callgraph import file_callers
 from .context import (
-    CallRec,
     Func,
     LoopRec,
     ModuleInfo,
@@ -16,6 +16,7 @@ from .context import (
     orders_by_sampler,
     wraps_iterable,
 )
+from .param_flow import is_parameter, passed
 
 
 def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
@@ -66,36 +67,10 @@ def _scoped(info: ModuleInfo, fn: Func, node: ast.expr, depth: int) -> list[ast.
 def _passed(info: ModuleInfo, fn: Func, name: str) -> list[tuple[Func | None, ast.expr]]:
     """What each call of `fn` in this file passes for its parameter `name`, with the function
     the call is in."""
-    a = fn.args
-    pos = [x.arg for x in a.posonlyargs + a.args]
-    if name not in pos and name not in {x.arg for x in a.kwonlyargs} or _generator(fn):
+    if not is_parameter(fn, name) or _generator(fn):
         return []  # a generator's loops run at its consumer's pace (DDP001's endless cycle)
-    out: list[tuple[Func | None, ast.expr]] = []
-    for rec in _callers(info).get(id(fn), []):
-        given = next((k.value for k in rec.node.keywords if k.arg == name), None)
-        if given is None and name in pos:
-            at = pos.index(name) - (1 if pos[0] in ("self", "cls") and isinstance(
-                rec.node.func, ast.Attribute) else 0)
-            if 0 <= at < len(rec.node.args) and not any(
-                    isinstance(x, ast.Starred) for x in rec.node.args[:at + 1]):
-                given = rec.node.args[at]
-        if given is not None:
-            out.append((rec.func, given))
-    return out
-
-
-def _callers(info: ModuleInfo) -> dict[int, list[CallRec]]:
-    """The calls of each function of this file (by id), made once a file."""
-    key = ("loop_sampler_callers", 0)
-    hit = info._memo.get(key)
-    if hit is None:
-        out: dict[int, list[CallRec]] = {}
-        for rec in info.calls:
-            if rec.last in info.funcs:
-                for f in info.local_callees(rec):
-                    out.setdefault(id(f), []).append(rec)
-        hit = info._memo[key] = out
-    return hit  # type: ignore[return-value]
+    return [(rec.func, arg) for rec in file_callers(info).get(id(fn), [])
+            if (arg := passed(fn, rec.node, name)) is not None]
 
 
 def _generator(fn: Func) -> bool:

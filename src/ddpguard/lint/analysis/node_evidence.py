@@ -46,21 +46,9 @@ def several_nodes(info: ModuleInfo) -> str:
 def _neighbours(info: ModuleInfo) -> list[ModuleInfo]:
     """The files `info` imports and the files that import it, among those given."""
     fs = info.file_set
-    out: list[ModuleInfo] = []
-    for m in getattr(fs, "infos", None) or []:
-        if m is not info and (info in _imported(fs, m) or m in _imported(fs, info)):
-            out.append(m)
-    return out
-
-
-def _imported(fs: object, info: ModuleInfo) -> list[ModuleInfo]:
-    key = ("imported", 0)
-    if key not in info._memo:
-        plain = {a.name for n in ast.walk(info.tree) if isinstance(n, ast.Import)
-                 for a in n.names}
-        info._memo[key] = [m for q in set(info.aliases.values()) | plain
-                           for m in fs._modules(q, info)]  # type: ignore[attr-defined]
-    return info._memo[key]  # type: ignore[return-value]
+    imported = fs.imported  # type: ignore[attr-defined]
+    return [m for m in getattr(fs, "infos", None) or []
+            if m is not info and (info in imported(m) or m in imported(info))]
 
 
 def _evidence(info: ModuleInfo) -> str:

@@ -39,8 +39,11 @@ def passed(fn: Func, call: ast.Call, name: str) -> ast.expr | None:
             return k.value
     a = fn.args
     positional = [p.arg for p in (*a.posonlyargs, *a.args)]
-    if fn.name == "__init__" and positional[:1] == ["self"]:
-        positional = positional[1:]   # `Trainer(net, rank)` fills `__init__(self, net, rank)`
+    if positional[:1] in (["self"], ["cls"]) and (
+            fn.name == "__init__" or isinstance(call.func, ast.Attribute)):
+        # `Trainer(net, rank)` fills `__init__(self, net, rank)`; `runner.fit(loader)` fills
+        # `fit(self, data_loader)`
+        positional = positional[1:]
     if name in positional:
         i = positional.index(name)
         if i < len(call.args):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 from .callgraph import calls_by_func, resolve
 from .context import CallRec, Func, Loop, ModuleInfo, dotted, is_collective, is_main_guard
+from .param_flow import passed
 
 # Errors that end an iteration for every rank alike, or a user's interrupt.
 COMMON_ERRORS = {"StopIteration", "KeyboardInterrupt", "SystemExit", "GeneratorExit"}
@@ -273,25 +274,15 @@ def _set_flags(info: ModuleInfo, fn: Func) -> set[str]:
     (`fail_safe=True`) where no call of it in the project passes anything else."""
     a = fn.args
     pos = a.posonlyargs + a.args
-    flags = {p.arg: k for k, (p, d) in enumerate(zip(pos[len(pos) - len(a.defaults):],
-                                                    a.defaults, strict=True))
-             if isinstance(d, ast.Constant) and d.value is True}
-    flags |= {p.arg: -1 for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
-              if isinstance(d, ast.Constant) and d.value is True}
-    if not flags:
-        return set()
-    first = len(pos) - len(a.defaults)
-    bound = 1 if pos and pos[0].arg in ("self", "cls") else 0
-    out = set(flags)
-    for m in _infos(info):
+    out = {p.arg for p, d in zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True)
+           if isinstance(d, ast.Constant) and d.value is True}
+    out |= {p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+            if isinstance(d, ast.Constant) and d.value is True}
+    for m in _infos(info) if out else ():
         for rec in m.calls_named(fn.name) if fn.name in m.call_lasts() else ():
-            for name, k in flags.items():
-                at = first + k - bound
-                given = next((kw.value for kw in rec.node.keywords if kw.arg == name), None)
-                if given is None and k >= 0 and at < len(rec.node.args):
-                    given = rec.node.args[at]
-                if given is not None and not (isinstance(given, ast.Constant)
-                                              and given.value is True):
+            for name in list(out):
+                given = passed(fn, rec.node, name)  # the default where the call leaves it out
+                if not (isinstance(given, ast.Constant) and given.value is True):
                     out.discard(name)
     return out
 

@@ -44,6 +44,7 @@ from ..analysis.bindings import bindings as _bindings
 from ..analysis.bindings import names_bound as _names_bound
 from ..analysis.bindings import names_of as _names_of
 from ..analysis.bindings import params as _params
+from ..analysis.callgraph import file_callers
 from ..analysis.context import (
     COLLECTIVE_EXACT,
     COLLECTIVE_PREFIXES,
@@ -154,8 +155,8 @@ def _after_calls(info: ModuleInfo, fn: Func) -> str:
     or in the next turn of a loop around the call); "" where `fn` is called only under rank
     tests (a function only rank 0 calls, so that a chain of calls from one is reported
     nowhere either) or nothing follows."""
-    for rec in info.calls:
-        if rec.guard or fn not in info.local_callees(rec):
+    for rec in file_callers(info).get(id(fn), []):
+        if rec.guard:
             continue
         stmts = block_statements(rec.func.body if rec.func is not None else info.tree.body)
         follow = _next_wait(info, rec.func, stmts, rec.node)
