@@ -687,6 +687,10 @@ M = [
  ("nineteenth: DDP045 the message names the backward's line", 'rules/ddp045_no_sync_without_forward.py', '            line = next(st.lineno for st in block.body if isinstance(st, ast.Expr))', '            line = block.body[0].lineno'),
  ("nineteenth: DDP024 another wrapper's forward in the step", 'rules/ddp024_forward_around_ddp.py', '    return name is not None and (name in wrapped or name.endswith(".forward")', '    return name is not None and (name in () or name.endswith(".forward")'),
  ('nineteenth: DDP004 only the arm the flag takes is live', 'analysis/rank_failures.py', '                todo.extend(node.orelse if neg else node.body)', '                todo.extend(node.body if neg else node.orelse)'),
+ ('twentieth: DDP032 a port each process draws at random', 'rules/ddp032_rendezvous_mismatch.py', '            drawn = "" if probe else _drawn(info, func, where)', '            drawn = ""'),
+ ('twentieth: DDP032 a generator the program seeds draws one port', 'rules/ddp032_rendezvous_mismatch.py', '            if owner in _DRAWS and not _seeded(info, _DRAWS[owner]):', '            if owner in _DRAWS:'),
+ ('twentieth: DDP032 a name bound to a draw before', 'rules/ddp032_rendezvous_mismatch.py', '            targets.append(st.value)', '            pass'),
+ ('twentieth: DDP032 only numpy.random and random are drawn from', 'rules/ddp032_rendezvous_mismatch.py', '_DRAWS = {"random": "random.seed", "numpy.random": "numpy.random.seed"}', '_DRAWS = {"random": "random.seed"}'),
 ]
 
 

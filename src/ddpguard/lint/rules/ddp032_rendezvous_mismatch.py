@@ -1,6 +1,6 @@
 """DDP032 the processes of one group are told different places to meet.
 
-Every process of a group must name the same rendezvous: one address, one port. Three ways a
+Every process of a group must name the same rendezvous: one address, one port. Ways a
 program gives each process its own:
 
 ```python
@@ -22,6 +22,11 @@ def setup(rank, world_size, port):
   sits under a test of the environment (a launcher's port wins) or of the rank. Fix: pick the
   port once in the parent, before `mp.spawn`, and pass it to every process; under a launcher,
   leave `MASTER_PORT` to it.
+- **A port each process draws.** The same port drawn at random in that function
+  (`os.environ["MASTER_PORT"] = f"{9999 + random.randint(0, 9999)}"`, MAE-style set-ups'
+  mpirun arm), from Python's `random` or NumPy's, which each process seeds from the OS: rank
+  0's store listens on its own draw and every other rank waits at another port. Not where any
+  file given seeds that generator, and the same silences as the probe. Fix: as for the probe.
 - **The launcher's address overwritten.** `os.environ["MASTER_ADDR"] = "localhost"` (or an
   option whose default is `localhost`/`127.0.0.1`, assigned whether or not the user gave it),
   in a function that then takes its rank from torchrun (which exports the address): it reads
@@ -110,6 +115,15 @@ def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
             probe = next((p for n in sorted(names) if (p := _probe(info, func, n))), None) \
                 or next((p for c in ast.walk(where) if isinstance(c, ast.Call)
                          and (p := _helper_probe(info, c, c.lineno))), None)
+            drawn = "" if probe else _drawn(info, func, where)
+            if drawn:
+                yield where, "DDP032", (
+                    f"every rank runs {func.name}(), which forms the group, and each draws the "
+                    f"rendezvous port for itself ({drawn}): rank 0's store listens on its own "
+                    "draw, every other rank waits at another port where nobody listens until "
+                    "the timeout; pick the port once before spawning (or leave MASTER_PORT to "
+                    "the launcher) and pass it to every process")
+                break
             if probe:
                 yield where, "DDP032", (
                     f"every rank runs {func.name}(), which forms the group, and each probes the "
@@ -118,6 +132,43 @@ def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
                     "port) and waits at a port where nobody listens until the timeout; pick the "
                     "port once before spawning and pass it to every process")
                 break
+
+
+# Random draws of a generator every process seeds on its own (from the OS at import) unless
+# the program seeds it with a value, and the call that would seed each.
+_DRAWS = {"random": "random.seed", "numpy.random": "numpy.random.seed"}
+_DRAW_FUNCS = {"randint", "randrange", "choice", "random", "uniform"}
+
+
+def _drawn(info: ModuleInfo, func: Func, where: ast.AST) -> str:
+    """The port `where` assigns (or the init_method it builds) drawn at random in each process
+    (`9999 + random.randint(0, 9999)`, or a name of `func` bound to such a draw before), where
+    no file given seeds that generator; "" otherwise."""
+    targets = [where]
+    names = _names(where.value if isinstance(where, ast.Assign) else where)
+    for st in ast.walk(func):
+        if isinstance(st, ast.Assign) and st is not where and any(
+                isinstance(t, ast.Name) and t.id in names for t in st.targets) \
+                and st.lineno < getattr(where, "lineno", 0):
+            targets.append(st.value)
+    for target in targets:
+        for c in ast.walk(target):
+            if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                    and c.func.attr in _DRAW_FUNCS):
+                continue
+            owner = info.qualify(c.func.value) or ""
+            if owner in _DRAWS and not _seeded(info, _DRAWS[owner]):
+                return (f"`{ast.unparse(c)}` at line {c.lineno}, from a generator that "
+                        "nothing seeds, so each process draws another number")
+    return ""
+
+
+def _seeded(info: ModuleInfo, seed: str) -> bool:
+    """Some file given seeds the generator (`random.seed(0)`): the draws may agree."""
+    infos = getattr(info.file_set, "infos", None) or [info]
+    last = seed.rsplit(".", 1)[-1]
+    return any(r.last == last and (r.qual or i.qualify(r.node.func) or "") == seed
+               for i in infos for r in i.calls)
 
 
 def _names(node: ast.AST) -> set[str]:
