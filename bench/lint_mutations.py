@@ -125,7 +125,7 @@ M = [
  ("an NCCL variable in prose is no setting", "analysis/nccl.py", "        if m and (text.strip() == m.group(0) or text[m.end():m.end() + 1] == \"=\"):", "        if m:"),
  ("a sampler that moves its own epoch", "rules/ddp001_missing_set_epoch.py", "    if info is not None and (_advances_itself(info, info.callee_last(s)) or any(", "    if info is not None and (False or any("),
  ("hvd.rank() is the rank", "analysis/provenance.py", "\"get_node_local_rank\": LOCAL, \"rank\": GLOBAL,", "\"get_node_local_rank\": LOCAL,"),
- ("a break leaves the loop the others go on with", "analysis/divergence.py", "            later = _colls(then, fwd=True) if ex.op in (\"break\", \"exit\") else []", "            later = []"),
+ ("a break leaves the loop the others go on with", "analysis/divergence.py", "        later = _colls(then, fwd=True) if ex.op in (\"break\", \"exit\") else []", "        later = []"),
  ("a write in another file is reported at this file's call", "rules/ddp007_shared_file_write.py", "            if ev.path and ev.path != info.path and via:", "            if False:"),
  ("a master field is the leader flag", "analysis/provenance.py", "\"is_rank_0\",\n               \"master\"}", "\"is_rank_0\"}"),
  ("a sampler chosen by a conditional expression", "analysis/context.py", "        if isinstance(node, ast.IfExp):\n            # `RandomSampler(d)", "        if False:\n            # `RandomSampler(d)"),
@@ -157,7 +157,7 @@ M = [
  ("a tuple literal is no caller parameter", "analysis/projection.py", "        if isinstance(val, CallerParam):", "        if isinstance(val, CallerParam | tuple):"),
  ("a bare .cuda() in sight", "rules/ddp015_ddp_device_placement.py", "                _bare_cuda(info, rec) and not _placed_per_rank(", "                not _placed_per_rank("),
  ("pair the events of the same line", "analysis/divergence.py", "        if i2 - i1 + j2 - j1 == 1:\n            i1, i2, j1, j2 = _slide(", "        if False:\n            i1, i2, j1, j2 = _slide("),
- ("a while loop's continue that comes back", "analysis/divergence.py", "            if ex.op == \"continue\" and ex.text == \"while\" and _retry(", "            if False and _retry("),
+ ("a while loop's continue that comes back", "analysis/divergence.py", "        if ex.op == \"continue\" and ex.text == \"while\" and _retry(", "        if False and _retry("),
  ("work handed to a thread under a rank test", "analysis/divergence.py", "                hands_work_away(info, root) or (", "                False or ("),
  ("rank functions known before the walk", "analysis/walker.py", "    _rank_functions_first(info, tree.body)\n", ""),
  ("the look-ahead's cache read again", "analysis/walker.py", "    info._memo.clear()\n    info._last.clear()\n    walker.block", "    walker.block"),
@@ -691,6 +691,13 @@ M = [
  ('twentieth: DDP032 a generator the program seeds draws one port', 'rules/ddp032_rendezvous_mismatch.py', '            if owner in _DRAWS and not _seeded(info, _DRAWS[owner]):', '            if owner in _DRAWS:'),
  ('twentieth: DDP032 a name bound to a draw before', 'rules/ddp032_rendezvous_mismatch.py', '            targets.append(st.value)', '            pass'),
  ('twentieth: DDP032 only numpy.random and random are drawn from', 'rules/ddp032_rendezvous_mismatch.py', '_DRAWS = {"random": "random.seed", "numpy.random": "numpy.random.seed"}', '_DRAWS = {"random": "random.seed"}'),
+ ('twentieth: DDP029 a helper that reduces a copy, its value dropped', 'rules/ddp029_collective_result_lost.py', '    yield from _dropped(info)', '    yield from ()'),
+ ('twentieth: DDP029 the dropped argument must be read after the call', 'rules/ddp029_collective_result_lost.py', '        if read is None:\n            continue\n        hit = resolve(info, rec)', '        hit = resolve(info, rec)'),
+ ('twentieth: DDP029 a helper that hands the copy elsewhere keeps it', 'rules/ddp029_collective_result_lost.py', '                other = other or c is not bound.value', '                other = False'),
+ ('twentieth: DDP029 an asynchronous reduction is not the copy reduced', 'rules/ddp029_collective_result_lost.py', '                    and c.args[0].id == name and kwarg(c, "async_op") is None:', '                    and c.args[0].id == name:'),
+ ('twentieth: DDP029 the copy made through a name bound from a parameter', 'rules/ddp029_collective_result_lost.py', '            derived.add(name)', '            pass'),
+ ('twentieth: a function imported by its dotted name from a sibling folder', 'analysis/crossfile.py', '        return qual is not None and qual.count(".") > 1 and any(', '        return False and any('),
+ ('twentieth: DDP019 an exit after forwards under no_grad that pair', 'analysis/divergence.py', '                _exits(a, b, rest_a, rest_b, ca, cb, out, here, then_a, then_b, True)', '                pass'),
 ]
 
 

@@ -242,3 +242,54 @@ def test_a_counter_handed_back_by_a_rank_0_validation_names_where_it_comes_from(
     [f] = [f for f in lint_with_defaults(path.read_text(), str(path)) if f.line == 42]
     assert f.code == "DDP019" and "`stale` comes back from validate() at line 40" in f.message
     assert "`rank == 0 or rank == 'cpu'` holds (line 13)" in f.message
+
+
+FIT_LOOP = HEAD_DIST + """\
+
+
+def fit(model, loader, optimizer, epochs, rank=0):
+    bad = 0
+    for _ in range(epochs):
+        for x in loader:
+            loss = model(x).mean()
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            bad += 1
+            if bad >= 5:
+                break
+"""
+
+FIT_ENTRY = HEAD_DIST + """\
+from torch.nn.parallel import DistributedDataParallel as DDP
+from {module} import fit
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = DDP(torch.nn.Linear(2, 2))
+    fit(model, [], torch.optim.SGD(model.parameters(), 0.1), 10, rank=rank)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_function_imported_from_a_sibling_folder_by_its_dotted_name(tmp_path: Path) -> None:
+    """`lint repo/` where the entry sits in repo/finetune/ and imports `from models.loop
+    import fit` (repo/models/loop.py; the script runs with the checkout's root on its path):
+    finetune/ and models/ are folders below what the command line names, but the dotted
+    import names the very module, so the wrapper handed to `fit` is read there (corpus36b's
+    pangu, found after first contact). A bare import of a neighbour tree's module still
+    resolves nothing (test_cross_file_stays_in_its_tree)."""
+    repo = tmp_path / "repo"
+    (repo / "finetune").mkdir(parents=True)
+    (repo / "models").mkdir()
+    (repo / "models" / "loop.py").write_text(FIT_LOOP)
+    entry = FIT_ENTRY.format(module="models.loop")
+    (repo / "finetune" / "main.py").write_text(entry)
+    [f] = lint_paths_with_defaults([repo], ALL_BUT_PRINT)
+    assert f.code == "DDP019" and f.path.endswith("loop.py"), f
+    # The near twin: the same function handed a bare model teaches nothing.
+    (repo / "finetune" / "main.py").write_text(
+        entry.replace("DDP(torch.nn.Linear(2, 2))", "torch.nn.Linear(2, 2)"))
+    assert lint_paths_with_defaults([repo], ALL_BUT_PRINT) == []

@@ -103,6 +103,16 @@ class FileSet:
         b = self.parts.get(id(caller), ())[self.depth:]
         return len(a) < 2 or len(b) < 2 or a[0] == b[0]
 
+    def visible(self, m: ModuleInfo, caller: ModuleInfo, name: str) -> bool:
+        """`m`'s definition of `name` is the one `caller` calls: in the caller's own tree, or
+        in the module the caller imports it from by a dotted name (`from models.pangu_sample
+        import train` in finetune/, a sibling folder of models/ below the folder linted)."""
+        if m is caller or self._same_tree(m, caller):
+            return True
+        qual = caller.aliases.get(name)
+        return qual is not None and qual.count(".") > 1 and any(
+            x is m for x in self._modules(qual.rpartition(".")[0], caller))
+
     def in_group(self, info: ModuleInfo) -> bool:
         """`info` runs as a group itself, or a file on the command line that does imports it
         (directly or through others): the trainer's checkpoint module, not a conversion tool
@@ -141,7 +151,7 @@ class FileSet:
                 if not wrapped:
                     continue
                 for rec in caller.calls_named(*(n for n in caller.call_lasts() if n in owners)):
-                    target = [m for m in owners[rec.last] if self._same_tree(m, caller)]
+                    target = [m for m in owners[rec.last] if self.visible(m, caller, rec.last)]
                     if len(target) == 1 and target[0] is not caller and any(
                             dotted(a) in wrapped for a in
                             (*rec.node.args, *(k.value for k in rec.node.keywords))):
@@ -418,7 +428,7 @@ def _constructor_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
         if not info.wraps_ddp:
             continue
         for rec in info.calls_named(*(n for n in info.call_lasts() if n in classes)):
-            mine = [c for c in classes[rec.last] if c[0] is info or file_set._same_tree(c[0], info)]
+            mine = [c for c in classes[rec.last] if file_set.visible(c[0], info, rec.last)]
             if len(mine) != 1:
                 continue
             target, init = mine[0]
@@ -461,8 +471,7 @@ def _function_wrappers(file_set: FileSet, infos: list[ModuleInfo]) -> None:
             f = rec.node.func
             if not isinstance(f, ast.Name | ast.Attribute):
                 continue
-            mine = [d for d in defs[rec.last]
-                    if d[0] is info or file_set._same_tree(d[0], info)]
+            mine = [d for d in defs[rec.last] if file_set.visible(d[0], info, rec.last)]
             if isinstance(f, ast.Name) and any(d[0] is info for d in mine):
                 # a plain name calls this file's own definition (so-vits-svc's train.py and
                 # train_diff.py each define and call their own `train_and_evaluate`)

@@ -282,39 +282,7 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
     if (ea is None and eb is None) or ops(a) == ops(b):
         # Nothing to wait on, or the same collectives through different lines (the send and
         # receive sides of one broadcast in two arms): an exit before them is what can part.
-        for x, cx, side, rest, co, then, mine in (
-                (_early_exit(a), ca, b, rest_b, cb, then_b, then_a),
-                (_early_exit(b), cb, a, rest_a, ca, then_a, then_b)):
-            if x is None or x[0].ev is None or x[0].ev.op in ("yield", STUB):
-                continue
-            ex = x[0].ev
-            if ex.op == "continue" and ex.text == "while" and _retry(mine, (*side, *rest)):
-                continue
-            partners = []
-            # A `break` leaves the loop the others go on with, an exit the program: their
-            # next iteration's collectives wait too (early stopping decided on rank 0 alone),
-            # and so does its training forward (the backward after it all-reduces).
-            later = _colls(then, fwd=True) if ex.op in ("break", "exit") else []
-            now = _colls((*side, *rest))
-            for k, (it, via) in enumerate([*now, *later]):
-                nx = it.ev
-                assert nx is not None
-                when = " in the loop's next iteration" if k >= len(now) else ""
-                partners.append((nx.line, via[0] if via else nx.line, (
-                    f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}{_handler(ex)}) while "
-                    f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}{when}: "
-                    "the ranks still in it wait for ranks that are gone")))
-            if partners:
-                line, site, message = partners[0]
-                # An assert that can fire, or a `raise`, is a failure, not a rank leaving in
-                # good order: torchrun (and torch.distributed.launch, mp.spawn) tears the
-                # whole job down when one rank fails, so nothing waits for long; only
-                # launchers that let the others run (srun without --kill-on-bad-exit) leave
-                # them in the collective until the timeout. DDP022 (off by default), not
-                # DDP019 (reviewers judged a rank-0 `raise` reported as DDP019 false).
-                code = "DDP022" if ex.kind == "mayexit" or ex.op == "raise" else "DDP019"
-                out.append(Divergence(code, _line(*x), message, line, site,
-                                      tuple(partners)))
+        _exits(a, b, rest_a, rest_b, ca, cb, out, here, then_a, then_b)
         return
     # Past what both reach alike (a helper called from each arm, then one more collective on
     # one side): the finding is where they part, not the shared start.
@@ -343,6 +311,10 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
         # metric, called on rank 0 alone).
         later = _colls(a) if eb is None and not k else []
         if not later:
+            # The counts meet, but the class may still leave after its evaluation (rank 0's
+            # early-stop `break` after its validation forwards through the wrapper).
+            if eb is None and not k:
+                _exits(a, b, rest_a, rest_b, ca, cb, out, here, then_a, then_b, True)
             return
         (it, via), code = later[0], "DDP005"
         ev = it.ev
@@ -382,6 +354,48 @@ def _report(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankCla
                           f"{_who(ca, it)} {_v(ca, 'reach')} {_what(it, via, here)}, {other}{tail}",
                           other_line, no_grad=code == "DDP006" and _no_grad(a, it),
                           lead=lead))
+
+
+def _exits(a: Seq, b: Seq, rest_a: Seq, rest_b: Seq, ca: RankClass, cb: RankClass,
+           out: list[Divergence], here: str, then_a: Seq, then_b: Seq,
+           past_no_grad: bool = False) -> None:
+    """An exit one class takes where the other goes on to a collective: in its arm, after the
+    branch, or (a `break`, an exit) in the loop's next iteration. `past_no_grad`: `a`'s
+    forwards under no_grad pair with the other ranks' next forward; an exit after them
+    counts."""
+    for x, cx, side, rest, co, then, mine in (
+            (_early_exit(a, past_no_grad=past_no_grad), ca, b, rest_b, cb, then_b, then_a),
+            (_early_exit(b), cb, a, rest_a, ca, then_a, then_b)):
+        if x is None or x[0].ev is None or x[0].ev.op in ("yield", STUB):
+            continue
+        ex = x[0].ev
+        if ex.op == "continue" and ex.text == "while" and _retry(mine, (*side, *rest)):
+            continue
+        partners = []
+        # A `break` leaves the loop the others go on with, an exit the program: their
+        # next iteration's collectives wait too (early stopping decided on rank 0 alone),
+        # and so does its training forward (the backward after it all-reduces).
+        later = _colls(then, fwd=True) if ex.op in ("break", "exit") else []
+        now = _colls((*side, *rest))
+        for k, (it, via) in enumerate([*now, *later]):
+            nx = it.ev
+            assert nx is not None
+            when = " in the loop's next iteration" if k >= len(now) else ""
+            partners.append((nx.line, via[0] if via else nx.line, (
+                f"{_who(cx, x[0])} can leave at line {ex.line} ({ex.op}{_handler(ex)}) while "
+                f"{_who(co, it)} {_v(co, 'go')} on to {_what(it, via, here)}{when}: "
+                "the ranks still in it wait for ranks that are gone")))
+        if partners:
+            line, site, message = partners[0]
+            # An assert that can fire, or a `raise`, is a failure, not a rank leaving in
+            # good order: torchrun (and torch.distributed.launch, mp.spawn) tears the
+            # whole job down when one rank fails, so nothing waits for long; only
+            # launchers that let the others run (srun without --kill-on-bad-exit) leave
+            # them in the collective until the timeout. DDP022 (off by default), not
+            # DDP019 (reviewers judged a rank-0 `raise` reported as DDP019 false).
+            code = "DDP022" if ex.kind == "mayexit" or ex.op == "raise" else "DDP019"
+            out.append(Divergence(code, _line(*x), message, line, site,
+                                  tuple(partners)))
 
 
 def _pairs_with_a_forward(eb: tuple[Item, tuple[int, ...]] | None, b: Seq, rest_b: Seq,

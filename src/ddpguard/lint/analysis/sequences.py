@@ -102,22 +102,26 @@ def _colls(seq: Seq, via: tuple[int, ...] = (),
     return out
 
 
-def _early_exit(seq: Seq, in_loop: bool = False) -> tuple[Item, tuple[int, ...]] | None:
+def _early_exit(seq: Seq, in_loop: bool = False,
+                past_no_grad: bool = False) -> tuple[Item, tuple[int, ...]] | None:
     """The first exit of `seq` itself (not of a callee, not a loop's `continue`) that comes
-    before anything the other ranks wait on; None once such a collective or forward comes."""
+    before anything the other ranks wait on; None once such a collective or forward comes.
+    `past_no_grad`: forwards under no_grad do not stop the search (the caller found that they
+    pair with the other ranks' next forward)."""
     for it in seq:
         if it.ev is not None:
-            if it.ev.kind in _OPS:
+            if it.ev.kind in _OPS and not (past_no_grad and it.ev.kind == "fwd"
+                                           and it.ev.no_grad):
                 return None
             if it.ev.kind in _EXITS and not (in_loop and it.ev.op in ("continue", "break")):
                 return it, ()
             continue
         if it.kind != "call":
             for arm in it.arms:
-                hit = _early_exit(arm, in_loop or it.kind == "loop")
+                hit = _early_exit(arm, in_loop or it.kind == "loop", past_no_grad)
                 if hit is not None:
                     return hit
-        if ops((it,)):
+        if _colls((it,), fwd=True) if past_no_grad else ops((it,)):
             return None
     return None
 

@@ -9,7 +9,9 @@ the others wait in is a retry, not an exit (metaseq's input loop); in a `for` lo
 drops that step's collectives and is reported. A `break` that only rank 0 takes leaves the loop
 the others go on with: their next iteration's collectives wait too (early stopping decided on
 rank 0 alone); so does an exit (`sys.exit()`, `exit()`) at the end of a loop body, and there
-the next iteration's DDP forward with gradients counts too (its backward all-reduces). A
+the next iteration's DDP forward with gradients counts too (its backward all-reduces). Rank
+0's validation through the wrapper under no_grad before such a `break` does not hide it (its
+forwards pair with the others' next forward; the `break` still parts them). A
 class whose constructor a caller hands the wrapper (`Trainer(model)` after `model = DDP(model)`,
 in this file or another; `self.model = model`, or `model.to(device)`, in `__init__`) holds it on
 `self` in that class's methods: its early-stop `break` is read against that forward too; so

@@ -10,6 +10,12 @@ rank, with no error:
   that returns it (`return dist.all_reduce(t, op)`) is reported only where a caller in the
   files linted together reads what the wrapper returns.
 
+A third loses it one call away: a helper of the project reduces a copy of its argument and
+returns it (`t = torch.tensor([loss]); dist.all_reduce(t); return t[0]`), and a call drops
+what it returns (`sync_loss(avg_loss, device)` as a statement) while the caller goes on to
+read its argument (`avg_loss`), which is still this rank's own value. Not where the helper
+also hands the copy to anything else (writes it back, logs it).
+
 The collective itself still runs on every rank, so nothing hangs: the program goes on with
 the local values (or with None) as if they had been averaged. Fix: reduce a tensor you keep
 (`g = p.grad.clone(); dist.all_reduce(g)`), and read it, not the call's value.
@@ -18,9 +24,11 @@ the local values (or with None) as if they had been averaged. Fix: reduce a tens
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Iterator
 
-from ..analysis.context import ModuleInfo, is_collective, kwarg
+from ..analysis.callgraph import resolve
+from ..analysis.context import Func, ModuleInfo, is_collective, kwarg
 from ..registry import Hit, rule
 
 # Collectives that write their result into their first argument and return None when
@@ -58,6 +66,93 @@ def ddp029(info: ModuleInfo) -> Iterator[Hit]:
             yield node, "DDP029", (
                 f"the value of dist.{rec.last}(...) is used, but a synchronous collective "
                 f"returns None: the result is in `{ast.unparse(target)}`")
+    yield from _dropped(info)
+
+
+def _dropped(info: ModuleInfo) -> Iterator[Hit]:
+    """`sync_loss(avg_loss, device)` as a statement, where sync_loss reduces a copy of its
+    argument and returns it, and the caller reads `avg_loss` after the call."""
+    names = _copy_reducers(info)
+    if not names:
+        return
+    for rec in info.calls:
+        stmt = rec.stmt
+        if rec.last not in names or not isinstance(stmt, ast.Expr) or stmt.value is not rec.node \
+                or not rec.node.args or rec.func is None:
+            continue
+        arg = ast.unparse(rec.node.args[0])
+        if not isinstance(rec.node.args[0], ast.Name | ast.Attribute):
+            continue
+        read = next((n.lineno for n in ast.walk(rec.func) if isinstance(n, ast.Name | ast.Attribute)
+                     and isinstance(n.ctx, ast.Load) and n.lineno > rec.node.end_lineno  # type: ignore[operator]
+                     and ast.unparse(n) == arg), None)
+        if read is None:
+            continue
+        hit = resolve(info, rec)
+        if hit is None or (where := _reduces_copy(hit[1])) is None:
+            continue
+        yield rec.node, "DDP029", (
+            f"{hit[1].name}() reduces a copy of its argument across ranks (dist.{where[0]} at "
+            f"{os.path.basename(hit[0].path)}:{where[1]}) and returns it, but this call drops "
+            f"what it returns: `{arg}`, read at line {read}, is still this rank's own value; "
+            f"assign it (`{arg} = {ast.unparse(rec.node)}`)")
+
+
+def _copy_reducers(info: ModuleInfo) -> set[str]:
+    """Names of the functions in the files given that reduce a copy and return it."""
+    file_set = info.file_set
+    memo = getattr(file_set, "memo", None)
+    if memo is not None and "ddp029_copy_reducers" in memo:
+        return memo["ddp029_copy_reducers"]
+    out: set[str] = set()
+    for m in getattr(file_set, "infos", None) or [info]:
+        for rec in m.calls_named(*_IN_PLACE):
+            if rec.func is not None and is_collective(rec) and _reduces_copy(rec.func):
+                out.add(rec.func.name)
+    if memo is not None:
+        memo["ddp029_copy_reducers"] = out
+    return out
+
+
+def _reduces_copy(fn: Func) -> tuple[str, int] | None:
+    """(collective, line) where `fn` binds a fresh tensor made from one of its parameters,
+    reduces it in place, returns it, and does nothing else with it."""
+    # what is made from the parameters (`t = [loss]` then `t = torch.tensor(t)`)
+    derived = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args]}
+    fresh: dict[str, ast.Assign] = {}
+    for st in fn.body:
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1
+                and isinstance(st.targets[0], ast.Name)):
+            continue
+        if not any(isinstance(n, ast.Name) and n.id in derived for n in ast.walk(st.value)):
+            continue
+        name = st.targets[0].id
+        if _temporary(st.value):
+            fresh[name] = st
+        else:
+            derived.add(name)
+    for name, bound in fresh.items():
+        coll = None
+        other = False
+        for c in ast.walk(fn):
+            if not isinstance(c, ast.Call) or not any(
+                    isinstance(n, ast.Name) and n.id == name for n in ast.walk(c)):
+                continue
+            last = c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
+            if last in _IN_PLACE and c.args and isinstance(c.args[0], ast.Name) \
+                    and c.args[0].id == name and kwarg(c, "async_op") is None:
+                coll = coll or (last, c.lineno)
+            elif not (last in _SAME or last in ("item", "tolist", "numpy")) or c is bound.value:
+                other = other or c is not bound.value
+        returns = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return)
+                   and r.value is not None]
+        if coll and not other and returns and all(
+                any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(v))
+                for v in returns
+        ) and not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+                      and n.lineno > bound.lineno for n in ast.walk(fn)):
+            return coll
+    return None
 
 
 def _temporary(node: ast.expr) -> bool:
