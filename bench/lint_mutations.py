@@ -549,9 +549,9 @@ M = [
  ("fourteenth: DDP027 a read waits in the loop's next turn", 'rules/ddp027_rank_only_binding.py', '            follow = _next_wait(info, func, stmts, read)', '            follow = waits_after(info, func, read.lineno)'),
  ('fourteenth: DDP027 past a rank-tested continue of its turn', 'rules/ddp027_rank_only_binding.py', '        if isinstance(last, ast.Continue | ast.Break) and inner is not None \\\n', '        if False and inner is not None \\\n'),
  ('fourteenth: DDP001 a loader a project helper builds and returns', 'rules/ddp001_missing_set_epoch.py', '    if not hits:\n        hits = list(_helper_built(info))', '    pass'),
- ('fourteenth: DDP001 a helper-built loader under set_epoch anywhere', 'rules/ddp001_missing_set_epoch.py', '        if any(r.last == "set_epoch" for m in infos for r in m.calls):\n            return\n        m, sampler = found[0]', '        m, sampler = found[0]'),
- ('fourteenth: DDP001 a helper-built evaluation loader', 'rules/ddp001_missing_set_epoch.py', '        if not isinstance(src, ast.Name) or _evaluation(src.id):', '        if not isinstance(src, ast.Name):'),
- ('fourteenth: DDP001 a helper-built sampler that never shuffles', 'rules/ddp001_missing_set_epoch.py', '    return [(m, v) for m, v in returned_samplers(infos, name) if _shuffles(v, m)]', '    return returned_samplers(infos, name)'),
+ ('fourteenth: DDP001 a helper-built loader under set_epoch anywhere', 'analysis/project_loaders.py', '        if set_epoch_anywhere(info):\n            return\n        m, sampler = found[0]', '        m, sampler = found[0]'),
+ ('fourteenth: DDP001 a helper-built evaluation loader', 'analysis/project_loaders.py', '        if name is None or evaluation(name.rsplit(".", 1)[-1]) or (', '        if name is None or ('),
+ ('fourteenth: DDP001 a helper-built sampler that never shuffles', 'analysis/project_loaders.py', '            if shuffles(v, m)]', '            if True]'),
  ('fourteenth: DDP001 an endless re-iteration of the loader', 'rules/ddp001_missing_set_epoch.py', '    hits = [*_ddp001(info), *_cycled(info)]', '    hits = [*_ddp001(info)]'),
  ('fourteenth: DDP001 set_epoch anywhere keeps a cycled loader silent', 'rules/ddp001_missing_set_epoch.py', '    if any(r.last == "set_epoch" for m in infos for r in m.calls):\n        return', '    pass'),
  ('fourteenth: DDP001 a cycled sampler that never shuffles', 'rules/ddp001_missing_set_epoch.py', '        samplers = _shuffling(info.samplers_of(rec.node.args[0]), info)', '        samplers = info.samplers_of(rec.node.args[0])'),
@@ -698,6 +698,14 @@ M = [
  ('twentieth: DDP029 the copy made through a name bound from a parameter', 'rules/ddp029_collective_result_lost.py', '            derived.add(name)', '            pass'),
  ('twentieth: a function imported by its dotted name from a sibling folder', 'analysis/crossfile.py', '        return qual is not None and qual.count(".") > 1 and any(', '        return False and any('),
  ('twentieth: DDP019 an exit after forwards under no_grad that pair', 'analysis/divergence.py', '                _exits(a, b, rest_a, rest_b, ca, cb, out, here, then_a, then_b, True)', '                pass'),
+ ('twentieth: DDP001 a loader handed in by a call in another file', 'rules/ddp001_missing_set_epoch.py', '        for lrec, message, caller in handed_in(info, _shuffles, _evaluation):', '        for lrec, message, caller in []:'),
+ ('twentieth: DDP001 a handed-in loader under set_epoch anywhere', 'analysis/project_loaders.py', '                if set_epoch_anywhere(info):\n                    return\n                where', '                where'),
+ ('twentieth: DDP001 a handed-in sampler that never shuffles', 'analysis/project_loaders.py', '                samplers = [s for s in m.samplers_of(arg) if shuffles(s, m)] \\', '                samplers = [s for s in m.samplers_of(arg)] \\'),
+ ('twentieth: DDP001 a helper-built loader bound in each arm', 'analysis/project_loaders.py', '        if not values or len(values) != len(bound):', '        if len(values) != 1 or len(values) != len(bound):'),
+ ('twentieth: DDP001 a loader unpacked onto self in the class', 'analysis/project_loaders.py', '        scopes = [cls]', '        scopes = []'),
+ ('twentieth: DDP001 the method a call resolves to over its base stub', 'analysis/project_loaders.py', '    return [(m, v) for m, v in returned_samplers(infos, name, only=hit[1] if hit else None)', '    return [(m, v) for m, v in returned_samplers(infos, name, only=None)'),
+ ('twentieth: DDP001 every epoch loop over a helper-built loader', 'analysis/project_loaders.py', '        seen.add(id(lrec.loops[-1]))', '        return'),
+ ("twentieth: DDP001 a helper's own sampler name before the module's", 'analysis/sharded_loaders.py', '                            for v in (_local(fn, s) or m.values_of(s) or [s])', '                            for v in (m.values_of(s) or [s])'),
 ]
 
 

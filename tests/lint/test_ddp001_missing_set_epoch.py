@@ -4,12 +4,15 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers import (
     codes_after_head,
     ddp_source,
     finding_lines,
     fixture_line_of,
     fixture_lines_once,
+    lint_paths_with_defaults,
     lint_source,
     snippet_codes,
 )
@@ -456,3 +459,52 @@ def test_an_endless_reiteration_of_the_loader_without_set_epoch_repeats_each_pas
     assert lint_source(ddp_source(advances)) == []
     fixed = text.replace("DistributedSampler(ds)", "DistributedSampler(ds, shuffle=False)")
     assert lint_source(ddp_source(fixed)) == []
+
+
+HANDED_LOOP = """\
+import torch
+
+
+def train(model, optimizer, epochs, train_loader=None):
+    for epoch in range(epochs):
+        for batch in train_loader:
+            model(batch).sum().backward()
+            optimizer.step()
+"""
+
+HANDED_ENTRY = """\
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+from models.loop import train
+
+
+def main(dataset, model, optimizer):
+    dist.init_process_group("nccl")
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+    train(model, optimizer, 10, train_loader=loader)
+"""
+
+
+def test_a_loader_handed_in_from_another_file(tmp_path: Path) -> None:
+    """corpus36b's pangu (found after first contact): finetune/finetune_fully.py builds the
+    loader on a shuffling DistributedSampler and passes it to models/pangu_sample.py's
+    train(), whose epoch loop iterates it; nothing in the program calls set_epoch. The twins:
+    a set_epoch anywhere in the files linted (it may be the one that reseeds it), and a
+    sampler that does not shuffle."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "finetune").mkdir()
+    (tmp_path / "models" / "loop.py").write_text(HANDED_LOOP)
+    (tmp_path / "finetune" / "main.py").write_text(HANDED_ENTRY)
+    [f] = [f for f in lint_paths_with_defaults([tmp_path]) if f.code == "DDP001"]
+    assert f.path.endswith("loop.py") and f.line == 5, f
+    assert "main.py:10" in f.message and "`train_loader`" in f.message, f.message
+    (tmp_path / "finetune" / "main.py").write_text(
+        HANDED_ENTRY.replace("sampler = DistributedSampler(dataset)",
+                             "sampler = DistributedSampler(dataset, shuffle=False)"))
+    assert [f for f in lint_paths_with_defaults([tmp_path]) if f.code == "DDP001"] == []
+    (tmp_path / "finetune" / "main.py").write_text(
+        HANDED_ENTRY + "\n\ndef resume(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n")
+    assert [f for f in lint_paths_with_defaults([tmp_path]) if f.code == "DDP001"] == []

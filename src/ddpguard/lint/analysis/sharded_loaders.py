@@ -59,8 +59,8 @@ def _helper_builds_dist_loader(infos: list[ModuleInfo], name: str) -> bool:
     return bool(returned_samplers(infos, name))
 
 
-def returned_samplers(infos: list[ModuleInfo], name: str, depth: int = 0
-                      ) -> list[tuple[ModuleInfo, ast.Call]]:
+def returned_samplers(infos: list[ModuleInfo], name: str, depth: int = 0,
+                      only: Func | None = None) -> list[tuple[ModuleInfo, ast.Call]]:
     """The DistributedSamplers (with their modules) of the DataLoaders a function of the
     program named `name` builds and returns (`valid_dat = prepare_data(x, y)`, the helper's
     loader named anything), alone or in a tuple (`return data_set, data_loader`), or that it
@@ -71,17 +71,39 @@ def returned_samplers(infos: list[ModuleInfo], name: str, depth: int = 0
     out: list[tuple[ModuleInfo, ast.Call]] = []
     for m in infos:
         for fn in m.funcs.get(name, []):
+            if only is not None and fn is not only:
+                continue  # the one the call resolves to (the override, not the base stub)
             for n in ast.walk(fn):
                 if not isinstance(n, ast.Return) or n.value is None:
                     continue
                 parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
                 for part in parts:
-                    out += [(m, v) for loader in built_loaders(m, part)
-                            for s in loader_samplers(loader) for v in (m.values_of(s) or [s])
+                    # names bound in the function itself first (a module of several loader
+                    # helpers binds `sampler` in each)
+                    loaders = [v for v in _local(fn, part) if isinstance(v, ast.Call)
+                               and m.callee_last(v) == "DataLoader"] or built_loaders(m, part)
+                    out += [(m, v) for loader in loaders for s in loader_samplers(loader)
+                            for v in (_local(fn, s) or m.values_of(s) or [s])
                             if isinstance(v, ast.Call) and m.is_dist_sampler(v)]
                     call = part if isinstance(part, ast.Call) else _unpacked_from(fn, part)
                     if call is not None and m.callee_last(call) != name:
                         out += returned_samplers(infos, m.callee_last(call), depth + 1)
+    return out
+
+
+def _local(fn: Func, node: ast.expr) -> list[ast.expr]:
+    """What a plain name is assigned in `fn` (the value itself for anything else)."""
+    if not isinstance(node, ast.Name):
+        return [node] if isinstance(node, ast.Call) else []
+    out: list[ast.expr] = []
+    todo = [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == node.id for t in a.targets)]
+    while todo:
+        v = todo.pop(0)
+        if isinstance(v, ast.IfExp):  # `DistributedSampler(d) if training else ...`
+            todo[:0] = [v.body, v.orelse]
+        else:
+            out.append(v)
     return out
 
 

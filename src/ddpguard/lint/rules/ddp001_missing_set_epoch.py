@@ -16,7 +16,10 @@ form a process group (its DistributedSampler raises before the first epoch). Als
 a loader re-iterated endlessly (`dl_iter = cycle(dataloader)`, then `next(dl_iter)` per step)
 where nothing in the files linted with it calls set_epoch at all, and an epoch loop over a loader
 a project function of any file returns, built with a shuffling DistributedSampler
-(`dataset = data_loader.load_data()`), on the same condition. A sampler named for
+(`dataset = data_loader.load_data()`; bound in each arm from such a function, or unpacked onto
+`self` from the tuple a method returns, the method the call resolves to), or over a parameter
+that a call in another file fills with such a loader (`train(model, train_loader=loader)`),
+on the same condition. A sampler named for
 evaluation (`val_`, `test_`, `eval_`, `dev_`) is left alone: the order of evaluation does not
 change a metric. Pitfall in [pitfalls.md](pitfalls.md). Fix: `sampler.set_epoch(epoch)` first
 in each epoch.
@@ -25,7 +28,6 @@ in each epoch.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from collections.abc import Iterator
 
@@ -39,11 +41,10 @@ from ..analysis.context import (
     dotted,
     is_true,
     kwarg,
-    wraps_iterable,
 )
 from ..analysis.group_setup import never_forms_a_group
 from ..analysis.loop_samplers import loop_samplers
-from ..analysis.sharded_loaders import loop_source, returned_samplers
+from ..analysis.project_loaders import built_by_helper, handed_in
 from ..registry import Hit, rule
 
 
@@ -111,6 +112,12 @@ def ddp001(info: ModuleInfo) -> Iterator[Hit]:
         hits = list(_helper_built(info))
     if hits and not never_forms_a_group(info):
         yield from hits
+    elif not hits:
+        # Style 6: the loader handed in by another file, which forms the group (this one
+        # may be a module with a `__main__` of its own that forms none).
+        for lrec, message, caller in handed_in(info, _shuffles, _evaluation):
+            if not _extracts_only(info, lrec) and not never_forms_a_group(caller):
+                yield lrec.loops[-1], "DDP001", message
 
 
 def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
@@ -204,38 +211,11 @@ def _cycled(info: ModuleInfo) -> Iterator[Hit]:
 def _helper_built(info: ModuleInfo) -> Iterator[Hit]:
     """Style 5: `train_dat = prepare_data(x, y)`, a project function (of any file linted with
     this one) that returns a DataLoader it builds with a shuffling DistributedSampler, iterated
-    in an epoch loop, where nothing in the program calls set_epoch at all."""
-    infos = getattr(info.file_set, "infos", None) or [info]
-    for lrec in info.loops:
-        if isinstance(lrec.node, ast.While) or not lrec.loops or lrec.func is None:
-            continue
-        src = loop_source(lrec.node.iter)
-        if not isinstance(src, ast.Name) or _evaluation(src.id):
-            continue
-        lo, hi = lrec.func.lineno, lrec.func.end_lineno or lrec.func.lineno
-        values = [v for line, v in info.assigns.get(src.id, []) if lo <= line <= hi]
-        if len(values) != 1 or not isinstance(values[0], ast.Call):
-            continue
-        found = _returned_samplers(infos, info.callee_last(values[0]))
-        if not found:
-            continue
-        if any(r.last == "set_epoch" for m in infos for r in m.calls):
-            return
-        m, sampler = found[0]
-        yield lrec.loops[-1], "DDP001", (
-            f"the DistributedSampler created at {os.path.basename(m.path)}:{sampler.lineno} "
-            f"(in {info.callee_last(values[0])}(), which builds `{src.id}`) drives this epoch "
-            "loop but set_epoch is never called: every epoch repeats the same order")
-        return
-
-
-def _returned_samplers(infos: list[ModuleInfo], name: str) -> list[tuple[ModuleInfo, ast.Call]]:
-    """The shuffling DistributedSamplers of the loaders the one project function named `name`
-    returns (not a wrapper that iterates what it is given)."""
-    if wraps_iterable(name) or name == "cycle" or \
-            sum(len(m.funcs.get(name, [])) for m in infos) != 1:
-        return []
-    return [(m, v) for m, v in returned_samplers(infos, name) if _shuffles(v, m)]
+    in an epoch loop, where nothing in the program calls set_epoch at all
+    (analysis/project_loaders.py)."""
+    for lrec, message in built_by_helper(info, _shuffles, _evaluation):
+        if not _extracts_only(info, lrec):
+            yield lrec.loops[-1], "DDP001", message
 
 
 def _endless(last: str) -> bool:
