@@ -673,7 +673,7 @@ M = [
  ('nineteenth: DDP025 evidence one import away', 'analysis/node_evidence.py', '        for m in _neighbours(info) if not found and fs is not None else ():', '        for m in ():'),
  ("nineteenth: DDP025 a node's launcher variable or option is evidence", 'analysis/node_evidence.py', '            if n.value in _NODE_STRINGS:', '            if False:'),
  ("nineteenth: DDP025 a loopback address is no evidence", 'analysis/node_evidence.py', '            if m and m.group(1) not in ("127", "0"):', '            if m:'),
- ("nineteenth: DDP025 a product is evidence only with a count per node", 'analysis/node_evidence.py', '            if all(names) and any("node" in x for x in names):', '            if all(names):'),
+ ("nineteenth: DDP025 a product is evidence only with a count per node", 'analysis/node_evidence.py', '            if all(names) and any("node" in x for x in names) and any(', '            if all(names) and any('),
  ("nineteenth: DDP025 the Determined launcher is evidence", 'analysis/node_evidence.py', '            if any(x.split(".")[0] == "determined" for x in mods):', '            if False:'),
  ("nineteenth: DDP025 CUDA_VISIBLE_DEVICES listing N devices fixes num_replicas=N", 'analysis/rank_mixups.py', '                and len([d for d in v.value.split(",") if d.strip()]) == n.value', '                and True'),
  ("nineteenth: DDP025 a GPU count read after the function set CUDA_VISIBLE_DEVICES", 'analysis/rank_mixups.py', '                    func is rec.func and line < rec.node.lineno', '                    False'),
@@ -705,6 +705,11 @@ M = [
  ('twentieth: DDP001 a loader unpacked onto self in the class', 'analysis/project_loaders.py', '        scopes = [cls]', '        scopes = []'),
  ('twentieth: DDP001 the method a call resolves to over its base stub', 'analysis/project_loaders.py', '    return [(m, v) for m, v in returned_samplers(infos, name, only=hit[1] if hit else None)', '    return [(m, v) for m, v in returned_samplers(infos, name, only=None)'),
  ('twentieth: DDP001 every epoch loop over a helper-built loader', 'analysis/project_loaders.py', '        seen.add(id(lrec.loops[-1]))', '        return'),
+ ('twentieth: DDP047 a breakpoint every rank reaches', 'rules/ddp047_debugger_breakpoint.py', '        if chain is None or any(isinstance(n, _CONDITIONAL) for n in chain):', '        if chain is None:'),
+ ('twentieth: DDP047 only in a program run by a group', 'rules/ddp047_debugger_breakpoint.py', '    if not grouped:\n        return', '    pass'),
+ ('twentieth: DDP047 a breakpoint in an except handler is post-mortem', 'rules/ddp047_debugger_breakpoint.py', '_CONDITIONAL = (ast.If, ast.While, ast.IfExp, ast.ExceptHandler, ast.BoolOp, ast.Lambda)', '_CONDITIONAL = (ast.If, ast.While, ast.IfExp, ast.BoolOp, ast.Lambda)'),
+ ("twentieth: DDP025 a product is a node count only with a process count", 'analysis/node_evidence.py', '            if all(names) and any("node" in x for x in names) and any(\n                    w in x for x in names for w in _PROCESS_WORDS):', '            if all(names) and any("node" in x for x in names):'),
+ ("twentieth: DDP025 a graph's num_nodes key is no node evidence", 'analysis/node_evidence.py', '    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "node_rank",', '    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "num_nodes", "node_rank",'),
  ("twentieth: DDP001 a helper's own sampler name before the module's", 'analysis/sharded_loaders.py', '                            for v in (_local(fn, s) or m.values_of(s) or [s])', '                            for v in (m.values_of(s) or [s])'),
 ]
 

@@ -47,6 +47,9 @@ NO_EVIDENCE = [
     "os.environ['MASTER_ADDR'] = '127.0.0.1'\n",
     "cmd = 'torchrun --nnodes=1 train.py'\n",
     "world = ngpus * args.world_size\n",
+    # a graph's nodes (corpus36c's 3D-EMGP, debatable at first contact for this evidence)
+    "drop_num = int(node_num * self.aug_strength)\n",
+    "n = data['num_nodes']\n",
 ]
 
 

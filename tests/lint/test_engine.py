@@ -65,6 +65,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP041",
         "DDP043",
         "DDP045",
+        "DDP047",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -724,6 +725,20 @@ CASES: dict[str, tuple[str, str]] = {
         node = int(os.environ["NODE_RANK"])
         rank = dist.get_rank()
         torch.cuda.set_device(rank)
+        """,
+    ),
+    "DDP047": (
+        """
+        for x in loader:
+            pdb.set_trace()
+            model(x).sum().backward()
+        """,
+        # behind a flag that is off by default
+        """
+        for x in loader:
+            if args.debug:
+                pdb.set_trace()
+            model(x).sum().backward()
         """,
     ),
     "DDP018": (

@@ -20,10 +20,12 @@ from .context import ModuleInfo, dotted
 
 _NODE_STRINGS = {
     "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NODEID", "SLURM_NTASKS",
-    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "num_nodes", "node_rank",
+    # (not a bare "num_nodes": graph code's key for a graph's node count)
+    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "node_rank",
     "--nnodes", "--num_nodes", "--num-nodes", "--nodes", "--node_rank", "--node-rank", "--nr",
     "--machine_rank", "--machine-rank", "--num_machines", "--num-machines",
 }
+_PROCESS_WORDS = ("gpu", "proc", "world", "device", "rank", "per_node")
 # An IPv4 address, bare or in a tcp:// URL: a host other than this machine's.
 _ADDRESS = re.compile(r"^(?:tcp://)?(\d{1,3})\.\d{1,3}\.\d{1,3}\.\d{1,3}(?::\d+)?$")
 
@@ -69,7 +71,10 @@ def _scan(info: ModuleInfo) -> str:
                 return f"it meets at the address `{n.value}` at {where}:{n.lineno}"
         elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
             names = [(dotted(x) or "").lower() for x in (n.left, n.right)]
-            if all(names) and any("node" in x for x in names):
+            # processes per node times nodes (`ngpus_per_node * args.world_size`); not a
+            # graph's node count times anything (`node_num * self.aug_strength`)
+            if all(names) and any("node" in x for x in names) and any(
+                    w in x for x in names for w in _PROCESS_WORDS):
                 return (f"it multiplies by a count per node, `{ast.unparse(n)}` at "
                         f"{where}:{n.lineno}")
         elif isinstance(n, ast.Import | ast.ImportFrom):
