@@ -106,9 +106,19 @@ def _copy_reducers(info: ModuleInfo) -> set[str]:
         return memo["ddp029_copy_reducers"]
     out: set[str] = set()
     for m in getattr(file_set, "infos", None) or [info]:
+        seen: set[int] = set()
         for rec in m.calls_named(*_IN_PLACE):
-            if rec.func is not None and is_collective(rec) and _reduces_copy(rec.func):
-                out.add(rec.func.name)
+            fn = rec.func
+            if fn is None or id(fn) in seen or fn.name in out or not rec.node.args \
+                    or not isinstance(rec.node.args[0], ast.Name) or not is_collective(rec):
+                continue
+            seen.add(id(fn))
+            # a helper's last statement returns the reduced tensor (most functions that
+            # reduce return nothing or something else: no walk of their bodies)
+            last = fn.body[-1]
+            if isinstance(last, ast.Return) and last.value is not None \
+                    and rec.node.args[0].id in _names_in(last.value) and _reduces_copy(fn):
+                out.add(fn.name)
     if memo is not None:
         memo["ddp029_copy_reducers"] = out
     return out
@@ -131,28 +141,54 @@ def _reduces_copy(fn: Func) -> tuple[str, int] | None:
             fresh[name] = st
         else:
             derived.add(name)
+    if not fresh:
+        return None
+    # one walk: the calls, the returned values and the stores of the function
+    calls: list[ast.Call] = []
+    returns: list[ast.expr] = []
+    stores: list[ast.Name] = []
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call):
+            calls.append(n)
+        elif isinstance(n, ast.Return) and n.value is not None:
+            returns.append(n.value)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in fresh:
+            stores.append(n)
     for name, bound in fresh.items():
         coll = None
         other = False
-        for c in ast.walk(fn):
-            if not isinstance(c, ast.Call) or not any(
-                    isinstance(n, ast.Name) and n.id == name for n in ast.walk(c)):
+        for c in calls:
+            if c is bound.value or name not in _roots(c):
                 continue
             last = c.func.attr if isinstance(c.func, ast.Attribute) else getattr(c.func, "id", "")
             if last in _IN_PLACE and c.args and isinstance(c.args[0], ast.Name) \
                     and c.args[0].id == name and kwarg(c, "async_op") is None:
                 coll = coll or (last, c.lineno)
-            elif not (last in _SAME or last in ("item", "tolist", "numpy")) or c is bound.value:
-                other = other or c is not bound.value
-        returns = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return)
-                   and r.value is not None]
-        if coll and not other and returns and all(
-                any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(v))
-                for v in returns
-        ) and not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-                      and n.lineno > bound.lineno for n in ast.walk(fn)):
+            elif not (last in _SAME or last in ("item", "tolist", "numpy")):
+                other = True
+        if coll and not other and returns and all(name in _names_in(v) for v in returns) \
+                and not any(n.id == name and n.lineno > bound.lineno for n in stores):
             return coll
     return None
+
+
+def _root(node: ast.expr | None) -> str:
+    """The name under subscripts and attributes (`t[0]`, `t.item`), "" for none."""
+    while isinstance(node, ast.Subscript | ast.Attribute | ast.Starred):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _roots(call: ast.Call) -> set[str]:
+    """The names a call hands its tensor arguments or its receiver as."""
+    parts = [*call.args, *(k.value for k in call.keywords)]
+    if isinstance(call.func, ast.Attribute):
+        parts.append(call.func.value)
+    return {_root(x) for x in parts}
+
+
+def _names_in(node: ast.expr) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _temporary(node: ast.expr) -> bool:
