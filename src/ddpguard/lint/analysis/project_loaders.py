@@ -33,6 +33,8 @@ def built_by_helper(info: ModuleInfo, shuffles: Shuffles,
     DistributedSampler: bound in the loop's function (in each arm that binds it, from such a
     call) or, for `self.x`, in any method of the class, alone or unpacked from a tuple."""
     infos = getattr(info.file_set, "infos", None) or [info]
+    if set_epoch_anywhere(info):
+        return
     seen: set[int] = set()
     for lrec in info.loops:
         if isinstance(lrec.node, ast.While) or not lrec.loops or lrec.func is None \
@@ -50,8 +52,6 @@ def built_by_helper(info: ModuleInfo, shuffles: Shuffles,
         found = [x for v in values for x in _returned(info, infos, v, shuffles)]
         if not found:
             continue
-        if set_epoch_anywhere(info):
-            return
         m, sampler = found[0]
         maker = info.callee_last(values[0])
         yield lrec, (
@@ -68,7 +68,7 @@ def handed_in(info: ModuleInfo, shuffles: Shuffles, evaluation: Callable[[str], 
     loop_samplers' part); with the caller's module."""
     file_set = info.file_set
     infos = getattr(file_set, "infos", None) or []
-    if len(infos) < 2:
+    if len(infos) < 2 or set_epoch_anywhere(info):
         return
     for lrec in info.loops:
         fn = lrec.func
@@ -89,8 +89,6 @@ def handed_in(info: ModuleInfo, shuffles: Shuffles, evaluation: Callable[[str], 
                     if arg is not None else []
                 if not samplers:
                     continue
-                if set_epoch_anywhere(info):
-                    return
                 where = os.path.basename(m.path)
                 yield lrec, (
                     f"the DistributedSampler created at {where}:{samplers[0].lineno} reaches "

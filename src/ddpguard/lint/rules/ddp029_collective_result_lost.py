@@ -117,7 +117,7 @@ def _copy_reducers(info: ModuleInfo) -> set[str]:
             # reduce return nothing or something else: no walk of their bodies)
             last = fn.body[-1]
             if isinstance(last, ast.Return) and last.value is not None \
-                    and rec.node.args[0].id in _names_in(last.value) and _reduces_copy(fn):
+                    and _mentions(last.value, rec.node.args[0].id) and _reduces_copy(fn):
                 out.add(fn.name)
     if memo is not None:
         memo["ddp029_copy_reducers"] = out
@@ -185,6 +185,20 @@ def _roots(call: ast.Call) -> set[str]:
     if isinstance(call.func, ast.Attribute):
         parts.append(call.func.value)
     return {_root(x) for x in parts}
+
+
+def _mentions(node: ast.expr, name: str) -> bool:
+    """`name` within the first levels of `node` (`rt`, `t[0]`, `t / world_size`, `(t, n)`): the
+    shapes a helper returns its reduced tensor in, without a walk of deeper expressions."""
+    todo: list[tuple[ast.AST, int]] = [(node, 0)]
+    while todo:
+        n, depth = todo.pop()
+        if isinstance(n, ast.Name):
+            if n.id == name:
+                return True
+        elif depth < 3:
+            todo.extend((c, depth + 1) for c in ast.iter_child_nodes(n))
+    return False
 
 
 def _names_in(node: ast.expr) -> set[str]:
