@@ -553,7 +553,7 @@ M = [
  ('fourteenth: DDP001 a helper-built evaluation loader', 'analysis/project_loaders.py', '        if name is None or evaluation(name.rsplit(".", 1)[-1]) or (', '        if name is None or ('),
  ('fourteenth: DDP001 a helper-built sampler that never shuffles', 'analysis/project_loaders.py', '            if shuffles(v, m)]', '            if True]'),
  ('fourteenth: DDP001 an endless re-iteration of the loader', 'rules/ddp001_missing_set_epoch.py', '    hits = [*_ddp001(info), *_cycled(info)]', '    hits = [*_ddp001(info)]'),
- ('fourteenth: DDP001 set_epoch anywhere keeps a cycled loader silent', 'rules/ddp001_missing_set_epoch.py', '    if any(r.last == "set_epoch" for m in infos for r in m.calls):\n        return', '    pass'),
+ ('fourteenth: DDP001 set_epoch anywhere keeps a cycled loader silent', 'rules/ddp001_missing_set_epoch.py', '    if set_epoch_anywhere(info):\n        return\n    for rec in recs:', '    for rec in recs:'),
  ('fourteenth: DDP001 a cycled sampler that never shuffles', 'rules/ddp001_missing_set_epoch.py', '        samplers = _shuffling(info.samplers_of(rec.node.args[0]), info)', '        samplers = info.samplers_of(rec.node.args[0])'),
  ('fourteenth: samplers of the distributed arm of a conditional', 'analysis/context.py', '        if isinstance(node, ast.IfExp):\n            # `sampler=DistributedSampler(ds) if ddp else None`: the distributed arm\n            return [', '        if False:\n            return ['),
  ("fourteenth: a project's progress bar iterates its loader", 'analysis/context.py', '    return last in _UNWRAP or "progress" in low or low.endswith("bar")', '    return last in _UNWRAP'),

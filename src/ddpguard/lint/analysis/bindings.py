@@ -57,3 +57,8 @@ def params(func: Func | None) -> set[str]:
     a = func.args
     names = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
     return {x.arg for x in names if x is not None}
+
+
+def names_in(node: ast.AST) -> set[str]:
+    """Every plain name `node` reads or writes, at any depth."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}

@@ -44,7 +44,7 @@ from ..analysis.context import (
 )
 from ..analysis.group_setup import never_forms_a_group
 from ..analysis.loop_samplers import loop_samplers
-from ..analysis.project_loaders import built_by_helper, handed_in
+from ..analysis.project_loaders import built_by_helper, handed_in, set_epoch_anywhere
 from ..registry import Hit, rule
 
 
@@ -196,8 +196,7 @@ def _cycled(info: ModuleInfo) -> Iterator[Hit]:
     recs = [r for r in info.calls_named(*names) if r.node.args] if names else []
     if not recs:
         return
-    infos = getattr(info.file_set, "infos", None) or [info]
-    if any(r.last == "set_epoch" for m in infos for r in m.calls):
+    if set_epoch_anywhere(info):
         return
     for rec in recs:
         samplers = _shuffling(info.samplers_of(rec.node.args[0]), info)

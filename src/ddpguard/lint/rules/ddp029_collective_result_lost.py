@@ -27,6 +27,7 @@ import ast
 import os
 from collections.abc import Iterator
 
+from ..analysis.bindings import names_in
 from ..analysis.callgraph import resolve
 from ..analysis.context import Func, ModuleInfo, is_collective, kwarg
 from ..registry import Hit, rule
@@ -75,9 +76,9 @@ def _dropped(info: ModuleInfo) -> Iterator[Hit]:
     names = _copy_reducers(info)
     if not names:
         return
-    for rec in info.calls:
+    for rec in info.calls_named(*names):
         stmt = rec.stmt
-        if rec.last not in names or not isinstance(stmt, ast.Expr) or stmt.value is not rec.node \
+        if not isinstance(stmt, ast.Expr) or stmt.value is not rec.node \
                 or not rec.node.args or rec.func is None:
             continue
         arg = ast.unparse(rec.node.args[0])
@@ -166,7 +167,7 @@ def _reduces_copy(fn: Func) -> tuple[str, int] | None:
                 coll = coll or (last, c.lineno)
             elif not (last in _SAME or last in ("item", "tolist", "numpy")):
                 other = True
-        if coll and not other and returns and all(name in _names_in(v) for v in returns) \
+        if coll and not other and returns and all(name in names_in(v) for v in returns) \
                 and not any(n.id == name and n.lineno > bound.lineno for n in stores):
             return coll
     return None
@@ -199,10 +200,6 @@ def _mentions(node: ast.expr, name: str) -> bool:
         elif depth < 3:
             todo.extend((c, depth + 1) for c in ast.iter_child_nodes(n))
     return False
-
-
-def _names_in(node: ast.expr) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _temporary(node: ast.expr) -> bool:

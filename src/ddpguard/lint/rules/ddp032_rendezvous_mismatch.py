@@ -57,6 +57,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from ..analysis.bindings import names_in
 from ..analysis.context import Func, ModuleInfo, is_main_guard, kwarg, option_names
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
@@ -103,11 +104,11 @@ def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
         uses: list[tuple[ast.AST, set[str]]] = []
         method = kwarg(rec.node, "init_method")
         if method is not None:
-            uses.append((method, _names(method)))
+            uses.append((method, names_in(method)))
         for st in ast.walk(func):
             if isinstance(st, ast.Assign) and st.lineno < rec.node.lineno and any(
                     _environ_key(t) == "MASTER_PORT" for t in st.targets):
-                uses.append((st, _names(st.value)))
+                uses.append((st, names_in(st.value)))
         for where, names in uses:
             chain = enclosing(func, info.tree, where)
             if chain is None or any(_env_or_rank(info, t) for t in _tests(chain)):
@@ -145,7 +146,7 @@ def _drawn(info: ModuleInfo, func: Func, where: ast.AST) -> str:
     (`9999 + random.randint(0, 9999)`, or a name of `func` bound to such a draw before), where
     no file given seeds that generator; "" otherwise."""
     targets = [where]
-    names = _names(where.value if isinstance(where, ast.Assign) else where)
+    names = names_in(where.value if isinstance(where, ast.Assign) else where)
     for st in ast.walk(func):
         if isinstance(st, ast.Assign) and st is not where and any(
                 isinstance(t, ast.Name) and t.id in names for t in st.targets) \
@@ -169,10 +170,6 @@ def _seeded(info: ModuleInfo, seed: str) -> bool:
     last = seed.rsplit(".", 1)[-1]
     return any(r.last == last and (r.qual or i.qualify(r.node.func) or "") == seed
                for i in infos for r in i.calls)
-
-
-def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _env_or_rank(info: ModuleInfo, test: ast.expr) -> bool:
