@@ -712,6 +712,14 @@ M = [
  ("twentieth: DDP025 a product is a node count only with a process count", 'analysis/node_evidence.py', '            if all(names) and any("node" in x for x in names) and any(\n                    w in x for x in names for w in _PROCESS_WORDS):', '            if all(names) and any("node" in x for x in names):'),
  ("twentieth: DDP025 a graph's num_nodes key is no node evidence", 'analysis/node_evidence.py', '    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "node_rank",', '    "OMPI_COMM_WORLD_RANK", "PMI_RANK", "nnodes", "num_nodes", "node_rank",'),
  ("twentieth: DDP001 a helper's own sampler name before the module's", 'analysis/sharded_loaders.py', '                            for v in (_local(fn, s) or m.values_of(s) or [s])', '                            for v in (m.values_of(s) or [s])'),
+ ("twenty-first: DDP040 an option the program assigns is not the command line's", 'analysis/options.py', '        if _stored(m, attr):\n            return None', '        if False:\n            return None'),
+ ('twenty-first: DDP040 a config update or set_defaults rewrites the option', 'analysis/options.py', '    if method.attr == "set_defaults":\n        return any(k.arg in (attr, None) for k in call.keywords)\n    if method.attr != "update":', '    if True:'),
+ ("twenty-first: DDP040 the file's own declaration first", 'analysis/options.py', '            own = here if m is info else own', '            own = None'),
+ ('twenty-first: DDP040 the option arm reports', 'rules/ddp040_world_size_mismatch.py', '    yield from _spawned_option(info)\n', ''),
+ ('twenty-first: DDP040 the rank is the spawn index', 'rules/ddp040_world_size_mismatch.py', '    if not (isinstance(rank, ast.Name) and params and params[0].arg == rank.id):', '    if not isinstance(rank, ast.Name):'),
+ ("twenty-first: DDP040 the option's default is the spawned literal", 'rules/ddp040_world_size_mismatch.py', '            if count and count != str(opt.default):', '            if count:'),
+ ('twenty-first: DDP040 the option arm reads only a direct spawn', 'rules/ddp040_world_size_mismatch.py', '            if not _starts(info, spawn.node, rec.func, directly=True):', '            if not _starts(info, spawn.node, rec.func):'),
+ ('twenty-first: DDP040 a world size bound once', 'rules/ddp040_world_size_mismatch.py', '    if len(values) != 1 or stores != 1:', '    if not values:'),
 ]
 
 

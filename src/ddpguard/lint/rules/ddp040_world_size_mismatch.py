@@ -18,6 +18,15 @@ while the spawn's `nprocs` is another literal or the machine's GPU count
 literal, every process waits in the rendezvous for ranks that never start, until the timeout;
 with more, the ranks past it fail. Fix: pass the count you spawn (`world_size=nprocs`) to
 every process. (A SLURM arm that sets the rank and not the world size is DDP042, in preview.)
+
+Also reported: the function the spawn starts passes its spawn index as the rank and takes
+the world size from a command-line option with a literal default (`args.world_size`,
+`add_argument("--world_size", type=int, default=2)`) that nothing in the files sets from
+the count spawned, while `nprocs` is the GPU count or another literal: the run works only
+when the option is given equal to that count. Left alone: a rank with a node offset
+(`node_rank * ngpus + gpu`, several nodes, where the two counts differ by design), an option
+the program assigns (`args.world_size = ngpus * args.world_size`), a config file that
+updates the options, a world size passed in by the spawn's `args`.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import ast
 from collections.abc import Iterator
 
 from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.options import parsed_only
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
 
@@ -35,6 +45,7 @@ from ..registry import Hit, rule
       'pass the count of processes you start as the world size')
 def ddp040(info: ModuleInfo) -> Iterator[Hit]:
     yield from _spawned_literal(info)
+    yield from _spawned_option(info)
 
 
 def _spawned_literal(info: ModuleInfo) -> Iterator[Hit]:
@@ -57,8 +68,62 @@ def _spawned_literal(info: ModuleInfo) -> Iterator[Hit]:
                 break
 
 
-def _starts(info: ModuleInfo, call: ast.Call, target: Func) -> bool:
-    """`mp.spawn(target, ...)`, or a spawn of a function of this file that calls `target`."""
+def _spawned_option(info: ModuleInfo) -> Iterator[Hit]:
+    for rec in info.calls_named("init_process_group"):
+        ws = kwarg(rec.node, "world_size")
+        if rec.func is None or ws is None or not _spawn_index(rec.func, kwarg(rec.node, "rank")):
+            continue
+        attr = _option_attr(rec.func, ws)
+        opt = parsed_only(info, attr) if attr else None
+        if opt is None or type(opt.default) is not int:
+            continue
+        for spawn in info.calls_named("spawn", "start_processes"):
+            if not _starts(info, spawn.node, rec.func, directly=True):
+                continue
+            count = _nprocs(info, spawn.node, spawn.func)
+            if count and count != str(opt.default):
+                yield ws, "DDP040", (
+                    f"init_process_group(world_size=...) at line {rec.node.lineno} takes the "
+                    f"group's size from the option --{opt.name} (default {opt.default}, "
+                    f"{opt.where}), while the spawn at line {spawn.node.lineno} starts {count} "
+                    f"processes, each passing its spawn index as the rank: the run works only "
+                    f"when the option is given equal to that count; with more processes, the "
+                    f"ranks past {opt.default - 1} fail; with fewer, every process waits in the "
+                    f"rendezvous for ranks that never start, until the timeout; pass the count "
+                    f"you spawn as the world size")
+                break
+
+
+def _spawn_index(func: Func, rank: ast.expr | None) -> bool:
+    """`rank=<the started function's first parameter>`, never rebound: the spawn index, 0 to
+    nprocs - 1, with no node offset."""
+    params = func.args.posonlyargs + func.args.args
+    if not (isinstance(rank, ast.Name) and params and params[0].arg == rank.id):
+        return False
+    return not any(isinstance(n, ast.Name) and n.id == rank.id and isinstance(n.ctx, ast.Store)
+                   for n in ast.walk(func))
+
+
+def _option_attr(func: Func, ws: ast.expr) -> str:
+    """`world_size` for `world_size=args.world_size`, or for a name the function binds only
+    to it; "" otherwise."""
+    if isinstance(ws, ast.Attribute) and isinstance(ws.value, ast.Name):
+        return ws.attr
+    if not isinstance(ws, ast.Name) or any(a.arg == ws.id for a in func.args.args):
+        return ""
+    values = [st.value for st in ast.walk(func) if isinstance(st, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == ws.id for t in st.targets)]
+    stores = sum(isinstance(n, ast.Name) and n.id == ws.id and isinstance(n.ctx, ast.Store)
+                 for n in ast.walk(func))
+    if len(values) != 1 or stores != 1:
+        return ""
+    v = values[0]
+    return v.attr if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) else ""
+
+
+def _starts(info: ModuleInfo, call: ast.Call, target: Func, directly: bool = False) -> bool:
+    """`mp.spawn(target, ...)`, or (unless `directly`) a spawn of a function of this file that
+    calls `target`."""
     if not call.args or not (info.qualify(call.func) or "").endswith(
             ("multiprocessing.spawn", "multiprocessing.start_processes", "mp.spawn")):
         return False
@@ -66,6 +131,8 @@ def _starts(info: ModuleInfo, call: ast.Call, target: Func) -> bool:
     started = name.rsplit(".", 1)[-1] if name else ""
     if started == target.name:
         return True
+    if directly:
+        return False
     return any(isinstance(c, ast.Call) and info.callee_last(c) == target.name
                for fn in info.funcs.get(started, []) for c in ast.walk(fn))
 
