@@ -720,6 +720,23 @@ M = [
  ("twenty-first: DDP040 the option's default is the spawned literal", 'rules/ddp040_world_size_mismatch.py', '            if count and count != str(opt.default):', '            if count:'),
  ('twenty-first: DDP040 the option arm reads only a direct spawn', 'rules/ddp040_world_size_mismatch.py', '            if not _starts(info, spawn.node, rec.func, directly=True):', '            if not _starts(info, spawn.node, rec.func):'),
  ('twenty-first: DDP040 a world size bound once', 'rules/ddp040_world_size_mismatch.py', '    if len(values) != 1 or stores != 1:', '    if not values:'),
+ ('twenty-first: DDP048 reports', 'rules/ddp048_wrapper_attribute.py', '    for acc in missing_attributes(info):', '    for acc in []:'),
+ ('twenty-first: DDP048 what the wrapper has', 'analysis/wrapper_attrs.py', '        if node is not None and node.attr not in DDP_ATTRS and node.attr not in _ENGINE \\', '        if node is not None and node.attr not in _ENGINE \\'),
+ ("twenty-first: DDP048 another engine's API under a flag", 'analysis/wrapper_attrs.py', '        if node is not None and node.attr not in DDP_ATTRS and node.attr not in _ENGINE \\', '        if node is not None and node.attr not in DDP_ATTRS \\'),
+ ('twenty-first: DDP048 a read under try', 'analysis/wrapper_attrs.py', '        if isinstance(n, ast.Try) and chain[i + 1] in n.body:', '        if False:'),
+ ('twenty-first: DDP048 a test whose other arm reads .module', 'analysis/wrapper_attrs.py', '        if isinstance(n, ast.If | ast.IfExp) and _module_in(_other_arm(n, chain[i + 1]), holder):', '        if False:'),
+ ('twenty-first: DDP048 the arm that did not wrap', 'analysis/wrapper_attrs.py', '            if (wrap_chain[i + 1] in n.body) != (chain[j + 1] in n.body):', '            if False:'),
+ ("twenty-first: DDP048 a test that contradicts the wrap's", 'analysis/wrapper_attrs.py', '    return any((key, not value) in known for key, value in _facts(chain))', '    return False'),
+ ('twenty-first: DDP048 not under and, its parts', 'analysis/wrapper_attrs.py', '        if isinstance(test.op, ast.And) == truth:  # every part holds (and) or fails (or)', '        if False:'),
+ ('twenty-first: DDP048 a function that asks hasattr', 'analysis/wrapper_attrs.py', '                    or _asks(top, holder) or _stored(info, holder, node.attr) \\', '                    or _stored(info, holder, node.attr) \\'),
+ ('twenty-first: DDP048 an attribute set on the wrapper', 'analysis/wrapper_attrs.py', '                    or _asks(top, holder) or _stored(info, holder, node.attr) \\', '                    or _asks(top, holder) \\'),
+ ('twenty-first: DDP048 a name rebound after the wrap', 'analysis/wrapper_attrs.py', '                if not rebound:', '                if True:'),
+ ('twenty-first: DDP048 self.x only where every assignment in the class wraps', 'analysis/wrapper_attrs.py', '    if any(lo <= ln <= hi and (ln, v) not in wraps for ln, v in entries):', '    if False:'),
+ ("twenty-first: DDP048 torch's wrapper only", 'analysis/wrapper_attrs.py', '        wraps = [(ln, v) for ln, v in entries if _torch_ddp(info, v)]', '        wraps = [(ln, v) for ln, v in entries if info.is_ddp_call(v)]'),
+ ("twenty-first: DDP048 the module's own statements", 'analysis/wrapper_attrs.py', '            rec = info.call_rec(value) if isinstance(value, ast.Call) else None\n            if rec is None:\n', '            rec = info.call_rec(value) if isinstance(value, ast.Call) else None\n            if rec is None or rec.func is None:\n'),
+ ('twenty-first: DDP048 a parameter every call hands a wrapper', 'analysis/wrapper_attrs.py', '            for param in info.handed_params.get(id(fn), ()):', '            for param in ():'),
+ ('twenty-first: DDP048 reads before the wrap', 'analysis/wrapper_attrs.py', '            if id(node) in seen or node.lineno <= line and wrap is not None and func is wrap[0]:', '            if id(node) in seen:'),
+ ('twenty-first: DDP048 a rank test in the message', 'rules/ddp048_wrapper_attribute.py', '        some = any(isinstance(n, ast.If) and info.rank_level(n.test) != NONE', '        some = any(False'),
 ]
 
 

@@ -66,6 +66,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP043",
         "DDP045",
         "DDP047",
+        "DDP048",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -740,6 +741,11 @@ CASES: dict[str, tuple[str, str]] = {
                 pdb.set_trace()
             model(x).sum().backward()
         """,
+    ),
+    "DDP048": (
+        "model = DDP(net)\nmodel.generate(tokens)\n",
+        # through the wrapped model
+        "model = DDP(net)\nmodel.module.generate(tokens)\n",
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',

@@ -31,7 +31,9 @@ def loop_samplers(info: ModuleInfo, lrec: LoopRec) -> list[ast.Call]:
     key = ("loop_samplers", id(node))
     hit = info._memo.get(key)
     if hit is None:
-        hit = info._memo[key] = _scoped(info, fn, node.iter, 0)
+        # one entry per sampler: the paths to it through names and callers repeat it
+        hit = info._memo[key] = list({id(s): s for s in _scoped(info, fn, node.iter, 0)}
+                                     .values())
     return hit  # type: ignore[return-value]
 
 

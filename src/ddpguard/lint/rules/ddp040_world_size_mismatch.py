@@ -69,7 +69,8 @@ def _spawned_literal(info: ModuleInfo) -> Iterator[Hit]:
 
 
 def _spawned_option(info: ModuleInfo) -> Iterator[Hit]:
-    for rec in info.calls_named("init_process_group"):
+    spawns = info.calls_named("spawn", "start_processes")
+    for rec in info.calls_named("init_process_group") if spawns else ():
         ws = kwarg(rec.node, "world_size")
         if rec.func is None or ws is None or not _spawn_index(rec.func, kwarg(rec.node, "rank")):
             continue
@@ -77,7 +78,7 @@ def _spawned_option(info: ModuleInfo) -> Iterator[Hit]:
         opt = parsed_only(info, attr) if attr else None
         if opt is None or type(opt.default) is not int:
             continue
-        for spawn in info.calls_named("spawn", "start_processes"):
+        for spawn in spawns:
             if not _starts(info, spawn.node, rec.func, directly=True):
                 continue
             count = _nprocs(info, spawn.node, spawn.func)
