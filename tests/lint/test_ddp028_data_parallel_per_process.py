@@ -13,8 +13,11 @@ def test_a_script_of_one_process_may_use_one_device() -> None:
     src = "import torch\nmodel = torch.nn.DataParallel(net.cuda(0), device_ids=[0])\n"
     assert lint_with_defaults(src, "t.py", Selection(select=("DDP028",))) == []
     src = "import torch.distributed as dist\n" + src + "dist.barrier()\n"
-    assert [f.code for f in lint_with_defaults(src, "t.py")] == ["DDP028"]
+    assert [f.code for f in lint_with_defaults(src, "t.py", Selection(extend_select=("DDP028",)))
+            ] == ["DDP028"]
 
 
-def test_on_by_default() -> None:
-    assert RULES["DDP028"].default and not RULES["DDP028"].preview
+def test_in_preview() -> None:
+    # Its first finding on unseen code (corpus37a) was false: DataParallel in the `else` of
+    # `if cfg.DISTRIBUTED:`, the one-process run (silent since).
+    assert RULES["DDP028"].preview

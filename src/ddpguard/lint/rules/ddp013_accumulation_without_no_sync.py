@@ -125,7 +125,27 @@ def _accumulating_ifs(info: ModuleInfo, rec: CallRec) -> list[ast.If]:
     if not arms:
         return []
     ifs = {id(n): n for n in _enclosing_ifs(rec.func or info.tree, rec.node.lineno)}
-    return [ifs[k] for k in reversed(arms) if k in ifs and _accumulates(ifs[k].test)]
+    found = [ifs[k] for k in reversed(arms) if k in ifs and _accumulates(ifs[k].test)]
+    return [] if any(_every_step(info, rec.func, c.test) for c in found) else found
+
+
+def _every_step(info: ModuleInfo, func: ast.AST | None, test: ast.expr) -> bool:
+    """`(i + 1) % grad_accumu == 0` or `grad_accumu > 1` where the program only ever sets
+    `grad_accumu = 1` (a factor written into the code, not an option): the step runs on every
+    iteration, and an arm for more is dead."""
+    for n in ast.walk(test):
+        name = n.right.id if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) \
+            and isinstance(n.right, ast.Name) else n.left.id if isinstance(n, ast.Compare) \
+            and isinstance(n.left, ast.Name) and isinstance(n.ops[0], ast.Gt) else None
+        if name is None:
+            continue
+        if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) and name in {
+                a.arg for a in (*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs)}:
+            return False
+        values = [v for _, v in info.assigns.get(name, [])]
+        return bool(values) and all(isinstance(v, ast.Constant) and v.value == 1
+                                    for v in values)
+    return False
 
 
 def _enclosing_ifs(scope: ast.AST, line: int) -> list[ast.If]:

@@ -66,7 +66,7 @@ _FOLLOW_EXACT = {"backward", "DistributedDataParallel", *COLLECTIVE_EXACT, *MPI_
 
 @rule('DDP027', 'rank-only-binding', 'warning',
       'a name bound only under a rank test and read by every rank before a collective',
-      'bind it on every rank (compute it everywhere, or broadcast it)')
+      'bind it on every rank (compute it everywhere, or broadcast it)', preview=True)
 def ddp027(info: ModuleInfo) -> Iterator[Hit]:
     if not info.split_funcs:
         return
@@ -368,8 +368,17 @@ def _open_read(info: ModuleInfo, node: ast.AST, name: str) -> ast.Name | None:
             continue
         if isinstance(n, _SCOPE_STOP):
             continue
+        if isinstance(n, _COMPS) and any(
+                isinstance(t, ast.Name) and t.id == name
+                for g in n.generators for t in ast.walk(g.target)):
+            # `[f(i) for i in xs]` binds its own `i`: only the first iterable is read outside
+            stack.append(n.generators[0].iter)
+            continue
         stack.extend(reversed(list(ast.iter_child_nodes(n))))
     return None
+
+
+_COMPS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
 def _follows(info: ModuleInfo, rec: CallRec) -> bool:

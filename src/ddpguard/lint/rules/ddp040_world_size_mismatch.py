@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ..analysis.context import Func, ModuleInfo, kwarg
+from ..analysis.context import CallRec, Func, ModuleInfo, kwarg
 from ..analysis.options import parsed_only
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
@@ -54,18 +54,16 @@ def _spawned_literal(info: ModuleInfo) -> Iterator[Hit]:
         if rec.func is None or not (isinstance(ws, ast.Constant) and type(ws.value) is int
                                     and ws.value > 1):
             continue
-        for spawn in info.calls_named("spawn", "start_processes"):
-            if not _starts(info, spawn.node, rec.func):
-                continue
-            count = _nprocs(info, spawn.node, spawn.func)
-            if count and count != str(ws.value):
-                yield ws, "DDP040", (
-                    f"init_process_group(world_size={ws.value}) at line {rec.node.lineno}, but "
-                    f"the spawn at line {spawn.node.lineno} starts {count} processes: with "
-                    f"fewer than {ws.value}, every process waits in the rendezvous for ranks "
-                    f"that never start, until the timeout; with more, the ranks past "
-                    f"{ws.value - 1} fail; pass the count you spawn as the world size")
-                break
+        found = _other_count(info, info.calls_named("spawn", "start_processes"), rec.func,
+                             str(ws.value))
+        if found:
+            spawn, count = found
+            yield ws, "DDP040", (
+                f"init_process_group(world_size={ws.value}) at line {rec.node.lineno}, but "
+                f"the spawn at line {spawn.node.lineno} starts {count} processes: with "
+                f"fewer than {ws.value}, every process waits in the rendezvous for ranks "
+                f"that never start, until the timeout; with more, the ranks past "
+                f"{ws.value - 1} fail; pass the count you spawn as the world size")
 
 
 def _spawned_option(info: ModuleInfo) -> Iterator[Hit]:
@@ -78,21 +76,30 @@ def _spawned_option(info: ModuleInfo) -> Iterator[Hit]:
         opt = parsed_only(info, attr) if attr else None
         if opt is None or type(opt.default) is not int:
             continue
-        for spawn in spawns:
-            if not _starts(info, spawn.node, rec.func, directly=True):
-                continue
+        found = _other_count(info, spawns, rec.func, str(opt.default), directly=True)
+        if found:
+            spawn, count = found
+            yield ws, "DDP040", (
+                f"init_process_group(world_size=...) at line {rec.node.lineno} takes the "
+                f"group's size from the option --{opt.name} (default {opt.default}, "
+                f"{opt.where}), while the spawn at line {spawn.node.lineno} starts {count} "
+                f"processes, each passing its spawn index as the rank: the run works only "
+                f"when the option is given equal to that count; with more processes, the "
+                f"ranks past {opt.default - 1} fail; with fewer, every process waits in the "
+                f"rendezvous for ranks that never start, until the timeout; pass the count "
+                f"you spawn as the world size")
+
+
+def _other_count(info: ModuleInfo, spawns: list[CallRec], target: Func, expected: str,
+                 directly: bool = False) -> tuple[CallRec, str] | None:
+    """The first spawn of `target` that starts a known count of processes other than
+    `expected`, with that count as the message names it."""
+    for spawn in spawns:
+        if _starts(info, spawn.node, target, directly):
             count = _nprocs(info, spawn.node, spawn.func)
-            if count and count != str(opt.default):
-                yield ws, "DDP040", (
-                    f"init_process_group(world_size=...) at line {rec.node.lineno} takes the "
-                    f"group's size from the option --{opt.name} (default {opt.default}, "
-                    f"{opt.where}), while the spawn at line {spawn.node.lineno} starts {count} "
-                    f"processes, each passing its spawn index as the rank: the run works only "
-                    f"when the option is given equal to that count; with more processes, the "
-                    f"ranks past {opt.default - 1} fail; with fewer, every process waits in the "
-                    f"rendezvous for ranks that never start, until the timeout; pass the count "
-                    f"you spawn as the world size")
-                break
+            if count and count != expected:
+                return spawn, count
+    return None
 
 
 def _spawn_index(func: Func, rank: ast.expr | None) -> bool:
