@@ -719,7 +719,7 @@ M = [
  ('twenty-first: DDP040 the rank is the spawn index', 'rules/ddp040_world_size_mismatch.py', '    if not (isinstance(rank, ast.Name) and params and params[0].arg == rank.id):', '    if not isinstance(rank, ast.Name):'),
  ("twenty-first: DDP040 the option's default is the spawned literal", 'rules/ddp040_world_size_mismatch.py', '        found = _other_count(info, spawns, rec.func, str(opt.default), directly=True)', "        found = _other_count(info, spawns, rec.func, '', directly=True)"),
  ('twenty-first: DDP040 the option arm reads only a direct spawn', 'rules/ddp040_world_size_mismatch.py', '        found = _other_count(info, spawns, rec.func, str(opt.default), directly=True)', '        found = _other_count(info, spawns, rec.func, str(opt.default))'),
- ('twenty-first: DDP040 a world size bound once', 'rules/ddp040_world_size_mismatch.py', '    if len(values) != 1 or stores != 1:', '    if not values:'),
+ ('twenty-first: DDP040 a world size bound once', 'rules/ddp040_world_size_mismatch.py', '    if len(values) != 1 or stores(func, ws.id) != 1:', '    if not values:'),
  ('twenty-first: DDP048 reports', 'rules/ddp048_wrapper_attribute.py', '    for acc in missing_attributes(info):', '    for acc in []:'),
  ('twenty-first: DDP048 what the wrapper has', 'analysis/wrapper_attrs.py', '        if node is not None and node.attr not in DDP_ATTRS and node.attr not in _ENGINE \\', '        if node is not None and node.attr not in _ENGINE \\'),
  ("twenty-first: DDP048 another engine's API under a flag", 'analysis/wrapper_attrs.py', '        if node is not None and node.attr not in DDP_ATTRS and node.attr not in _ENGINE \\', '        if node is not None and node.attr not in DDP_ATTRS \\'),

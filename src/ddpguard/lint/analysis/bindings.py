@@ -62,3 +62,10 @@ def params(func: Func | None) -> set[str]:
 def names_in(node: ast.AST) -> set[str]:
     """Every plain name `node` reads or writes, at any depth."""
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def stores(node: ast.AST, name: str) -> int:
+    """How many times `node` (at any depth) binds the plain name `name`: 0 where it never
+    rebinds it."""
+    return sum(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+               for n in ast.walk(node))

@@ -13,6 +13,7 @@ import ast
 import os
 from collections.abc import Callable, Iterator
 
+from .bindings import stores
 from .callgraph import is_generator, resolve
 from .context import LoopRec, ModuleInfo, dotted, wraps_iterable
 from .param_flow import is_parameter, passed
@@ -136,5 +137,4 @@ def _bindings(info: ModuleInfo, lrec: LoopRec, name: str) -> list[ast.expr]:
 
 
 def _rebound(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-               for n in ast.walk(fn))
+    return stores(fn, name) > 0

@@ -9,6 +9,7 @@ import ast
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from .bindings import stores
 from .callgraph import calls_by_func
 from .context import CallRec, Func, ModuleInfo
 from .enclosing import enclosing
@@ -117,8 +118,7 @@ def _chain(info: ModuleInfo, func: Func | None, stmt: ast.AST) -> list[ast.AST] 
 
 
 def _rebinds(fn: Func | ast.Module, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-               for n in ast.walk(fn))
+    return stores(fn, name) > 0
 
 
 Wrap = tuple[Func | None, ast.AST]   # the function that wraps, and the wrap's statement

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from ..analysis.bindings import stores
 from ..analysis.context import CallRec, Func, ModuleInfo, kwarg
 from ..analysis.options import parsed_only
 from ..analysis.provenance import dotted
@@ -108,8 +109,7 @@ def _spawn_index(func: Func, rank: ast.expr | None) -> bool:
     params = func.args.posonlyargs + func.args.args
     if not (isinstance(rank, ast.Name) and params and params[0].arg == rank.id):
         return False
-    return not any(isinstance(n, ast.Name) and n.id == rank.id and isinstance(n.ctx, ast.Store)
-                   for n in ast.walk(func))
+    return stores(func, rank.id) == 0
 
 
 def _option_attr(func: Func, ws: ast.expr) -> str:
@@ -121,9 +121,7 @@ def _option_attr(func: Func, ws: ast.expr) -> str:
         return ""
     values = [st.value for st in ast.walk(func) if isinstance(st, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == ws.id for t in st.targets)]
-    stores = sum(isinstance(n, ast.Name) and n.id == ws.id and isinstance(n.ctx, ast.Store)
-                 for n in ast.walk(func))
-    if len(values) != 1 or stores != 1:
+    if len(values) != 1 or stores(func, ws.id) != 1:
         return ""
     v = values[0]
     return v.attr if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) else ""

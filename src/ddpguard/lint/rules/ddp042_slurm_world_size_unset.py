@@ -32,6 +32,7 @@ import ast
 from collections.abc import Iterator
 
 from ..analysis.context import Func, ModuleInfo, kwarg, option_names
+from ..analysis.options import project
 from ..analysis.provenance import dotted
 from ..registry import Hit, rule
 
@@ -115,7 +116,7 @@ def _set_elsewhere(info: ModuleInfo, func: Func, chain: ast.If, world: str,
     set-up has its own (pyconvmain.py beside main.py)."""
     end = chain.end_lineno or chain.lineno
     attr = world.rsplit(".", 1)[-1]
-    infos = _project(info)
+    infos = project(info)
     for other in infos:
         if any("submitit" in q for q in other.aliases.values()):
             return True
@@ -134,12 +135,6 @@ def _set_elsewhere(info: ModuleInfo, func: Func, chain: ast.If, world: str,
     return False
 
 
-def _project(info: ModuleInfo) -> list[ModuleInfo]:
-    """`info` first, then the other files on the command line."""
-    others: list[ModuleInfo] = getattr(info.file_set, "infos", [])
-    return [info, *(i for i in others if i is not info)]
-
-
 def _in_a_caller(info: ModuleInfo, line: int, name: str) -> bool:
     """Line `line` of `info` sits in a function that calls `name`, or at the module level of
     a file that calls it."""
@@ -154,7 +149,7 @@ def _in_a_caller(info: ModuleInfo, line: int, name: str) -> bool:
 def _option_default(info: ModuleInfo, attr: str) -> str:
     """'the option's default, 1 (main.py:40)' for `add_argument("--world_size", default=1)`
     in a file of the project; "" where none is seen or its default is anything else."""
-    infos = _project(info)
+    infos = project(info)
     for other in infos:
         for rec in other.calls_named("add_argument"):
             default = kwarg(rec.node, "default")
