@@ -300,7 +300,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=-1)
     args = parser.parse_args()
     model = build_model()
     if args.local_rank != -1:

@@ -65,10 +65,13 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP045",
         "DDP047",
         "DDP048",
+        "DDP049",
+        "DDP050",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
-    assert Selection(ignore=("DDP01", "DDP02", "DDP03", "DDP04"), preview=True).codes() == [
+    assert Selection(ignore=("DDP01", "DDP02", "DDP03", "DDP04", "DDP05"),
+                     preview=True).codes() == [
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
     assert Selection().held_back() == ["DDP005", "DDP015", "DDP027", "DDP028", "DDP033",
@@ -744,6 +747,46 @@ CASES: dict[str, tuple[str, str]] = {
         "model = DDP(net)\nmodel.generate(tokens)\n",
         # through the wrapped model
         "model = DDP(net)\nmodel.module.generate(tokens)\n",
+    ),
+    "DDP049": (
+        """
+        import pandas as pd
+        dist.init_process_group("gloo")
+        log = pd.DataFrame()
+        for x in loader:
+            model(x).sum().backward()
+            if dist.get_rank() == 0:
+                log = log.append({"loss": 1.0}, ignore_index=True)
+        """,
+        # the current spelling
+        """
+        import pandas as pd
+        dist.init_process_group("gloo")
+        log = pd.DataFrame()
+        for x in loader:
+            model(x).sum().backward()
+            if dist.get_rank() == 0:
+                log = pd.concat([log, pd.DataFrame([{"loss": 1.0}])], ignore_index=True)
+        """,
+    ),
+    "DDP050": (
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local_rank", type=int, default=0)
+        args = parser.parse_args()
+        dist.init_process_group("nccl")
+        model = DDP(net, device_ids=[args.local_rank])
+        """,
+        # both spellings
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--local-rank", "--local_rank", type=int, default=0)
+        args = parser.parse_args()
+        dist.init_process_group("nccl")
+        model = DDP(net, device_ids=[args.local_rank])
+        """,
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from .context import ModuleInfo, kwarg, option_names
 
-__all__ = ["Option", "parsed_only", "project"]
+__all__ = ["Option", "parsed_only", "project", "stored"]
 
 
 class Option(NamedTuple):
@@ -32,7 +32,7 @@ def parsed_only(info: ModuleInfo, attr: str) -> Option | None:
     per_file: list[list[Option]] = []
     own: list[Option] | None = None
     for m in project(info):
-        if _stored(m, attr):
+        if stored(m, attr):
             return None
         here: list[Option] = []
         for rec in m.calls_named("add_argument"):
@@ -52,7 +52,9 @@ def parsed_only(info: ModuleInfo, attr: str) -> Option | None:
 _NOT_LITERAL = object()
 
 
-def _stored(m: ModuleInfo, attr: str) -> bool:
+def stored(m: ModuleInfo, attr: str) -> bool:
+    """A file stores something under `attr`: an assignment to `x.<attr>`, a `setattr`, a
+    config update of the options (`vars(args).update(cfg)`), `set_defaults`."""
     for node in ast.walk(m.tree):
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):

@@ -224,6 +224,7 @@ def _reads(test: ast.expr) -> set[str]:
     return out
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
 _BROAD = {"Exception", "BaseException"}
 # A handler that hands the error to another process (OpenNMT's `error_queue.put((rank,
 # traceback.format_exc()))`, read by the parent, which then ends every child) or signals one.
@@ -310,13 +311,22 @@ def swallowed_main(info: ModuleInfo, reaches: Callable[[CallRec], bool]
                    ) -> tuple[ast.ExceptHandler, str] | None:
     """The same catch-all ending the script's `if __name__ == "__main__":` block (HiCForecast's
     `try: train(model, args)` / `except Exception: ... exit()`): the whole of the rank's run."""
-    if 0 not in info.catching or not info.has_main:
+    if 0 not in info.catching:
         return None
     main = next((st for st in reversed(info.tree.body) if isinstance(st, ast.If)
-                 and is_main_guard(st.test) and st.body), None)
-    if main is None:
+                 and is_main_guard(st.test) and st.body), None) if info.has_main else None
+    # Without a main block, the script's own statements (MMChat's whole run in one
+    # module-level `try:` / `except BaseException: logger.error(...)`).
+    if main is not None:
+        body = main.body
+    elif info.has_main:
         return None
-    return _swallowed(info, main.body, calls_by_func(info).get(0, []), reaches,
+    else:
+        # what the script runs: its definitions run nothing
+        body = [st for st in info.tree.body if not isinstance(st, _DEFINITIONS)]
+        if not body or not any(isinstance(st, ast.Try) for st in body[-3:]):
+            return None
+    return _swallowed(info, body, calls_by_func(info).get(0, []), reaches,
                       where="the script's run")
 
 

@@ -47,6 +47,7 @@ _SINGLE_NAME = re.compile(r"(^|_)(single_spec|single_gpu|single_process|single_d
                           r"non_distributed|not_distributed|no_ddp|no_dist)$", re.I)
 _LAUNCH_CALLS = {"is_initialized", "is_available", "is_dist_avail_and_initialized",
                  "is_distributed", "is_dist_available_and_initialized", "is_torchelastic_launched"}
+_UNSET_RANK = re.compile(r"(^|[._])(local_)?rank$")
 _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
         ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 
@@ -370,6 +371,13 @@ def launch(info: Table, node: ast.AST | None) -> int:
             fn = _CMP.get(type(node.ops[0]))
             if fn is not None:
                 return TRUE if fn(1, c) else FALSE
+        if c == -1 and not isinstance(c, bool) and _UNSET_RANK.search(
+                dotted(node.left) or ""):
+            # `if args.local_rank != -1:`: the launcher gives every process a rank of 0 or
+            # more, and -1 is the option's "not launched" default
+            fn = _CMP.get(type(node.ops[0]))
+            if fn is not None and fn(0, -1) == fn(7, -1):
+                return TRUE if fn(0, -1) else FALSE
         if isinstance(c, int) and not isinstance(c, bool) and _is_world(info, node.left):
             fn = _CMP.get(type(node.ops[0]))
             if fn is not None and c in (1, 2):

@@ -62,6 +62,7 @@ from ..analysis.context import Func, ModuleInfo, is_main_guard, kwarg, option_na
 from ..analysis.enclosing import enclosing
 from ..analysis.provenance import dotted
 from ..analysis.rank_kind import node_product
+from ..analysis.ranks import TRUE, launch
 from ..registry import Hit, rule
 
 _PROBES = {"connect_ex", "bind", "connect"}
@@ -91,8 +92,21 @@ def _environ_key(node: ast.AST) -> object:
     return None
 
 
-def _tests(chain: list[ast.AST]) -> list[ast.expr]:
-    return [n.test for n in chain if isinstance(n, ast.If | ast.While)]
+def _tests(chain: list[ast.AST], info: ModuleInfo | None = None,
+           node: ast.AST | None = None) -> list[ast.expr]:
+    """The tests on the way to the chain's end; given `info`, not the distributed arm of a
+    test of the launch mode (`if args.local_rank != -1:`), which every process of a
+    launched group takes (samtemp's val.py)."""
+    out = []
+    for i, n in enumerate(chain):
+        if not isinstance(n, ast.If | ast.While):
+            continue
+        inner = chain[i + 1] if i + 1 < len(chain) else node
+        if info is not None and isinstance(n, ast.If) and inner in n.body \
+                and launch(info, n.test) == TRUE:
+            continue
+        out.append(n.test)
+    return out
 
 
 def _own_ports(info: ModuleInfo) -> Iterator[Hit]:
@@ -237,7 +251,7 @@ def _overwritten_address(info: ModuleInfo) -> Iterator[Hit]:
                 "(`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`) on every task")
             continue
         if any(not _same_value(t, node.value) and not is_main_guard(t) and not _gpu_test(t)
-               for t in _tests(chain)):
+               for t in _tests(chain, info, node)):
             continue
         launcher = _launcher_after(info, func, node.lineno)
         if launcher:
