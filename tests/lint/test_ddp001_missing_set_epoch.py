@@ -4,6 +4,7 @@ What the rule reports and what it leaves alone, and the analysis it reads, throu
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from helpers import (
@@ -508,3 +509,36 @@ def test_a_loader_handed_in_from_another_file(tmp_path: Path) -> None:
     (tmp_path / "finetune" / "main.py").write_text(
         HANDED_ENTRY + "\n\ndef resume(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n")
     assert [f for f in lint_paths_with_defaults([tmp_path]) if f.code == "DDP001"] == []
+
+
+def test_an_epoch_loop_that_hands_the_loader_to_another_file_s_helper(tmp_path: Path) -> None:
+    # corpus38b's EEGMAE: `from engine import train_one_epoch`, which iterates the loader it
+    # is given. The twin (TNN-MO's shape): the loader of that name with a DistributedSampler
+    # is made further down, in the other arm, so the loop's own loader is not it.
+    (tmp_path / "engine.py").write_text(textwrap.dedent("""\
+        def train_one_epoch(model, data_loader, optimizer, epoch):
+            for x in data_loader:
+                model(x).sum().backward()
+                optimizer.step()
+        """))
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        import torch
+        import torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+        from engine import train_one_epoch
+
+
+        def main(model, dataset, optimizer, epochs, distributed):
+            if not distributed:
+                loader = DataLoader(dataset, batch_size=4, shuffle=True)
+                for epoch in range(epochs):
+                    train_one_epoch(model, loader, optimizer, epoch)
+            else:
+                dist.init_process_group("nccl")
+                loader = DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset))
+                for epoch in range(epochs):
+                    train_one_epoch(model, loader, optimizer, epoch)
+        """))
+    found = [(Path(f.path).name, f.code, f.line)
+             for f in lint_paths_with_defaults([tmp_path]) if f.code == "DDP001"]
+    assert found == [("train.py", "DDP001", 15)]

@@ -39,6 +39,9 @@ TAIL = textwrap.dedent("""\
     # assigned from the environment after parsing
     ('parser.add_argument("--local_rank", type=int, default=0)\n',
      'args.local_rank = int(os.environ["LOCAL_RANK"])\n'),
+    # assigned from SLURM's variable (no LOCAL_RANK named anywhere)
+    ('parser.add_argument("--local_rank", type=int, default=0)\n',
+     'args.local_rank = int(os.environ["SLURM_LOCALID"])\n'),
     # the program spawns its own processes: the spawn index is the rank
     ('parser.add_argument("--local_rank", type=int, default=0)\n',
      "mp.spawn(print, nprocs=2)\n"),

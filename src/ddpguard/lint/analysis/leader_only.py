@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 
-from .context import ModuleInfo
+from .context import ModuleInfo, dotted
 from .projection import Item, Seq
 from .ranks import TRUE, RankClass, evaluate_test, splits
 
@@ -33,8 +33,10 @@ def certain(info: ModuleInfo, seq: Seq, target: Item, cls: RankClass) -> str | N
         if it.kind == "call":
             called = True
             continue
-        if it.kind == "loop" and not called:
-            continue  # the compared function's own loop (epochs, batches): it runs
+        if it.kind == "loop" and (not called or _over_loader(it.test)):
+            # the compared function's own loop (epochs, batches), or a helper's loop over a
+            # data loader (vit-sr's rank-0 `validate()` all-reduces every batch): it runs
+            continue
         if called or it.kind != "alt" or it.fallback or it.received or it.test is None:
             # A test or a loop inside a helper (it may run zero times), a test that
             # follows run-time data: the leader may miss the collective too.
@@ -65,3 +67,13 @@ def _enclosing(seq: Seq, target: Item) -> list[tuple[Item, int]] | None:
             if inner is not None:
                 return [(it, k), *inner]
     return None
+
+
+def _over_loader(it: ast.expr | None) -> bool:
+    """`for batch in val_loader:` (or `enumerate(...)`, `tqdm(...)` of one): a loop over a
+    data loader, which a non-empty dataset makes run at least once."""
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) \
+            and it.func.id in ("enumerate", "tqdm", "iter"):
+        it = it.args[0]
+    name = dotted(it) if it is not None else None
+    return name is not None and "loader" in name.rsplit(".", 1)[-1].lower()

@@ -36,7 +36,8 @@ class Item:
     split: bool = False            # an alt whose test may differ between ranks (or an assert)
     fallback: bool = False         # an alt on a search's fallback (runtime_tests)
     received: bool = False         # an alt on what a collective delivered (runtime_tests)
-    test: ast.expr | None = None   # an alt's test (the message names it as an assumption)
+    test: ast.expr | None = None   # an alt's test (the message names it as an assumption);
+    #                                a for loop's iterable
 
 
 Seq = tuple[Item, ...]
@@ -169,7 +170,7 @@ def _items(info: ModuleInfo, nodes: list[object], cls: RankClass, stack: tuple[i
             body, _ = _block(info, n.body, cls, stack, writes, cond, consts)
             if body:
                 out.append(Item(("l", tuple(i.key for i in body)), "loop", arms=(tuple(body),),
-                                site=n.line, cond=cond))
+                                site=n.line, cond=cond, test=n.iter))
         elif t is CallN:
             assert isinstance(n, CallN)
             ex = _call(info, n, cls, stack, writes, cond, out, consts)

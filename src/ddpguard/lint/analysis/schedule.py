@@ -116,7 +116,7 @@ class Builder:
             body = self.block(s.body)
             self.whiles.pop()
             if body:
-                out.append(LoopN(body, s.lineno))
+                out.append(LoopN(body, s.lineno, None if t is ast.While else s.iter))
             out.extend(self.block(s.orelse))
         elif t is ast.With or t is ast.AsyncWith:
             for item in s.items:
@@ -403,3 +403,4 @@ def builder(info: ModuleInfo) -> Builder:
 
 
 __all__ = ["Builder", "builder"]
+

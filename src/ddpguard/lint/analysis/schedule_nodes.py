@@ -47,6 +47,7 @@ class IfN:
 class LoopN:
     body: list[object]
     line: int
+    iter: ast.expr | None = None   # what a `for` loop walks (leader_only reads it)
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..analysis.context import (
     EVAL_HINTS,
@@ -42,6 +42,7 @@ from ..analysis.context import (
     is_true,
     kwarg,
 )
+from ..analysis.crossfile import EXTERNAL
 from ..analysis.group_setup import never_forms_a_group
 from ..analysis.loop_samplers import loop_samplers
 from ..analysis.project_loaders import built_by_helper, handed_in, set_epoch_anywhere
@@ -152,12 +153,23 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
     batch_loops: dict[int, bool] = {}
+    find = getattr(info.file_set, "find", None)
+    # names imported from the project's own modules (`from engine import train_one_epoch`)
+    imported = {k for k, q in info.aliases.items() if "." in q
+                and q.split(".", 1)[0] not in EXTERNAL} if find is not None else set()
     for rec in info.calls:
         if not rec.loops or id(rec.loops[-1]) in reported:
             continue
         callees = info.local_callees(rec)
+        owner = info
         if not callees:
-            continue
+            # `from engine import train_one_epoch` (EEGMAE): the helper of another file
+            if rec.callee not in imported or not rec.node.args:
+                continue
+            foreign = _imported(info, rec, find)  # type: ignore[arg-type]
+            if foreign is None:
+                continue
+            owner, callees = foreign[0], [foreign[1]]
         epoch_loop = rec.loops[-1]
         batch = batch_loops.get(id(epoch_loop))
         if batch is None:
@@ -166,7 +178,7 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
         if batch:
             continue  # a call inside the batch loop (`adjust_lr(loader, step)`), not an epoch
         # Style 3: `for epoch ...: self._run_epoch(epoch)`, the method iterating `self.loader`.
-        for sampler in _method_samplers(info, callees):
+        for sampler in _method_samplers(info, callees) if owner is info else ():
             if missing(epoch_loop, sampler):
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
@@ -177,14 +189,31 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
         passed: list[tuple[int | str, ast.expr]] = [*enumerate(rec.node.args), *(
             (k.arg, k.value) for k in rec.node.keywords if k.arg is not None)]
         for key, arg in passed:
-            samplers = _shuffling(info.samplers_of(arg), info)
-            if not samplers or not _iterates_param(info, callees, key):
+            samplers = [s for s in _shuffling(info.samplers_of(arg), info)
+                        if not _made_after(info, s, rec)]
+            if not samplers or not _iterates_param(owner, callees, key):
                 continue  # the helper only reads `len(loader)`: it runs no epoch
             if any(missing(epoch_loop, s) for s in samplers):
                 sampler = next(s for s in samplers if missing(epoch_loop, s))
                 reported.add(id(epoch_loop))
                 yield epoch_loop, "DDP001", _msg001(sampler)
                 break
+
+
+def _made_after(info: ModuleInfo, sampler: ast.Call, rec: CallRec) -> bool:
+    """The sampler is made later in the function that makes the call: another arm's loader
+    of the same name (TNN-MO's distributed arm below its single-process epoch loop)."""
+    made = info.call_rec(sampler)
+    return made is not None and made.func is rec.func and sampler.lineno > rec.node.lineno
+
+
+def _imported(info: ModuleInfo, rec: CallRec,
+              find: Callable[[str, ModuleInfo], tuple[ModuleInfo, Func] | None]
+              ) -> tuple[ModuleInfo, Func] | None:
+    """The function of another file given that a call names through an import (the caller
+    checked that the call's head is an imported name)."""
+    qual = rec.qual or info.qualify(rec.node.func)
+    return find(qual, info) if qual else None
 
 
 def _cycled(info: ModuleInfo) -> Iterator[Hit]:

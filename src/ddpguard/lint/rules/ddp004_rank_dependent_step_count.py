@@ -257,16 +257,18 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         tries = [t for t in _own_statements(node) if isinstance(t, ast.Try)] if (
             id(lrec.func) if lrec.func is not None else 0) in info.catching else []
         batches = _batch_loop(info, node.iter, lrec.func)
-        if not (skips and batches or tries and (batches or _backward_in(info, tries))):
+        if not (skips and batches or tries and (batches or _backward_in(info, tries)
+                                                 or _draws_batch(tries))):
             continue
         if not _steps_together(info, node):
             if skips and batches and lrec.func is not None and grouped:
                 for s, message in evaluation_exits(info, node, lrec.func, skips, _SYNCS):
                     yield s, "DDP004", message
             continue
-        for handler in (h for t in tries for h in _swallowing(info, node, t)):
+        for drawn, handler in ((_draws_batch([t]), h) for t in tries
+                               for h in _swallowing(info, node, t)):
             ex = exits_cleanly(info, handler)
-            if not batches and ex is None:
+            if not (batches or drawn) and ex is None:
                 continue  # a loop over anything else: only a status-0 exit is certain
             if ex is not None:
                 yield handler, "DDP004", (
@@ -407,6 +409,14 @@ def _backward_in(info: ModuleInfo, tries: list[ast.Try]) -> bool:
     loop over loss terms (`for loss_i in losses: try: loss_i.backward()`) in a program that
     all-reduces gradients by hand afterwards is no step the peers wait in."""
     return any(isinstance(n, ast.Call) and info.callee_last(n) == "backward"
+               for t in tries for st in t.body for n in ast.walk(st))
+
+
+def _draws_batch(tries: list[ast.Try]) -> bool:
+    """A guarded block that draws the step's batch itself (`data = next(loader_iter)` in a
+    loop over step numbers, Depth3D's runner): a handler that skips a bad sample there skips
+    the rank's step."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "next"
                for t in tries for st in t.body for n in ast.walk(st))
 
 
