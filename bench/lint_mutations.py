@@ -360,7 +360,7 @@ M = [
  ("DDP031 a collective waits", "rules/ddp031_load_races_rank0_save.py", "        if is_collective(rec) or info.is_ddp_call(rec.node) \\", "        if info.is_ddp_call(rec.node) \\"),
  ("sixth: a wrapper handed to a class's constructor", 'analysis/crossfile.py', '        _constructor_wrappers(self, infos)\n', '\n'),
  ('sixth: the wrapper, not a bare model, handed to the constructor', 'analysis/crossfile.py', '                if not info.is_ddp_call(value) and not _wrapped_before(info, value, rec):\n                    continue', '                pass'),
- ('sixth: a model handed over before its wrap is bare', 'analysis/crossfile.py', '    return any(w.func is rec.func and w.node.lineno < rec.node.lineno', '    return any(True'),
+ ('sixth: a model handed over before its wrap is bare', 'analysis/crossfile.py', '             if w.func is rec.func and w.node.lineno < rec.node.lineno]', '             if True]'),
  ("sixth: the handed wrapper holds in that class's methods only", 'analysis/schedule.py', '                    return self.info.func_class.get(self.func, \"\") in handed  # type: ignore[arg-type]', '                    return True'),
  ('sixth: DDP025 a shard count written into the sampler', 'analysis/rank_mixups.py', '    yield from _fixed_replicas(info)\n', ''),
  ('sixth: DDP025 one replica is on purpose', 'analysis/rank_mixups.py', 'type(n.value) is int and n.value > 1)', 'type(n.value) is int and n.value > 0)'),
@@ -782,6 +782,11 @@ M = [
  ("twenty-second: DDP001 a sampler made after the call is another arm's", 'rules/ddp001_missing_set_epoch.py', '                        if not _made_after(info, s, rec)]', '                        if True]'),
  ("twenty-second: DDP034 a helper's loop over a data loader runs", 'analysis/leader_only.py', '        if it.kind == "loop" and (not called or _over_loader(it.test)):', '        if it.kind == "loop" and not called:'),
  ('twenty-second: DDP034 only a loop over a loader', 'analysis/leader_only.py', '    return name is not None and "loader" in name.rsplit(".", 1)[-1].lower()', '    return True'),
+ ('twenty-second: DDP049 a folder nothing creates', 'analysis/raising_calls.py', '    if last == "save" and (rec.qual or info.qualify(call.func)) == "torch.save":', '    if False:'),
+ ('twenty-second: DDP049 a folder the program creates', 'analysis/raising_calls.py', '            if not made or made[0] is None or _covers(made[0], folder):\n                return ""', '            if False:\n                return ""'),
+ ('twenty-second: DDP049 a folder the checkout holds', 'analysis/raising_calls.py', '        if os.path.isdir(os.path.join(here, folder)):', '        if False:'),
+ ('twenty-second: DDP049 only a folder written out', 'analysis/raising_calls.py', '    return None if "\\0" in folder or "%" in folder or not folder else folder', '    return folder'),
+ ('twenty-second: DDP048 a name rebound between the wrap and the call', 'analysis/crossfile.py', '    return not any(lo < line < hi and not info.is_ddp_call(v)', '    return not any(False'),
 ]
 
 

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import numpy
+import pytest
 from helpers import lint_paths, lint_source
 
 from ddpguard.lint import Selection
@@ -95,3 +96,48 @@ def test_a_helper_of_another_file_called_without_a_required_parameter(tmp_path: 
     assert [(Path(f.path).name, f.line) for f in found] == [("sr.py", 11)]
     assert "`save_ckpt()` (checkpoint.py:1) requires `interval_epochs`" in found[0].message
     assert "barrier() at line 12" in found[0].message
+
+
+SAVE = textwrap.dedent("""\
+    import os
+    import torch
+    import torch.distributed as dist
+
+
+    def train(model, loader, optimizer, epochs, out):
+        dist.init_process_group("nccl")
+        {make}
+        for epoch in range(epochs):
+            for x in loader:
+                model(x).sum().backward()
+                optimizer.step()
+            if dist.get_rank() == 0:
+                torch.save(model.state_dict(), {path})
+    """)
+
+
+@pytest.mark.parametrize("make, path, found", [
+    # corpus39b's multipinn and corpus38b's TGDR: a folder written out that nothing creates
+    ("pass", 'f"results/mod/mod_{epoch}.pth"', True),
+    ("pass", '"Weights/net_%d.pth" % epoch', True),
+    # the program creates it, or creates folders it names at run time
+    ('os.makedirs("results/mod", exist_ok=True)', 'f"results/mod/mod_{epoch}.pth"', False),
+    ("os.makedirs(out, exist_ok=True)", 'f"results/mod/mod_{epoch}.pth"', False),
+    # a folder the code computes
+    ("pass", 'f"{out}/mod_{epoch}.pth"', False),
+    ("pass", 'os.path.join(out, "mod.pth")', False),
+])
+def test_a_rank_0_save_into_a_folder_nothing_creates(tmp_path: Path, make: str, path: str,
+                                                     found: bool) -> None:
+    (tmp_path / "train.py").write_text(SAVE.format(make=make, path=path))
+    got = lint_paths([tmp_path], ONLY)
+    assert [f.line for f in got] == ([14] if found else [])
+    if found:
+        assert "which nothing in the program creates" in got[0].message
+
+
+def test_a_folder_the_checkout_holds_is_no_finding(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SAVE.format(make="pass",
+                                                   path='f"results/mod/mod_{epoch}.pth"'))
+    (tmp_path / "results" / "mod").mkdir(parents=True)
+    assert lint_paths([tmp_path], ONLY) == []

@@ -529,8 +529,17 @@ def _wrapped_before(info: ModuleInfo, value: ast.expr, rec: CallRec) -> bool:
         return False
     if "." in held:
         return True
-    return any(w.func is rec.func and w.node.lineno < rec.node.lineno
-               for w in info.ddp_wraps(held))
+    wraps = [w.node.lineno for w in info.ddp_wraps(held)
+             if w.func is rec.func and w.node.lineno < rec.node.lineno]
+    if not wraps:
+        return False
+    # rebound between the wrap and the call (SGC-Net's `if args.distributed: model =
+    # model.module` before `evaluate(model, ...)`): not the wrapper, at least on one path
+    lo, hi = max(wraps), rec.node.lineno
+    top = rec.func
+    return not any(lo < line < hi and not info.is_ddp_call(v)
+                   and (top is None or top.lineno <= line <= (top.end_lineno or line))
+                   for line, v in info.assigns.get(held, ()))
 
 
 _GROUP_SETUP = ("init_process_group", "init_dist", "init_distributed", "setup_dist",

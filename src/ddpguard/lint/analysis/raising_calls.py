@@ -67,6 +67,10 @@ def raise_reason(info: ModuleInfo, rec: CallRec, roots: frozenset[str]) -> str:
                 if name in REMOVED_ATTRS:
                     return (f"`{ast.unparse(node)}` was removed in {REMOVED_ATTRS[name]} "
                             "(AttributeError)")
+    if last == "save" and (rec.qual or info.qualify(call.func)) == "torch.save":
+        folder = _missing_folder(info, call)
+        return (f"`torch.save` writes into `{folder}/`, which nothing in the program creates "
+                "and the checkout does not hold (FileNotFoundError)") if folder else ""
     if last == "append":
         f = call.func
         if isinstance(f, ast.Attribute) and _frame(info, f.value):
@@ -196,3 +200,70 @@ def _unbindable(fn: Func, call: ast.Call, skip_first: bool, where: str) -> str:
         return (f"`{fn.name}()` ({where}) requires `{'`, `'.join(missing)}`, which "
                 "this call does not pass (TypeError)")
     return ""
+
+
+_MAKES = frozenset(("makedirs", "mkdir", "mkdirs", "mkpath", "make_dirs", "create_dir",
+                    "ensure_dir", "mkdir_p", "mkdir_or_exist", "copytree"))
+
+
+def _missing_folder(info: ModuleInfo, call: ast.Call) -> str:
+    """The folder, written out in the path of `torch.save(obj, "results/mod/m.pth")`, that no
+    call of the program creates (nothing that makes folders at all in this file and the files
+    it imports, or only others, spelled out) and the checkout does not hold beside the script
+    or above it: "" where any of that is unsure."""
+    path = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "f"), None)
+    folder = _literal_folder(path) if path is not None else None
+    if not folder or folder.startswith(("/", "~", "$", ".")) or "\\" in folder:
+        return ""
+    files = [info, *(getattr(info.file_set, "imported", lambda _m: [])(info) or [])]
+    for m in files:
+        for rec in m.calls_named(*_MAKES):
+            made = [_literal_folder(a, whole=True) for a in rec.node.args[:1]]
+            if not made or made[0] is None or _covers(made[0], folder):
+                return ""
+    here = os.path.dirname(os.path.abspath(info.path))
+    for _ in range(4):
+        if os.path.isdir(os.path.join(here, folder)):
+            return ""
+        here = os.path.dirname(here)
+    return folder
+
+
+def _covers(made: str, folder: str) -> bool:
+    made = made.rstrip("/")
+    return made == folder or made.startswith(folder + "/") or folder.startswith(made + "/")
+
+
+def _literal_folder(node: ast.expr, whole: bool = False) -> str | None:
+    """The folder part of a path written out in the code (`"Weights/m_%d.pth" % i`,
+    `f"results/mod/m_{epoch}.pth"`, `os.path.join("ckpt", name)`); with `whole`, the whole
+    path. None where a part of it is not written out."""
+    text = _template(node)
+    if text is None:
+        return None
+    if whole:
+        return None if "\0" in text else text
+    if "/" not in text:
+        return None
+    folder = text.rsplit("/", 1)[0]
+    return None if "\0" in folder or "%" in folder or not folder else folder
+
+
+def _template(node: ast.expr) -> str | None:
+    """The path with each part the code computes as a NUL."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str)
+                       else "\0" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        left = _template(node.left)
+        return None if left is None else left
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "join" and not node.keywords and node.args:
+        parts = [_template(a) if isinstance(a, ast.Constant) else "\0" for a in node.args]
+        if any(p is None for p in parts):
+            return None
+        return "/".join(p for p in parts if p is not None)
+    return None
