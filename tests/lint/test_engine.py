@@ -64,7 +64,6 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP043",
         "DDP045",
         "DDP047",
-        "DDP048",
         "DDP049",
         "DDP050",
     ]
@@ -75,9 +74,10 @@ def test_default_selection_excludes_info_rule() -> None:
         f"DDP00{i}" for i in range(1, 10) if i not in (3, 7)
     ]
     assert Selection().held_back() == ["DDP005", "DDP015", "DDP027", "DDP028", "DDP033",
-                                       "DDP037", "DDP042", "DDP044", "DDP046"]
+                                       "DDP037", "DDP042", "DDP044", "DDP046", "DDP048"]
     assert Selection(ignore=("DDP005",)).held_back() == ["DDP015", "DDP027", "DDP028", "DDP033",
-                                                         "DDP037", "DDP042", "DDP044", "DDP046"]
+                                                         "DDP037", "DDP042", "DDP044", "DDP046",
+                                                         "DDP048"]
     assert Selection(preview=True).held_back() == Selection(select=("DDP0",)).held_back() == []
     assert "DDP005" in Selection(extend_select=("DDP005",)).codes()
     assert "DDP005" in Selection(select=("DDP005",)).codes()
