@@ -69,6 +69,30 @@ def test_a_helper_in_another_file_handed_the_wrapper(tmp_path: Path) -> None:
     assert "every rank that gets here dies" in found[0].message
 
 
+def test_a_caller_that_unwraps_before_the_call_hands_the_bare_model(tmp_path: Path) -> None:
+    # corpus39a's SGC-Net: `if args.distributed: model = model.module` just before
+    # `evaluate(model, ...)`; the helper gets the model itself.
+    (tmp_path / "engine.py").write_text(textwrap.dedent("""\
+        def evaluate(model, data):
+            return [model.encode_text(x) for x in data]
+        """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""\
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from engine import evaluate
+
+
+        def main(net, data, args):
+            dist.init_process_group("nccl")
+            model = DDP(net, device_ids=[args.gpu])
+            if args.eval:
+                if args.distributed:
+                    model = model.module
+                print(evaluate(model, data))
+        """))
+    assert lint_paths([tmp_path / "main.py", tmp_path / "engine.py"], ONLY) == []
+
+
 def test_the_message_says_who_dies_and_what_to_call() -> None:
     src = textwrap.dedent("""\
         import torch.distributed as dist
