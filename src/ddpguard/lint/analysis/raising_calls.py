@@ -216,17 +216,28 @@ def _missing_folder(info: ModuleInfo, call: ast.Call) -> str:
     folder = _literal_folder(path) if path is not None else None
     if not folder or folder.startswith(("/", "~", "$", ".")) or "\\" in folder:
         return ""
+    key = ("unmade", folder)
+    hit = info._memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    info._memo[key] = folder = _unmade(info, folder)
+    return folder
+
+
+def _unmade(info: ModuleInfo, folder: str) -> str:
+    """`folder` when neither the disk nor the program's folder-making calls account for it
+    (the disk first: a checkout that holds it settles it)."""
+    here = os.path.dirname(os.path.abspath(info.path))
+    for _ in range(4):
+        if os.path.isdir(os.path.join(here, folder)):
+            return ""
+        here = os.path.dirname(here)
     files = [info, *(getattr(info.file_set, "imported", lambda _m: [])(info) or [])]
     for m in files:
         for rec in m.calls_named(*_MAKES):
             made = [_literal_folder(a, whole=True) for a in rec.node.args[:1]]
             if not made or made[0] is None or _covers(made[0], folder):
                 return ""
-    here = os.path.dirname(os.path.abspath(info.path))
-    for _ in range(4):
-        if os.path.isdir(os.path.join(here, folder)):
-            return ""
-        here = os.path.dirname(here)
     return folder
 
 

@@ -57,9 +57,13 @@ def ddp024(info: ModuleInfo) -> Iterator[Hit]:
         return
     by_hand: bool | None = None
     # Names that hold a wrapper's `.module` (`model_without_ddp = model.module`), once.
-    bare = {d for d, entries in info.assigns.items() if any(
-        isinstance(v, ast.Attribute) and v.attr == "module" and dotted(v.value) in wrapped
-        for _, v in entries)}
+    bare: set[str] = set()
+    attribute = ast.Attribute
+    for d, entries in info.assigns.items():
+        for _, v in entries:
+            if type(v) is attribute and v.attr == "module" and dotted(v.value) in wrapped:
+                bare.add(d)
+                break
     for rec in info.calls:
         if rec.last in _NOT_FORWARD:
             continue
