@@ -3,8 +3,11 @@
 Rank 0 alone logs, plots or saves, and the call it makes there cannot succeed: an API that
 current releases removed (pandas 2.0's `DataFrame.append`, `vutils.save_image(...,
 range=(-1, 1))` on current torchvision, numpy 1.24's `np.float`, Pillow 10's
-`Image.ANTIALIAS`), or a call of the file's own function with arguments its signature cannot
-take (a required parameter left out, one too many). Rank 0 raises there while the other
+`Image.ANTIALIAS`), a call of the project's own function (this file's, or one imported from
+another file given) with arguments its signature cannot take (a required parameter left out,
+one too many), or a `torch.save` into a folder written out in the path
+(`"Weights/net_%d.pth"`) that nothing in the program creates and the checkout does not hold.
+Rank 0 raises there while the other
 ranks go on to their next collective (the next step's gradient all-reduce, a barrier) and
 wait for it. torchrun and `mp.spawn` then stop the job with rank 0's error, after its first
 epoch's work; a launcher that lets the others run (srun without `--kill-on-bad-exit`, the
@@ -12,10 +15,12 @@ legacy `torch.distributed.launch`) leaves them waiting until the timeout.
 
 Reported only where a collective that every rank reaches follows, in the same function or
 in the next turn of a loop around it; a call under `try` is left alone, as is a callee the
-file defines twice, rebinds or decorates, and a method a subclass may override. The removed
+file defines twice, rebinds or decorates, a method a subclass may override, and a folder named
+at run time or where the program makes any folder whose name it computes. The removed
 APIs are those absent from the current releases named in the message; a program that pins
 an older release runs. Fix: use the current spelling (`pd.concat`, `value_range=`,
-`float`, `Image.LANCZOS`) or pass what the function requires.
+`float`, `Image.LANCZOS`), pass what the function requires, or create the folder
+(`os.makedirs(folder, exist_ok=True)`) before the save.
 """
 
 from __future__ import annotations
