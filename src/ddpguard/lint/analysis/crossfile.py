@@ -194,6 +194,14 @@ class FileSet:
         return None
 
 
+def imported_function(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
+    """The plain function of another file given that a call names through an import (`from
+    engine import train_one_epoch`), and that file."""
+    find = getattr(info.file_set, "find", None)
+    qual = rec.qual or info.qualify(rec.node.func)
+    return find(qual, info) if find is not None and qual else None
+
+
 def _ddp_class_aliases(file_set: FileSet, infos: list[ModuleInfo]) -> None:
     """torch's wrapper under a project's own name: `DDP = DistributedDataParallel` in a module,
     called there (`DDP(model)`) or through an import of that module (`ext_dist.DDP(model)`,

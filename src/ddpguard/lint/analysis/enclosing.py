@@ -4,9 +4,10 @@ explicit search from the function's top, not a parent map of every node)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 
 from .collective_reach import reaches_collective
-from .context import CallRec, Func, ModuleInfo, is_collective
+from .context import CallRec, Func, Loop, ModuleInfo, is_collective
 from .ranks import FALSE, TRUE, launch
 
 # A DDP wrap in a helper counts as the collective it makes (its parameter broadcast).
@@ -79,6 +80,21 @@ def waits_after(info: ModuleInfo, func: Func | None, start: int,
             return f"the rendezvous of init_process_group() at line {rec.node.lineno}"
         if rec.last == "backward":
             return f"the backward's all-reduce at line {rec.node.lineno}"
+    return ""
+
+
+def next_wait(info: ModuleInfo, func: Func | None, line: int, loops: Iterable[Loop]) -> str:
+    """What every rank waits in after `line`: later in `func` (waits_after), or in the next
+    turn of one of `loops` around it, tried in the order given (the next epoch's backward,
+    the next step's)."""
+    follow = waits_after(info, func, line)
+    if follow:
+        return follow
+    for loop in loops:
+        follow = waits_after(info, func, loop.lineno)
+        at = int(follow.rsplit(" ", 1)[-1]) if follow else 0
+        if at and at <= (loop.end_lineno or 0):
+            return f"{follow} (the loop's next turn)"
     return ""
 
 

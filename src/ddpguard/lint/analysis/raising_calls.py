@@ -9,6 +9,7 @@ import ast
 import os
 
 from .context import CallRec, Func, ModuleInfo
+from .crossfile import imported_function
 
 # Attributes that current releases no longer have (AttributeError on the read), with the
 # release that removed them. tests/lint/test_ddp049_rank_only_raise.py checks the numpy ones
@@ -138,11 +139,7 @@ def _arity(info: ModuleInfo, rec: CallRec) -> str:
 def _imported(info: ModuleInfo, rec: CallRec) -> tuple[ModuleInfo, Func] | None:
     """The one plain module-level function of another file given that `from m import f`
     names (utils/checkpoint.py's `save_ckpt`)."""
-    find = getattr(info.file_set, "find", None)
-    qual = rec.qual or info.qualify(rec.node.func)
-    if find is None or not qual:
-        return None
-    hit = find(qual, info)
+    hit = imported_function(info, rec)
     if hit is None:
         return None
     m, fn = hit

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from ..analysis.context import (
     EVAL_HINTS,
@@ -42,7 +42,7 @@ from ..analysis.context import (
     is_true,
     kwarg,
 )
-from ..analysis.crossfile import EXTERNAL
+from ..analysis.crossfile import EXTERNAL, imported_function
 from ..analysis.group_setup import never_forms_a_group
 from ..analysis.loop_samplers import loop_samplers
 from ..analysis.project_loaders import built_by_helper, handed_in, set_epoch_anywhere
@@ -166,7 +166,7 @@ def _ddp001(info: ModuleInfo) -> Iterator[Hit]:
             # `from engine import train_one_epoch` (EEGMAE): the helper of another file
             if rec.callee not in imported or not rec.node.args:
                 continue
-            foreign = _imported(info, rec, find)  # type: ignore[arg-type]
+            foreign = imported_function(info, rec)
             if foreign is None:
                 continue
             owner, callees = foreign[0], [foreign[1]]
@@ -205,15 +205,6 @@ def _made_after(info: ModuleInfo, sampler: ast.Call, rec: CallRec) -> bool:
     of the same name (TNN-MO's distributed arm below its single-process epoch loop)."""
     made = info.call_rec(sampler)
     return made is not None and made.func is rec.func and sampler.lineno > rec.node.lineno
-
-
-def _imported(info: ModuleInfo, rec: CallRec,
-              find: Callable[[str, ModuleInfo], tuple[ModuleInfo, Func] | None]
-              ) -> tuple[ModuleInfo, Func] | None:
-    """The function of another file given that a call names through an import (the caller
-    checked that the call's head is an imported name)."""
-    qual = rec.qual or info.qualify(rec.node.func)
-    return find(qual, info) if qual else None
 
 
 def _cycled(info: ModuleInfo) -> Iterator[Hit]:

@@ -54,7 +54,7 @@ from ..analysis.context import (
     ModuleInfo,
     is_collective,
 )
-from ..analysis.enclosing import block_statements, waits_after
+from ..analysis.enclosing import block_statements, next_wait
 from ..analysis.group_order import before_group
 from ..analysis.rank_bounds import moved_bounds
 from ..registry import At, Hit, rule
@@ -251,18 +251,10 @@ def _tests(stmts: list[ast.stmt], st: ast.stmt, name: str) -> bool:
 def _next_wait(info: ModuleInfo, func: Func | None, stmts: list[ast.stmt],
                div: ast.expr) -> str:
     """What every rank waits in after the division (or the read): later in the function, or
-    in the next turn of a loop around it (the next epoch's backward, the next step's)."""
-    follow = waits_after(info, func, div.lineno)
-    if follow:
-        return follow
-    for loop in stmts:
-        if isinstance(loop, ast.For | ast.While) and \
-                loop.lineno <= div.lineno <= (loop.end_lineno or 0):
-            follow = waits_after(info, func, loop.lineno)
-            line = int(follow.rsplit(" ", 1)[-1]) if follow else 0
-            if line and line <= (loop.end_lineno or 0):
-                return f"{follow} (the loop's next turn)"
-    return ""
+    in the next turn of a loop around it, outermost first."""
+    return next_wait(info, func, div.lineno, (
+        loop for loop in stmts if isinstance(loop, ast.For | ast.While)
+        and loop.lineno <= div.lineno <= (loop.end_lineno or 0)))
 
 
 def _scope(info: ModuleInfo, func: Func | None, ifs: list[ast.If]) -> Iterator[Hit]:

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from ..analysis.callgraph import calls_by_func
 from ..analysis.context import CallRec, ModuleInfo
-from ..analysis.enclosing import enclosing, inside_rank_test, only_under_rank_tests, waits_after
+from ..analysis.enclosing import enclosing, inside_rank_test, next_wait, only_under_rank_tests
 from ..analysis.provenance import NONE
 from ..analysis.raising_calls import heads, raise_reason
 from ..registry import Hit, rule
@@ -86,16 +86,8 @@ def _rank_only_site(info: ModuleInfo, rec: CallRec) -> CallRec | None:
 
 def _next_wait(info: ModuleInfo, site: CallRec) -> str:
     """What the ranks the test turns away wait in: later in the function, or in the next
-    turn of the loop around the call."""
-    follow = waits_after(info, site.func, site.node.lineno)
-    if follow:
-        return follow
-    for loop in reversed(site.loops):
-        follow = waits_after(info, site.func, loop.lineno)
-        line = int(follow.rsplit(" ", 1)[-1]) if follow else 0
-        if line and line <= (loop.end_lineno or 0):
-            return f"{follow} (the loop's next turn)"
-    return ""
+    turn of a loop around the call, innermost first."""
+    return next_wait(info, site.func, site.node.lineno, reversed(site.loops))
 
 
 def _test(info: ModuleInfo, site: CallRec) -> str:
