@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .analysis.context import ModuleInfo
 from .analysis.crossfile import FileSet, Seed, walk_seeds
+from .analysis.reachable import dead_function
 from .analysis.source import Unreadable, parse, read
 from .analysis.walker import build
 from .catalog import RULES
@@ -130,7 +131,7 @@ def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> 
                                                              RULES[hit_code].severity)
             found.setdefault(key, Finding(path, line, col, hit_code, severity, message,
                                           RULES[hit_code].fix))
-    return [found[k] for k in sorted(found)]
+    return [found[k] for k in sorted(found) if k[2] == "DDP000" or not dead_function(info, k[0])]
 
 
 def _internal_error(path: str, code: str, exc: Exception) -> Finding:
