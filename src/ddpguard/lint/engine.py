@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .analysis.context import ModuleInfo
 from .analysis.crossfile import FileSet, Seed, walk_seeds
-from .analysis.reachable import dead_function
+from .analysis.reachable import dead_lines
 from .analysis.source import Unreadable, parse, read
 from .analysis.walker import build
 from .catalog import RULES
@@ -131,7 +131,8 @@ def check(info: ModuleInfo, source: str, selection: Selection | None = None) -> 
                                                              RULES[hit_code].severity)
             found.setdefault(key, Finding(path, line, col, hit_code, severity, message,
                                           RULES[hit_code].fix))
-    return [found[k] for k in sorted(found) if k[2] == "DDP000" or not dead_function(info, k[0])]
+    dead = dead_lines(info, {k[0] for k in found}) if found else set()
+    return [found[k] for k in sorted(found) if k[2] == "DDP000" or k[0] not in dead]
 
 
 def _internal_error(path: str, code: str, exc: Exception) -> Finding:

@@ -14,17 +14,38 @@ import ast
 import os
 
 from .context import ModuleInfo
-from .enclosing import dead, enclosing
+from .enclosing import block_statements, dead, enclosing
 
 
-def dead_function(info: ModuleInfo, line: int) -> bool:
-    """The module-level function holding `line` never runs (see the module's docstring)."""
-    fn = next((st for st in info.tree.body if isinstance(st, ast.FunctionDef)
-               and st.lineno <= line <= (st.end_lineno or st.lineno)), None)
-    if fn is None or fn.decorator_list:
-        return False   # a decorator registers or wraps it: called out of sight
-    refs = [n for n in ast.walk(info.tree) if _names(n, fn.name)]
+def dead_lines(info: ModuleInfo, lines: set[int]) -> set[int]:
+    """Those of `lines` (a file's findings) inside a module-level function that never runs
+    (see the module's docstring)."""
     others = getattr(info.file_set, "infos", [info])
+    # A cheap gate first: a function is dead only through a dead arm of the module's own code
+    # or, in a script linted with other files, by being unnamed.
+    if not (info.has_main and len(others) > 1) and not any(
+            type(st) is ast.Assert or (type(st) is ast.If and type(st.test) is ast.Constant)
+            for st in block_statements(info.tree.body)):
+        return set()
+    out: set[int] = set()
+    for st in info.tree.body:
+        if type(st) is not ast.FunctionDef or st.decorator_list:
+            continue   # a decorator registers or wraps it: called out of sight
+        inside = {n for n in lines if st.lineno <= n <= (st.end_lineno or st.lineno)}
+        if inside and _dead(info, st, others):
+            out |= inside
+    return out
+
+
+def _dead(info: ModuleInfo, fn: ast.FunctionDef, others: list[ModuleInfo]) -> bool:
+    # The calls index first: most functions holding a finding are called from another
+    # function (live, whatever that one's fate), and then no tree is walked.
+    calls = info.calls_named(fn.name)
+    if any(r.func is not None for r in calls) or not all(_dead_at(info, r.node) for r in calls):
+        return False
+    if not calls and not (info.has_main and len(others) > 1):
+        return False   # never called, but a lone file shows none of its importers
+    refs = [n for n in ast.walk(info.tree) if _names(n, fn.name)]
     if refs:
         if not all(_dead_call(info, n) for n in refs):
             return False
@@ -43,8 +64,10 @@ def _dead_call(info: ModuleInfo, ref: ast.AST) -> bool:
     """`ref` is the callee of a call that sits in a dead arm at module level."""
     call = next((c for c in ast.walk(info.tree) if type(c) is ast.Call and c.func is ref),
                 None)
-    if call is None:
-        return False
+    return call is not None and _dead_at(info, call)
+
+
+def _dead_at(info: ModuleInfo, call: ast.Call) -> bool:
     chain = enclosing(None, info.tree, call)
     return chain is not None and (dead(chain, call) or _asserted_away(info, chain, call))
 
