@@ -88,14 +88,14 @@ _Call, _Name, _Attribute = ast.Call, ast.Name, ast.Attribute
 def dotted(node: ast.AST) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
     t = type(node)
-    if t is ast.Name:  # the common case, without building a list
+    if t is _Name:  # the common case, without building a list
         return node.id  # type: ignore[attr-defined]
     parts = []
-    while t is ast.Attribute:
+    while t is _Attribute:
         parts.append(node.attr)  # type: ignore[attr-defined]
         node = node.value  # type: ignore[attr-defined]
         t = type(node)
-    if t is ast.Name:
+    if t is _Name:
         parts.append(node.id)  # type: ignore[attr-defined]
         return ".".join(reversed(parts))
     return None
