@@ -293,3 +293,36 @@ def test_a_function_imported_from_a_sibling_folder_by_its_dotted_name(tmp_path: 
     (repo / "finetune" / "main.py").write_text(
         entry.replace("DDP(torch.nn.Linear(2, 2))", "torch.nn.Linear(2, 2)"))
     assert lint_paths_with_defaults([repo], ALL_BUT_PRINT) == []
+
+
+SHOW_MODEL = """\
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def main_worker(args, model, loader):
+    dist.init_process_group("gloo")
+    if args.show_model and dist.get_rank() == 0:
+        print(model)
+        return 0
+    if args.distributed:
+        model = DistributedDataParallel(model)
+    for x in loader:
+        dist.all_reduce(x)
+"""
+
+
+def test_the_others_wait_in_the_wrap_before_the_collective() -> None:
+    """corpus40a's Action-Recognition: rank 0's `--show_model` return, then the others'
+    DistributedDataParallel(model): the wrap's broadcast is the first wait, named first."""
+    [f] = [f for f in lint_source(SHOW_MODEL) if f.code == "DDP019"]
+    assert f.line == 9
+    assert "go on to the DDP constructor's broadcast at line 11 first, then all_reduce() at " \
+           "line 13" in f.message
+
+
+def test_a_wrap_on_rank_zero_alone_is_no_wait_of_the_others() -> None:
+    text = SHOW_MODEL.replace("    if args.distributed:\n",
+                              "    if args.distributed and dist.get_rank() == 0:\n")
+    [f] = [f for f in lint_source(text) if f.code == "DDP019"]
+    assert "DDP constructor" not in f.message and "go on to all_reduce() at line 13" in f.message

@@ -39,7 +39,8 @@ code left out). Not reported
 where the exit and the collective sit behind tests of the same non-rank value (`if not fsdp_eval
 and not is_rank0: return` ... `if fsdp_eval: broadcast()`): when one class leaves, the other
 never reaches that collective. A `raise` is DDP022's. Fix: check the condition on every rank (or
-broadcast it) before anyone leaves.
+broadcast it) before anyone leaves. Where the others construct the DDP wrapper on the way, the
+message names its broadcast as their first wait.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from collections.abc import Iterator
 from ..analysis.armed_flags import truth_reads
 from ..analysis.context import ModuleInfo, dotted
 from ..analysis.divergence import divergences
+from ..analysis.enclosing import inside_rank_test
 from ..analysis.instances import find_method
 from ..analysis.world_size import world_share
 from ..registry import At, Hit, rule
@@ -66,8 +68,24 @@ def ddp019(info: ModuleInfo) -> Iterator[Hit]:
     did not fail). A `raise` is DDP022's."""
     for d in divergences(info):
         if d.code == "DDP019":
-            yield At(d.line), "DDP019", d.message + _assumed(info, d.line) + \
-                _flag_note(info, d.line)
+            yield At(d.line), "DDP019", _wrap_first(info, d.line, d.other_site, d.message) + \
+                _assumed(info, d.line) + _flag_note(info, d.line)
+
+
+def _wrap_first(info: ModuleInfo, line: int, site: int, message: str) -> str:
+    """Where the others construct the DDP wrapper between the exit and the call that leads to
+    the named collective, they wait in its broadcast first (corpus40a's Action-Recognition:
+    rank 0's `--show_model` return, then `DistributedDataParallel(model)` on the others):
+    the message names that wait before the later one."""
+    if not info.wraps_ddp or site <= line:
+        return message
+    wraps = [r.node.lineno for r in info.calls if line < r.node.lineno < site
+             and r.func is not None and r.func.lineno <= line <= (r.func.end_lineno or 0)
+             and info.is_ddp_call(r.node) and not (r.guard and inside_rank_test(info, r))]
+    if not wraps:
+        return message
+    return message.replace(" go on to ", f" go on to the DDP constructor's broadcast at line "
+                           f"{min(wraps)} first, then ", 1)
 
 
 def _flag_note(info: ModuleInfo, line: int) -> str:
