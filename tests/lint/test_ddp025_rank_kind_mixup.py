@@ -56,7 +56,8 @@ NO_EVIDENCE = [
 @pytest.mark.parametrize("line", EVIDENCE + NO_EVIDENCE)
 def test_what_shows_a_second_node(line: str) -> None:
     src = HEAD_DIST + "import os\n" + line + "torch.cuda.set_device(dist.get_rank())\n"
-    [f] = lint_all(src, "t.py")
+    # (a written-out address is DDP051's too: the group meets at one machine)
+    [f] = [f for f in lint_all(src, "t.py") if f.code != "DDP051"]
     assert f.code == ("DDP025" if line in EVIDENCE else "DDP046")
 
 

@@ -66,6 +66,7 @@ def test_default_selection_excludes_info_rule() -> None:
         "DDP047",
         "DDP049",
         "DDP050",
+        "DDP051",
     ]
     # The preview rules (precision below 90 % on their first findings in unseen code)
     # join only with preview=True, or when named; the CLI counts what they hold back.
@@ -787,6 +788,10 @@ CASES: dict[str, tuple[str, str]] = {
         dist.init_process_group("nccl")
         model = DDP(net, device_ids=[args.local_rank])
         """,
+    ),
+    "DDP051": (
+        'dist.init_process_group("nccl", init_method="tcp://10.0.0.2:23456")\n',
+        'dist.init_process_group("nccl", init_method="env://")\n',
     ),
     "DDP018": (
         'dist.init_process_group("gloo")\nprint("loss")\n',
