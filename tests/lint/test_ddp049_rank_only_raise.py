@@ -141,3 +141,31 @@ def test_a_folder_the_checkout_holds_is_no_finding(tmp_path: Path) -> None:
                                                    path='f"results/mod/mod_{epoch}.pth"'))
     (tmp_path / "results" / "mod").mkdir(parents=True)
     assert lint_paths([tmp_path], ONLY) == []
+
+
+OPEN = SAVE.replace("torch.save(model.state_dict(), {path})",
+                    "with open({path}, {mode}) as fd:\n                fd.write('done')")
+
+
+@pytest.mark.parametrize("path, mode, found", [
+    # corpus41a tuning's CS769_HW5: rank 0's log into `logs/`, which nothing creates
+    ('"logs/finetune_{}_{}.txt".format(epoch, out)', '"a"', True),
+    ('"logs/run.txt"', '"w"', True),
+    # reading creates nothing; a folder the code computes is unknown
+    ('"logs/run.txt"', '"r"', False),
+    ('f"{out}/run.txt"', '"w"', False),
+])
+def test_a_rank_0_file_opened_for_writing_in_a_folder_nothing_creates(
+        tmp_path: Path, path: str, mode: str, found: bool) -> None:
+    (tmp_path / "train.py").write_text(OPEN.format(make="pass", path=path, mode=mode))
+    got = lint_paths([tmp_path], ONLY)
+    assert [f.line for f in got] == ([14] if found else [])
+    if found:
+        assert "`open()` writes into `logs/`" in got[0].message
+
+
+def test_a_launch_script_that_makes_the_folder_is_no_finding(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(OPEN.format(make="pass", path='"logs/run.txt"',
+                                                   mode='"w"'))
+    (tmp_path / "run.sh").write_text("mkdir -p logs\ntorchrun --nproc_per_node=2 train.py\n")
+    assert lint_paths([tmp_path], ONLY) == []

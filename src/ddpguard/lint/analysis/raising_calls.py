@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 from .context import CallRec, Func, ModuleInfo
 from .crossfile import imported_function
@@ -69,8 +70,14 @@ def raise_reason(info: ModuleInfo, rec: CallRec, roots: frozenset[str]) -> str:
                     return (f"`{ast.unparse(node)}` was removed in {REMOVED_ATTRS[name]} "
                             "(AttributeError)")
     if last == "save" and (rec.qual or info.qualify(call.func)) == "torch.save":
-        folder = _missing_folder(info, call)
+        folder = _missing_folder(info, call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg == "f"), None))
         return (f"`torch.save` writes into `{folder}/`, which nothing in the program creates "
+                "and the checkout does not hold (FileNotFoundError)") if folder else ""
+    if last == "open" and type(call.func) is ast.Name and call.args and _writes(call):
+        # a log or result file opened for writing (corpus41a tuning's `logs/...txt`)
+        folder = _missing_folder(info, call.args[0])
+        return (f"`open()` writes into `{folder}/`, which nothing in the program creates "
                 "and the checkout does not hold (FileNotFoundError)") if folder else ""
     if last == "append":
         f = call.func
@@ -203,13 +210,19 @@ _MAKES = frozenset(("makedirs", "mkdir", "mkdirs", "mkpath", "make_dirs", "creat
                     "ensure_dir", "mkdir_p", "mkdir_or_exist", "copytree"))
 
 
-def _missing_folder(info: ModuleInfo, call: ast.Call) -> str:
-    """The folder, written out in the path of `torch.save(obj, "results/mod/m.pth")`, that no
+def _writes(call: ast.Call) -> bool:
+    """`open(path, "w")` (or "a", "x", with any flags): a mode written out that creates."""
+    mode = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    return type(mode) is ast.Constant and isinstance(mode.value, str) and any(
+        c in mode.value for c in "wax")
+
+
+def _missing_folder(info: ModuleInfo, path: ast.expr | None) -> str:
+    """The folder, written out in `path` (`torch.save(obj, "results/mod/m.pth")`), that no
     call of the program creates (nothing that makes folders at all in this file and the files
     it imports, or only others, spelled out) and the checkout does not hold beside the script
     or above it: "" where any of that is unsure."""
-    path = call.args[1] if len(call.args) > 1 else next(
-        (k.value for k in call.keywords if k.arg == "f"), None)
     folder = _literal_folder(path) if path is not None else None
     if not folder or folder.startswith(("/", "~", "$", ".")) or "\\" in folder:
         return ""
@@ -226,7 +239,7 @@ def _unmade(info: ModuleInfo, folder: str) -> str:
     (the disk first: a checkout that holds it settles it)."""
     here = os.path.dirname(os.path.abspath(info.path))
     for _ in range(4):
-        if os.path.isdir(os.path.join(here, folder)):
+        if os.path.isdir(os.path.join(here, folder)) or _shell_makes(here, folder):
             return ""
         here = os.path.dirname(here)
     files = [info, *(getattr(info.file_set, "imported", lambda _m: [])(info) or [])]
@@ -236,6 +249,25 @@ def _unmade(info: ModuleInfo, folder: str) -> str:
             if not made or made[0] is None or _covers(made[0], folder):
                 return ""
     return folder
+
+
+def _shell_makes(here: str, folder: str) -> bool:
+    """A launch script or README beside the code makes the folder (`mkdir -p logs`) before
+    the run."""
+    try:
+        names = [n for n in os.listdir(here) if n.endswith(".sh") or n.lower().startswith(
+            "readme")]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(here, name), encoding="utf-8", errors="replace") as f:
+                text = f.read(200_000)
+        except OSError:
+            continue
+        if any("mkdir" in line and folder.split("/")[0] in line for line in text.splitlines()):
+            return True
+    return False
 
 
 def _covers(made: str, folder: str) -> bool:
@@ -265,6 +297,11 @@ def _template(node: ast.expr) -> str | None:
     if isinstance(node, ast.JoinedStr):
         return "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str)
                        else "\0" for v in node.values)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr == "format" and isinstance(node.func.value, ast.Constant) and \
+            isinstance(node.func.value.value, str):
+        # `"logs/run_{}.txt".format(k)`: each field is computed
+        return re.sub(r"\{[^{}]*\}", "\0", node.func.value.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
         left = _template(node.left)
         return None if left is None else left

@@ -134,6 +134,7 @@ from ..analysis.rank_failures import (
     swallowed_run,
     training_calls,
 )
+from ..analysis.step_returns import batch_step_returns, has_step_calls
 from ..registry import Hit, rule
 
 _COMPS = (ast.GeneratorExp, ast.ListComp, ast.SetComp)
@@ -331,6 +332,8 @@ def _failing_steps(info: ModuleInfo, grouped: bool) -> Iterator[Hit]:
     for lrec in info.loops:
         if isinstance(lrec.node, ast.For | ast.AsyncFor) and \
                 _batch_loop(info, lrec.node.iter):
+            if grouped and has_step_calls(info):
+                yield from _empty_step_returns(info, lrec.node, lrec.func)
             for s, name, (m, fn) in rank_local_tests(info, lrec.node):
                 ret = failing_return(m, fn)
                 if not (grouped or m.distributed):
@@ -341,6 +344,34 @@ def _failing_steps(info: ModuleInfo, grouped: bool) -> Iterator[Hit]:
                     f"{_where(info, m, ret[0].lineno if ret else fn.lineno)}), so this test "
                     "leaves or skips the step on that rank alone and the ranks do different "
                     "steps; all_reduce the outcome first so that every rank decides alike")
+
+
+def _empty_step_returns(info: ModuleInfo, loop: ast.For | ast.AsyncFor,
+                        func: Func | None) -> Iterator[Hit]:
+    """The loop hands its batch to a step function that returns early when a value drawn
+    from it is empty, before the step's sync (corpus41b's grpo2)."""
+    for (m, fn), test, sync, rec in batch_step_returns(info, loop, func, partial(_targets, loop),
+                                                      _empty_test):
+        # In another file, the call here is the place this file can name.
+        here = "here" if m is info else f"at {_where(info, m, test.lineno)}"
+        yield test if m is info else rec.node, "DDP004", (
+            f"{fn.name}() returns early {here} when `{ast.unparse(test.test)}`, a value drawn "
+            f"from this rank's own batch, before the step's sync at {_where(info, m, sync)} "
+            f"that the other ranks reach (the loop at line {rec.node.lineno} calls it every "
+            "step): a "
+            "rank whose batch gives an empty value skips the step alone, the ranks do "
+            "different numbers of steps and DDP's all-reduce hangs; all_reduce a 'skip' flag "
+            "so that every rank skips alike")
+
+
+def _targets(node: ast.For | ast.AsyncFor) -> set[str]:
+    """The loop's batch names (`for i, batch in enumerate(...)`: not `i`)."""
+    target = node.target
+    if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
+            node.iter.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
+            len(target.elts) == 2:
+        target = target.elts[1]
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
 
 
 def _where(info: ModuleInfo, m: ModuleInfo, line: int) -> str:

@@ -171,11 +171,13 @@ def _counters(info: ModuleInfo) -> Iterator[Hit]:
     ranks divide by zero while the rank that counted goes on to the next collective."""
     seen: dict[int, list[ast.stmt]] = {}
     for func, test in info.rank_ifs:
+        counted = _advanced(test.body) - _names_bound(test.orelse)
+        if not counted:
+            continue   # most rank tests count nothing: the function's statements wait
         key = id(func) if func is not None else 0
         if key not in seen:
             seen[key] = block_statements(func.body if func is not None else info.tree.body)
         stmts = seen[key]
-        counted = _advanced(test.body) - _names_bound(test.orelse)
         for name in sorted(counted):
             div = _zero_division(info, stmts, test, name)
             if div is None:

@@ -5,8 +5,10 @@ current releases removed (pandas 2.0's `DataFrame.append`, `vutils.save_image(..
 range=(-1, 1))` on current torchvision, numpy 1.24's `np.float`, Pillow 10's
 `Image.ANTIALIAS`), a call of the project's own function (this file's, or one imported from
 another file given) with arguments its signature cannot take (a required parameter left out,
-one too many), or a `torch.save` into a folder written out in the path
-(`"Weights/net_%d.pth"`) that nothing in the program creates and the checkout does not hold.
+one too many), or a `torch.save` (or an `open(path, "w")`, a log or result file) into a
+folder written out in the path (`"Weights/net_%d.pth"`, `"logs/run_{}.txt".format(k)`) that
+nothing in the program creates, the checkout does not hold and no launch script or README
+beside it makes (`mkdir -p logs`).
 Rank 0 raises there while the other
 ranks go on to their next collective (the next step's gradient all-reduce, a barrier) and
 wait for it. torchrun and `mp.spawn` then stop the job with rank 0's error, after its first
