@@ -253,3 +253,34 @@ def test_a_subclass_step_in_another_file(tmp_path: Path) -> None:
     # another class's step of the same name is no override of this loop's
     (tmp_path / "trainer" / "ddp.py").write_text(STEP.replace("(Trainer)", "(object)"))
     assert not [f for f in lint_paths([tmp_path]) if f.code == "DDP004"]
+
+
+NESTED_NAN = """\
+import torch
+import torch.distributed as dist
+
+
+def train(model, loader, optimizer):
+    dist.init_process_group("nccl")
+    for i, batch in enumerate(loader):
+        loss = model(batch).sum()
+        loss.backward()
+        optimizer.step()
+        if i % 5 == 0:
+            if torch.isnan(loss):
+                exit()
+"""
+
+
+def test_a_non_finite_exit_inside_a_progress_test_is_the_step_s_own() -> None:
+    """corpus42b's bengali-speech-recognition: `if i % updatefreq == 0: if isnan(loss):
+    exit()`: every rank passes the progress test at the same step; the exit is one rank's."""
+    assert inline_lines(NESTED_NAN) == [("DDP004", 12)]
+
+
+def test_not_inside_a_rank_test_or_a_test_with_an_else() -> None:
+    assert inline_lines(NESTED_NAN.replace("if i % 5 == 0:", "if dist.get_rank() % 5 == 0:")) \
+        == []
+    with_else = NESTED_NAN.replace("                exit()\n",
+                                   "                exit()\n        else:\n            pass\n")
+    assert inline_lines(with_else) == []

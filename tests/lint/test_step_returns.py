@@ -52,8 +52,9 @@ def test_a_value_not_drawn_from_the_batch_is_every_ranks() -> None:
     assert _ddp004(STEP.replace("if not texts or", "if not self.tok or")) == []
 
 
-def test_a_return_after_the_sync_skips_nothing() -> None:
-    moved = STEP.replace("""        if not texts or not texts[0].strip():
+def _return_after_backward(then: str = "") -> str:
+    """STEP with its early return moved past the backward, and `then` after it."""
+    return STEP.replace("""        if not texts or not texts[0].strip():
             return {"loss": 0.0}
         loss = self.model(ids).loss
         loss.backward()
@@ -61,8 +62,11 @@ def test_a_return_after_the_sync_skips_nothing() -> None:
         loss.backward()
         if not texts or not texts[0].strip():
             return {"loss": 0.0}
-""")
-    assert _ddp004(moved) == []
+""" + then)
+
+
+def test_a_return_after_the_sync_skips_nothing() -> None:
+    assert _ddp004(_return_after_backward()) == []
 
 
 def test_a_parameter_the_loop_does_not_fill_with_its_batch() -> None:
@@ -90,16 +94,7 @@ def test_a_step_function_of_another_file_is_reported_at_the_call(tmp_path: Path)
 
 
 def test_the_sync_named_is_the_first_after_the_return() -> None:
-    later = STEP.replace("""        if not texts or not texts[0].strip():
-            return {"loss": 0.0}
-        loss = self.model(ids).loss
-        loss.backward()
-""", """        loss = self.model(ids).loss
-        loss.backward()
-        if not texts or not texts[0].strip():
-            return {"loss": 0.0}
-        dist.all_reduce(loss)
-""")
+    later = _return_after_backward("        dist.all_reduce(loss)\n")
     [f] = [f for f in lint_source(later) if f.code == "DDP004"]
     assert f.line == 17 and "sync at line 19" in f.message
 

@@ -15,7 +15,13 @@ torch.isfinite(loss): continue`, `torch.logical_or(loss.isnan(), loss.isinf())`,
 status-0 `exit()`/`quit()` there; a `*_dl` loader, a call wrapping a loader
 (`self._stable(self.train_loader, seed)`), or a name the loop's function binds to one before
 the loop (`pbar = tqdm(loader) if progress else loader`) counts as a loader): the loss
-comes from this rank's batch alone, so one rank may meet a NaN the others do not. A
+comes from this rank's batch alone, so one rank may meet a NaN the others do not. Such a
+skip may sit inside a test on the step's progress (`if i % log_every == 0:`, no `else`, no
+rank in it): every rank passes that test at the same step. And a step function the loop
+calls with its batch every step that returns early when a value drawn from that batch is
+empty (`texts = tok.batch_decode(model.module.generate(batch["ids"]))`, then `if not texts:
+return`), before the step's backward or collective: reported at the test, or at the loop's
+call when the function is another file's. A
 `dist.reduce(loss, dst=0)`, or a helper of the file whose only collectives are such reduces,
 does not make the test common: only the destination holds the sum. Not when the tested value went
 through a collective or a reducing helper (`reduce_mean(loss)`, any call named `*reduce*`,
@@ -123,6 +129,7 @@ from ..analysis.context import (
 from ..analysis.eval_exits import evaluation_exits
 from ..analysis.local_metric import own_metric_stops
 from ..analysis.nonfinite import local_nonfinite
+from ..analysis.provenance import NONE
 from ..analysis.rank_failures import (
     caught_here,
     clean_exit,
@@ -251,7 +258,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         node = lrec.node
         if isinstance(node, ast.While):
             continue
-        skips = [s for s in node.body if isinstance(s, ast.If) and any(
+        skips = [s for s in _tested(info, node.body) if any(
             isinstance(b, ast.Continue | ast.Break) or isinstance(b, ast.Expr)
             and clean_exit(info, b.value) for b in s.body)]
         # the walk for a `try` only in a function that has one
@@ -294,7 +301,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
         for s in skips:
             if not any(isinstance(b, ast.Continue | ast.Break) for b in s.body):
                 pass  # a status-0 exit: only the non-finite loss form below reads it
-            elif _empty_test(s.test, _from_the_batch(node, s, names)):
+            elif s in node.body and _empty_test(s.test, _from_the_batch(node, s, names)):
                 yield s, "DDP004", ("loop skips an empty/None batch with continue/break: ranks "
                                     "do different numbers of steps and DDP's all-reduce hangs")
                 continue
@@ -344,6 +351,29 @@ def _failing_steps(info: ModuleInfo, grouped: bool) -> Iterator[Hit]:
                     f"{_where(info, m, ret[0].lineno if ret else fn.lineno)}), so this test "
                     "leaves or skips the step on that rank alone and the ranks do different "
                     "steps; all_reduce the outcome first so that every rank decides alike")
+
+
+def _tested(info: ModuleInfo, body: list[ast.stmt]) -> list[ast.If]:
+    """The `if`s of a loop body, and those inside an `if` on the step's progress (`if i %
+    log_every == 0: if torch.isnan(loss): exit()`, corpus42b's bengali-speech-recognition):
+    every rank passes that test at the same step, so what it holds is the step's own. (Only
+    the non-finite loss reading takes the inner ones: an empty-batch skip is the loop's.)"""
+    out = [s for s in body if type(s) is ast.If]
+    for s in out[:]:
+        if s.orelse:
+            continue
+        inner = [t for t in s.body if type(t) is ast.If and any(
+            type(b) in (ast.Continue, ast.Break, ast.Expr) for b in t.body)]
+        if inner and _every_k(info, s.test):
+            out.extend(inner)
+    return out
+
+
+def _every_k(info: ModuleInfo, test: ast.expr) -> bool:
+    """`i % k == 0` (or `step % every == every - 1`): a test on the step count alone."""
+    return type(test) is ast.Compare and len(test.ops) == 1 and type(test.ops[0]) is ast.Eq \
+        and type(test.left) is ast.BinOp and type(test.left.op) is ast.Mod \
+        and info.rank_level(test) == NONE
 
 
 def _empty_step_returns(info: ModuleInfo, loop: ast.For | ast.AsyncFor,
