@@ -814,6 +814,7 @@ M = [
  ("twenty-third: DDP004 not a progress test with an else", 'rules/ddp004_rank_dependent_step_count.py', '        if s.orelse:\n            continue', '        if False:\n            continue'),
  ("twenty-third: DDP004 a progress test reads no rank", 'rules/ddp004_rank_dependent_step_count.py', '        and info.rank_level(test) == NONE', '        and True'),
  ("twenty-third: DDP004 an empty-batch skip is the loop body's own", 'rules/ddp004_rank_dependent_step_count.py', '            elif s in node.body and _empty_test(', '            elif _empty_test('),
+ ('twenty-third: dead: functions looked up by name at run time', 'analysis/reachable.py', '    if info.calls_named("globals", "vars", "locals") or any(', '    if False and any('),
  ('twenty-second: DDP034 only a loop over a loader', 'analysis/leader_only.py', '    return name is not None and "loader" in name.rsplit(".", 1)[-1].lower()', '    return True'),
  ('twenty-second: DDP049 a folder nothing creates', 'analysis/raising_calls.py', '    if last == "save" and (rec.qual or info.qualify(call.func)) == "torch.save":', '    if False:'),
  ('twenty-second: DDP049 a folder the program creates', 'analysis/raising_calls.py', '            if not made or made[0] is None or _covers(made[0], folder):\n                return ""', '            if False:\n                return ""'),

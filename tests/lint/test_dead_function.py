@@ -116,3 +116,12 @@ def test_a_spawned_function_is_live(tmp_path: Path) -> None:
     spawned = _script('if __name__ == "__main__":\n    mp.spawn(main, nprocs=2)\n')
     helper = "def parse():\n    return None\n"
     assert _ddp019(tmp_path, {"train.py": spawned, "opts.py": helper}) == [("train.py", 7)]
+
+
+def test_functions_looked_up_by_name_at_run_time_are_live(tmp_path: Path) -> None:
+    # `fire.Fire()` with no argument exposes every function of the module as a command
+    text = _script('if __name__ == "__main__":\n    fire.Fire()\n')
+    helper = "def parse():\n    return None\n"
+    assert _ddp019(tmp_path, {"train.py": text, "opts.py": helper}) == [("train.py", 7)]
+    text = _script('if __name__ == "__main__":\n    globals()[parse().cmd](parse())\n')
+    assert _ddp019(tmp_path, {"train.py": text, "opts.py": helper}) == [("train.py", 7)]

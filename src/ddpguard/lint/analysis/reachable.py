@@ -27,6 +27,9 @@ def dead_lines(info: ModuleInfo, lines: set[int]) -> set[int]:
             type(st) is ast.Assert or (type(st) is ast.If and type(st.test) is ast.Constant)
             for st in block_statements(info.tree.body)):
         return set()
+    if info.calls_named("globals", "vars", "locals") or any(
+            not r.node.args for r in info.calls_named("Fire")):
+        return set()   # functions looked up by name at run time (`fire.Fire()`, `globals()[x]`)
     out: set[int] = set()
     for st in info.tree.body:
         if type(st) is not ast.FunctionDef or st.decorator_list:
