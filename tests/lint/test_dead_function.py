@@ -125,3 +125,10 @@ def test_functions_looked_up_by_name_at_run_time_are_live(tmp_path: Path) -> Non
     assert _ddp019(tmp_path, {"train.py": text, "opts.py": helper}) == [("train.py", 7)]
     text = _script('if __name__ == "__main__":\n    globals()[parse().cmd](parse())\n')
     assert _ddp019(tmp_path, {"train.py": text, "opts.py": helper}) == [("train.py", 7)]
+
+
+def test_vars_of_the_options_looks_up_no_function(tmp_path: Path) -> None:
+    # new-vrwkv's `json.dumps(vars(args))` beside the asserted-away call
+    text = _script(ASSERTED.replace("    assert args.distill\n",
+                                    "    assert args.distill\n    print(vars(args))\n"))
+    assert _ddp019(tmp_path, {"distill_main.py": text}) == []

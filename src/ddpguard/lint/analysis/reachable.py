@@ -27,8 +27,8 @@ def dead_lines(info: ModuleInfo, lines: set[int]) -> set[int]:
             type(st) is ast.Assert or (type(st) is ast.If and type(st.test) is ast.Constant)
             for st in block_statements(info.tree.body)):
         return set()
-    if info.calls_named("globals", "vars", "locals") or any(
-            not r.node.args for r in info.calls_named("Fire")):
+    if info.calls_named("globals") or any(
+            not r.node.args for r in info.calls_named("Fire", "vars", "locals")):
         return set()   # functions looked up by name at run time (`fire.Fire()`, `globals()[x]`)
     out: set[int] = set()
     for st in info.tree.body:
