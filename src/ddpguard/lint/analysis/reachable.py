@@ -49,10 +49,7 @@ def _dead(info: ModuleInfo, fn: ast.FunctionDef, others: list[ModuleInfo]) -> bo
     if not calls and not (info.has_main and len(others) > 1):
         return False   # never called, but a lone file shows none of its importers
     refs = [n for n in ast.walk(info.tree) if _names(n, fn.name)]
-    if refs:
-        if not all(_dead_call(info, n) for n in refs):
-            return False
-    elif not (info.has_main and len(others) > 1):
+    if not all(_dead_call(info, n) for n in refs):
         return False
     stem = os.path.splitext(os.path.basename(info.path))[0]
     return not any(_named_in(o, stem, fn.name) for o in others if o is not info)
