@@ -72,7 +72,7 @@ M = [
  ("wrap test: self in another method", "analysis/wrap_condition.py", "        if a in _SELF:", "        if False:"),
  ("wrap test: a nested function reads the enclosing binding", "analysis/wrap_condition.py", "        cur = info.parents.get(id(cur))\n    return None", "        cur = None\n    return None"),
  ("the load reads this model back", "rules/ddp008_save_ddp_state_dict.py", "                    k is not None or _load_owner(ld) in names)), None)", "                    True)), None)"),
- ("enumerate's index is no batch", "rules/ddp004_rank_dependent_step_count.py", "            target = target.elts[1]  #", "            pass  #"),
+ ("enumerate's index is no batch", "rules/ddp004_rank_dependent_step_count.py", "        target = target.elts[1]\n    return", "        pass\n    return"),
  ("a move inside the wrap's arguments", "rules/ddp015_ddp_device_placement.py", "dominates(w, rec) and not _within(rec.node, w.node)", "dominates(w, rec)"),
  ("uncalled helper writing through another", "rules/ddp007_shared_file_write.py", "            if root is not None:\n                # A helper nobody", "            if root is not None and not via:\n                # A helper nobody"),
  ("exclusive flag through a helper", "analysis/divergence.py", "partners.append((nx.line, via[0] if via else nx.line, (", "partners.append((nx.line, 0 if via else nx.line, ("),

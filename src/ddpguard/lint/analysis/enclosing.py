@@ -13,7 +13,7 @@ from .ranks import FALSE, TRUE, launch
 # A DDP wrap in a helper counts as the collective it makes (its parameter broadcast).
 _WRAPS = frozenset(("DistributedDataParallel", "DDP", "backward"))
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 def enclosing(func: Func | None, tree: ast.Module, node: ast.AST) -> list[ast.AST] | None:
@@ -24,7 +24,7 @@ def enclosing(func: Func | None, tree: ast.Module, node: ast.AST) -> list[ast.AS
         cur, up = stack.pop()
         if cur is node:
             return up
-        if isinstance(cur, _SCOPES):
+        if isinstance(cur, SCOPES):
             continue
         down = [*up, cur]
         stack.extend((child, down) for child in ast.iter_child_nodes(cur))

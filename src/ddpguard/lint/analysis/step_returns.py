@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 
 from .callgraph import calls_by_func
 from .context import CallRec, Func, Loop, ModuleInfo, is_collective
+from .enclosing import SCOPES
 from .rank_failures import Site, step_callees
 
 EmptyTest = Callable[[ast.expr, set[str]], bool]
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 # A module's own methods of these names are called with its tensors everywhere (`self.net(x)`
 # goes through `forward`): no step function of the project's is looked for behind them.
 _MODULE_API = frozenset(("__init__", "__call__", "forward", "train", "eval", "to", "cuda",
@@ -123,7 +123,7 @@ def _in_order(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     while stack:
         st = stack.pop()
         yield st
-        if isinstance(st, (*_SCOPES, ast.For, ast.While, ast.AsyncFor)):
+        if isinstance(st, (*SCOPES, ast.For, ast.While, ast.AsyncFor)):
             continue
         inner: list[ast.stmt] = []
         for field in ("body", "orelse", "finalbody"):

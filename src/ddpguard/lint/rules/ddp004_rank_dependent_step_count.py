@@ -292,12 +292,7 @@ def ddp004(info: ModuleInfo) -> Iterator[Hit]:
                 "or collective while the others wait in it: the ranks leave the common "
                 "sequence and DDP hangs; re-raise, or all_reduce a 'skip' flag so that every "
                 "rank skips alike")
-        target = node.target
-        if isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) and \
-                node.iter.func.id == "enumerate" and isinstance(target, ast.Tuple) and \
-                len(target.elts) == 2:
-            target = target.elts[1]  # `for i, batch in enumerate(...)`: `i == 0` is no batch
-        names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        names = _targets(node)
         for s in skips:
             if not any(isinstance(b, ast.Continue | ast.Break) for b in s.body):
                 pass  # a status-0 exit: only the non-finite loss form below reads it
